@@ -1,0 +1,28 @@
+# `make test` and `make run` work on a fresh machine: they create .venv when it is missing.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: test run lint bench clean
+
+$(STAMP): pyproject.toml
+	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/ruff check src tests bench
+	$(BIN)/pytest
+
+run: $(STAMP)
+	$(BIN)/finesched validate examples/cluster.yaml examples/workloads.yaml
+	$(BIN)/finesched encode --bits 7 100 50 0 100
+	$(BIN)/finesched decode 209721700 --count 4 --bits 7
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff format --check src tests bench
+
+clean:
+	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache .ruff_cache

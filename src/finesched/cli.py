@@ -1,0 +1,134 @@
+"""The `finesched` command line.
+
+Errors are one clear line on stderr, never a traceback: exit code 1 for invalid input (every
+problem listed), 2 for usage errors (typer's own convention).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from finesched import __version__
+from finesched.codec import CodecError, decode, encode
+from finesched.errors import ValidationError
+from finesched.model.manifest import Manifests, load_manifests
+
+app = typer.Typer(
+    name="finesched",
+    help="Fine-grained resource scheduler: fractional GPUs, pinned CPUs, NUMA, devices, fair shares.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+out = Console(highlight=False)
+err = Console(stderr=True, highlight=False)
+
+
+class UsageError(Exception):
+    """Bad command-line usage detected after typer's own parsing (exit code 2)."""
+
+
+def fail(message: str, code: int = 1) -> typer.Exit:
+    err.print(f"[bold red]error:[/] {message}", soft_wrap=True)
+    return typer.Exit(code)
+
+
+def load_or_exit(paths: list[Path]) -> Manifests:
+    """Load manifests, or print every problem and exit 1."""
+    try:
+        return load_manifests(*paths)
+    except ValidationError as exc:
+        for detail in exc.errors:
+            err.print(f"[bold red]error:[/] {detail}", soft_wrap=True, markup=True)
+        raise typer.Exit(1) from None
+
+
+@app.command()
+def version() -> None:
+    """Print the finesched version."""
+    out.print(__version__)
+
+
+@app.command()
+def validate(files: Annotated[list[Path], typer.Argument(help="Manifest files (YAML or JSON).")]) -> None:
+    """Check manifest files; print every problem (exit 1) or a summary of what they hold."""
+    manifests = load_or_exit(files)
+    table = Table(title=f"{len(manifests)} valid objects in {len(files)} file(s)")
+    for column in ("kind", "name", "summary"):
+        table.add_column(column)
+    for tenant in manifests.tenants:
+        table.add_row("Tenant", tenant.name, f"weight {tenant.weight:g}")
+    for node in manifests.nodes:
+        table.add_row("Node", node.name, _node_summary(node))
+    for w in manifests.workloads:
+        asks = ", ".join(f"{k}={v}" for k, v in w.requests.to_quantities().items()) or "nothing"
+        table.add_row("Workload", w.key, f"{w.qos}, asks {asks}")
+    for job in manifests.jobs:
+        table.add_row("Job", f"{job.namespace}/{job.name}", f"{job.mode}, {len(job.tasks)} tasks")
+    out.print(table)
+
+
+def _node_summary(node: object) -> str:
+    from finesched.model.node import Node
+
+    assert isinstance(node, Node)
+    parts = [", ".join(f"{k}={v}" for k, v in node.allocatable.to_quantities().items())]
+    if node.cpu_topology is not None:
+        topo = node.cpu_topology
+        parts.append(f"{len(topo.cpus)} CPUs/{len(topo.socket_ids)} sockets/{len(topo.numa_ids)} NUMA")
+    kinds: dict[str, int] = {}
+    for device in node.devices:
+        kinds[device.type] = kinds.get(device.type, 0) + 1
+    if kinds:
+        parts.append(" ".join(f"{n}x{k}" for k, n in kinds.items()))
+    return "; ".join(parts)
+
+
+@app.command("encode")
+def encode_cmd(
+    values: Annotated[list[int], typer.Argument(help="Per-device values Ns1..NsNf.")],
+    bits: Annotated[int, typer.Option("--bits", "-b", help="Bits per device value.")],
+) -> None:
+    """Encode per-device values into one integer (seed S0.2): K = Σ Ns_i << ((i-1)·bits)."""
+    try:
+        k = encode(values, bits)
+    except CodecError as exc:
+        raise fail(str(exc)) from None
+    out.print(k)
+
+
+@app.command("decode")
+def decode_cmd(
+    k: Annotated[int, typer.Argument(help="The encoded integer K.")],
+    count: Annotated[int, typer.Option("--count", "-n", help="Number of devices Nf.")],
+    bits: Annotated[int, typer.Option("--bits", "-b", help="Bits per device value.")],
+) -> None:
+    """Decode K into per-device values (seed S0.2): device i = (K >> ((i-1)·bits)) & (2^bits - 1)."""
+    try:
+        values = decode(k, count, bits)
+    except CodecError as exc:
+        raise fail(str(exc)) from None
+    out.print(" ".join(str(v) for v in values))
+
+
+def main() -> None:
+    """Console entry point."""
+    try:
+        app()
+    except ValidationError as exc:
+        for detail in exc.errors:
+            err.print(f"[bold red]error:[/] {detail}", soft_wrap=True)
+        sys.exit(1)
+    except UsageError as exc:
+        err.print(f"[bold red]error:[/] {exc}", soft_wrap=True)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,46 @@
+"""The pydantic base every model shares: frozen, strict about unknown fields, camelCase on the wire.
+
+Manifests are the user-facing contract (DESIGN.md "Manifest shapes"), so an unknown field is an
+error (a typo must not silently do nothing), and field names on the wire are camelCase while
+Python code uses snake_case.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pydantic_core
+from pydantic import BaseModel, ConfigDict
+from pydantic.alias_generators import to_camel
+from pydantic_core import InitErrorDetails, PydanticCustomError
+
+
+class Model(BaseModel):
+    """Frozen, extra-forbidding, camelCase-aliased pydantic model."""
+
+    model_config = ConfigDict(
+        frozen=True,
+        extra="forbid",
+        alias_generator=to_camel,
+        populate_by_name=True,
+        validate_default=False,
+        arbitrary_types_allowed=False,
+    )
+
+
+Loc = tuple[str | int, ...]
+
+
+def raise_problems(problems: Sequence[tuple[Loc, str, object]], title: str = "model") -> None:
+    """Raise one pydantic ValidationError holding every ``(field path, message, value)`` problem.
+
+    Raised inside a validator, pydantic prefixes each path with the enclosing field's path, so a
+    cross-field check still reports exactly where the bad value is (``spec.devices.2.numa``).
+    """
+    if not problems:
+        return
+    details = [
+        InitErrorDetails(type=PydanticCustomError("invalid", "{message}", {"message": msg}), loc=loc, input=value)
+        for loc, msg, value in problems
+    ]
+    raise pydantic_core.ValidationError.from_exception_data(title, details)

@@ -1,0 +1,48 @@
+"""A scheduling decision: which node, and exactly which CPUs, NUMA nodes and device shares.
+
+A binding is what the node agent applies (S0.6 deploy executor, S1.7 runtime hook) and what the
+state is rebuilt from on start-up (S1.6), so it records every amount it takes: scalar requests,
+per-device grants (both gpu-memory and gpu-memory-ratio filled in), cpuset, per-NUMA amounts.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from finesched.cpuset import CPUSet
+from finesched.model.base import Model
+from finesched.model.resources import ResourceVector
+
+
+class DeviceGrant(Model):
+    """A share of one device: its minor and the amount taken per dimension."""
+
+    minor: int = Field(ge=0)
+    resources: ResourceVector = Field(default_factory=ResourceVector)
+
+
+class NUMAGrant(Model):
+    """Amounts taken from one NUMA node (cpu in millicores, memory in bytes, ...)."""
+
+    numa: int = Field(ge=0)
+    resources: ResourceVector = Field(default_factory=ResourceVector)
+
+
+class Binding(Model):
+    """Workload `workload` (``namespace/name``) placed on `node`, with everything it holds there."""
+
+    workload: str
+    node: str
+    tenant: str = ""
+    priority: int = 0
+    qos: str = "LS"
+    requests: ResourceVector = Field(default_factory=ResourceVector)
+    cpuset: CPUSet = Field(default_factory=CPUSet)
+    cpu_exclusive_policy: str = "None"
+    numa: tuple[NUMAGrant, ...] = ()
+    devices: dict[str, list[DeviceGrant]] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+    score: int | None = None
+
+    def device_minors(self, kind: str) -> list[int]:
+        return [g.minor for g in self.devices.get(kind, ())]

@@ -1,0 +1,232 @@
+"""Manifests: Kubernetes-shaped YAML/JSON documents <-> finesched models.
+
+Every document is ``{apiVersion: finesched.io/v1alpha1, kind, metadata, spec}`` with exactly the
+field names of DESIGN.md "Manifest shapes". Loading is all-or-nothing: every document of every
+file is checked, every problem is reported with its file, document number (1-based), field path,
+bad value and rule, and nothing is returned unless all of them are valid. So a user fixes a file
+in one pass, and a half-loaded cluster never reaches the scheduler.
+"""
+
+from __future__ import annotations
+
+import json
+import types
+import typing
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pydantic
+import yaml
+
+from finesched.errors import ErrorDetail, ValidationError
+from finesched.model.job import Job
+from finesched.model.node import Node
+from finesched.model.tenant import Tenant
+from finesched.model.workload import Workload
+
+API_VERSION = "finesched.io/v1alpha1"
+Object = Node | Workload | Tenant | Job
+KINDS: dict[str, type[Object]] = {"Node": Node, "Workload": Workload, "Tenant": Tenant, "Job": Job}
+#: Which model fields live under `metadata` for each kind; all others live under `spec`.
+METADATA_FIELDS: dict[str, tuple[str, ...]] = {
+    "Node": ("name", "labels"),
+    "Workload": ("name", "namespace", "labels", "annotations"),
+    "Tenant": ("name",),
+    "Job": ("name", "namespace", "labels"),
+}
+
+
+@dataclass
+class Manifests:
+    """Everything loaded from a set of manifest files, by kind, in file order."""
+
+    nodes: list[Node] = field(default_factory=list)
+    workloads: list[Workload] = field(default_factory=list)
+    tenants: list[Tenant] = field(default_factory=list)
+    jobs: list[Job] = field(default_factory=list)
+
+    def add(self, obj: Object) -> None:
+        {Node: self.nodes, Workload: self.workloads, Tenant: self.tenants, Job: self.jobs}[type(obj)].append(obj)
+
+    def __iter__(self) -> typing.Iterator[Object]:
+        yield from self.tenants
+        yield from self.nodes
+        yield from self.workloads
+        yield from self.jobs
+
+    def __len__(self) -> int:
+        return len(self.nodes) + len(self.workloads) + len(self.tenants) + len(self.jobs)
+
+
+def parse_manifest(doc: object, *, where: str = "") -> Object:
+    """Validate one manifest document and return its model; raise ValidationError listing every problem."""
+    if not isinstance(doc, Mapping):
+        raise ValidationError([ErrorDetail("", f"a manifest is a mapping, got {type(doc).__name__}", where=where)])
+    problems = _envelope_problems(doc)
+    if problems:
+        raise ValidationError([ErrorDetail(p, m, v, where) for p, m, v in problems])
+    kind = doc["kind"]
+    metadata, spec = doc["metadata"], doc.get("spec") or {}
+    clash = sorted(set(spec) & set(METADATA_FIELDS[kind]))
+    if clash:
+        raise ValidationError([ErrorDetail(f"spec.{k}", "belongs in metadata, not spec", where=where) for k in clash])
+    model = KINDS[kind]
+    try:
+        return model.model_validate({**metadata, **spec})
+    except pydantic.ValidationError as exc:
+        raise ValidationError([_detail(model, kind, e, where) for e in exc.errors()]) from None
+
+
+def _envelope_problems(doc: Mapping[str, Any]) -> list[tuple[str, str, Any]]:
+    problems: list[tuple[str, str, Any]] = []
+    allowed = {"apiVersion", "kind", "metadata", "spec"}
+    problems += [(k, f"unknown field; allowed: {sorted(allowed)}", doc[k]) for k in doc if k not in allowed]
+    if doc.get("apiVersion") != API_VERSION:
+        problems.append(("apiVersion", f"must be {API_VERSION}", doc.get("apiVersion")))
+    kind = doc.get("kind")
+    if kind not in KINDS:
+        problems.append(("kind", f"must be one of {sorted(KINDS)}", kind))
+        return problems
+    metadata = doc.get("metadata")
+    if not isinstance(metadata, Mapping) or not metadata.get("name"):
+        problems.append(
+            ("metadata.name", "is required", metadata.get("name") if isinstance(metadata, Mapping) else None)
+        )
+    else:
+        allowed_meta = METADATA_FIELDS[kind]
+        problems += [
+            (f"metadata.{k}", f"unknown field; allowed for {kind}: {list(allowed_meta)}", metadata[k])
+            for k in metadata
+            if k not in allowed_meta
+        ]
+    spec = doc.get("spec")
+    if spec is not None and not isinstance(spec, Mapping):
+        problems.append(("spec", "must be a mapping", spec))
+    return problems
+
+
+def _detail(model: type[pydantic.BaseModel], kind: str, error: Mapping[str, Any], where: str) -> ErrorDetail:
+    """Turn one pydantic error into an ErrorDetail with the manifest's own field path."""
+    loc = tuple(error["loc"])
+    section = "metadata" if loc and loc[0] in METADATA_FIELDS[kind] else "spec"
+    path = _format_path((section, *loc))
+    kind_of_error, message = error["type"], error["msg"]
+    value = error.get("input")
+    if kind_of_error == "extra_forbidden":
+        allowed = _allowed_fields(model, loc[:-1], exclude=METADATA_FIELDS[kind] if len(loc) == 1 else ())
+        return ErrorDetail(path, f"unknown field; allowed: {allowed}" if allowed else "unknown field", where=where)
+    if kind_of_error == "missing":
+        return ErrorDetail(path, "is required", where=where)
+    if kind_of_error == "resource":
+        return ErrorDetail(path, message, where=where)  # the message already quotes the value
+    message = message.removeprefix("Value error, ")
+    if kind_of_error != "invalid":  # pydantic's own sentences start upper-case mid-line
+        message = message[:1].lower() + message[1:]
+    if isinstance(value, Mapping) and len(loc) == 0:
+        return ErrorDetail(path, message, where=where)
+    return ErrorDetail(path, message, value, where)
+
+
+def _format_path(loc: Iterable[str | int]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _allowed_fields(model: type[pydantic.BaseModel], loc: Sequence[str | int], exclude: Sequence[str]) -> list[str]:
+    """The field names allowed at `loc` inside `model`, as the manifest spells them."""
+    current: type[pydantic.BaseModel] | None = model
+    for part in loc:
+        if current is None:
+            return []
+        if isinstance(part, int):
+            continue
+        info = next((f for n, f in current.model_fields.items() if part in (n, f.alias)), None)
+        current = _model_in(info.annotation) if info is not None else None
+    if current is None:
+        return []
+    return [f.alias or n for n, f in current.model_fields.items() if n not in exclude]
+
+
+def _model_in(annotation: Any) -> type[pydantic.BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, pydantic.BaseModel):
+        return annotation
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is not None:
+        for arg in typing.get_args(annotation):
+            found = _model_in(arg)
+            if found is not None:
+                return found
+    return None
+
+
+def read_documents(path: str | Path) -> list[object]:
+    """The documents of one YAML (multi-document) or JSON (object or array) file."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ValidationError([ErrorDetail("", f"cannot read: {exc.strerror}", where=str(path))]) from None
+    try:
+        if path.suffix.lower() == ".json":
+            data = json.loads(text)
+            return list(data) if isinstance(data, list) else [data]
+        return [doc for doc in yaml.safe_load_all(text) if doc is not None]
+    except (yaml.YAMLError, json.JSONDecodeError) as exc:
+        raise ValidationError(
+            [ErrorDetail("", f"is not valid {path.suffix[1:] or 'YAML'}: {exc}", where=str(path))]
+        ) from None
+
+
+def load_manifests(*paths: str | Path) -> Manifests:
+    """Load and validate every document of every file; all or nothing (see the module docstring)."""
+    manifests = Manifests()
+    errors: list[ErrorDetail] = []
+    seen: dict[tuple[str, str], str] = {}
+    for path in paths:
+        try:
+            documents = read_documents(path)
+        except ValidationError as exc:
+            errors += exc.errors
+            continue
+        for number, doc in enumerate(documents, start=1):
+            where = f"{path} doc {number}"
+            try:
+                obj = parse_manifest(doc, where=where)
+            except ValidationError as exc:
+                errors += exc.errors
+                continue
+            key = (type(obj).__name__, _object_key(obj))
+            if key in seen:
+                errors.append(ErrorDetail("metadata.name", f"duplicate {key[0]} (first in {seen[key]})", key[1], where))
+                continue
+            seen[key] = where
+            manifests.add(obj)
+    if errors:
+        raise ValidationError(errors)
+    return manifests
+
+
+def _object_key(obj: Object) -> str:
+    return f"{obj.namespace}/{obj.name}" if isinstance(obj, Workload | Job) else obj.name
+
+
+def to_manifest(obj: Object) -> dict[str, Any]:
+    """The manifest document for `obj`; `parse_manifest(to_manifest(x)) == x`."""
+    kind = type(obj).__name__
+    data = obj.model_dump(mode="json", by_alias=True, exclude_defaults=True)
+    meta_names = METADATA_FIELDS[kind]
+    metadata = {k: v for k, v in data.items() if k in meta_names}
+    metadata["name"] = obj.name
+    spec = {k: v for k, v in data.items() if k not in meta_names}
+    return {"apiVersion": API_VERSION, "kind": kind, "metadata": metadata, "spec": spec}
+
+
+def dump(objects: Iterable[Object], fmt: str = "yaml") -> str:
+    """Serialize objects as one multi-document YAML stream, or a JSON array."""
+    docs = [to_manifest(o) for o in objects]
+    if fmt == "json":
+        return json.dumps(docs, indent=2)
+    return yaml.safe_dump_all(docs, sort_keys=False)

@@ -1,0 +1,314 @@
+"""What a node has: scalar resources, CPU topology, NUMA zones, devices and their links, policies.
+
+Seeds: S0.1 (resource classes, 1-D and 2-D), S1.4-S1.5 (device inventory: uuid, minor, type,
+health, resources per device, NUMA/PCIe placement), S1.8 (interconnect links), S3.3 (logical CPU
+-> core, socket, NUMA node), S3.4/S3.6/S3.7 (node policies) and S3.8 (kubelet CPU manager).
+
+A node is validated as a whole: device NUMA ids must exist in the node's topology, minors are
+unique per device type, links and foreign allocations name devices that exist.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from typing import Literal
+
+from pydantic import Field, PositiveInt, field_validator, model_validator
+
+from finesched.cpuset import CPUSet
+from finesched.model.base import Loc, Model, raise_problems
+from finesched.model.resources import (
+    CPU,
+    GPU,
+    GPU_CORE,
+    GPU_MEMORY_RATIO,
+    MEMORY,
+    PODS,
+    ByteQuantity,
+    CPUQuantity,
+    ResourceVector,
+)
+
+CPUBindPolicyLabel = Literal["None", "FullPCPUsOnly", "SpreadByPCPUs"]
+NUMAAllocateStrategy = Literal["MostAllocated", "LeastAllocated", "DistributeEvenly"]
+NUMATopologyPolicy = Literal["None", "BestEffort", "Restricted", "SingleNUMANode"]
+DeviceAllocateStrategy = Literal["LeastAllocated", "MostAllocated"]
+KubeletCPUManagerPolicy = Literal["none", "static"]
+DEFAULT_MAX_PODS = 110
+
+#: The kubelet CPU manager static-policy options finesched understands (S3.8).
+KUBELET_CPU_OPTIONS = frozenset(
+    {"full-pcpus-only", "distribute-cpus-across-numa", "align-by-socket", "distribute-cpus-across-cores"}
+)
+
+
+class CPUInfo(Model):
+    """One logical CPU (a hardware thread) and where it sits (S3.3). Core ids are machine-unique."""
+
+    id: int = Field(ge=0)
+    core: int = Field(ge=0)
+    socket: int = Field(ge=0)
+    numa: int = Field(ge=0)
+
+
+class CPUTopology(Model):
+    """The logical CPUs of a node, either listed or built from a regular shape.
+
+    The builder form ``{sockets, numaPerSocket, coresPerNuma, threadsPerCore}`` numbers CPUs the
+    way Linux does on common x86 servers: the first thread of every core gets ids 0..C-1, the
+    second threads C..2C-1, and so on; core and NUMA ids are global. So with 2 sockets x 1 NUMA x
+    32 cores x 2 threads, CPU 0 and CPU 64 are the two threads of core 0 on socket 0.
+    """
+
+    cpus: tuple[CPUInfo, ...]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _expand_builder(cls, data: object) -> object:
+        if isinstance(data, dict) and "cpus" not in data and data:
+            return {"cpus": _build_cpus(data)}
+        return data
+
+    @field_validator("cpus")
+    @classmethod
+    def _check_cpus(cls, cpus: tuple[CPUInfo, ...]) -> tuple[CPUInfo, ...]:
+        problems: list[tuple[Loc, str, object]] = []
+        ids: set[int] = set()
+        where: dict[int, tuple[int, int]] = {}
+        for i, cpu in enumerate(cpus):
+            if cpu.id in ids:
+                problems.append(((i, "id"), "duplicate CPU id: each logical CPU appears once", cpu.id))
+            ids.add(cpu.id)
+            seen = where.setdefault(cpu.core, (cpu.socket, cpu.numa))
+            if seen != (cpu.socket, cpu.numa):
+                rule = f"core {cpu.core} is also on socket {seen[0]} numa {seen[1]}: a core's threads share both"
+                problems.append(((i, "core"), rule, cpu.core))
+        raise_problems(problems, "CPUTopology")
+        return tuple(sorted(cpus, key=lambda c: c.id))
+
+    @classmethod
+    def from_list(cls, cpus: list[dict[str, int]]) -> CPUTopology:
+        return cls.model_validate({"cpus": cpus})
+
+    @cached_property
+    def numa_ids(self) -> tuple[int, ...]:
+        return tuple(sorted({c.numa for c in self.cpus}))
+
+    @cached_property
+    def socket_ids(self) -> tuple[int, ...]:
+        return tuple(sorted({c.socket for c in self.cpus}))
+
+    @cached_property
+    def all_cpus(self) -> CPUSet:
+        return CPUSet(c.id for c in self.cpus)
+
+
+class _TopologyShape(Model):
+    sockets: PositiveInt
+    numa_per_socket: PositiveInt = 1
+    cores_per_numa: PositiveInt
+    threads_per_core: PositiveInt = 1
+
+
+def _build_cpus(data: dict[str, object]) -> list[dict[str, int]]:
+    shape = _TopologyShape.model_validate(data)
+    cores = shape.sockets * shape.numa_per_socket * shape.cores_per_numa
+    cpus = []
+    for thread in range(shape.threads_per_core):
+        for core in range(cores):
+            numa = core // shape.cores_per_numa
+            socket = numa // shape.numa_per_socket
+            cpus.append({"id": thread * cores + core, "core": core, "socket": socket, "numa": numa})
+    return cpus
+
+
+class NUMAZone(Model):
+    """A NUMA node's own capacity (S3.9 NodeResourceTopology zones)."""
+
+    id: int = Field(ge=0)
+    cpu: CPUQuantity | None = None
+    memory: ByteQuantity | None = None
+
+
+class Device(Model):
+    """One device instance (S1.5). `resources` are its totals per dimension, canonical units.
+
+    A GPU without explicit resources has gpu-core 100 and gpu-memory-ratio 100; any other type
+    has 100 of its own name (one whole device), which is how new device types need no code
+    (S1.4). gpu-memory in bytes is what makes a ratio request convertible on this card (S1.3).
+    """
+
+    type: str = Field(min_length=1, pattern=r"^[a-z0-9][-a-z0-9.]*$")
+    minor: int = Field(ge=0)
+    uuid: str | None = None
+    health: bool = True
+    numa: int | None = Field(default=None, ge=0)
+    pcie: str | None = None
+    resources: ResourceVector = Field(default_factory=ResourceVector)
+
+    @model_validator(mode="after")
+    def _default_resources(self) -> Device:
+        if not self.resources:
+            default = {GPU_CORE: 100, GPU_MEMORY_RATIO: 100} if self.type == GPU else {self.type: 100}
+            object.__setattr__(self, "resources", ResourceVector(default))
+        return self
+
+
+class DeviceLink(Model):
+    """An interconnect between two devices of one type (S1.8), e.g. an NVLink between GPUs 0 and 1."""
+
+    type: str = GPU
+    a: int = Field(ge=0)
+    b: int = Field(ge=0)
+    kind: str = "NVLink"
+    #: Bytes per second ("600G"); when given it ranks links for interconnect-aware choice.
+    bandwidth: ByteQuantity | None = None
+
+    @model_validator(mode="after")
+    def _distinct(self) -> DeviceLink:
+        if self.a == self.b:
+            raise ValueError(f"a link joins two different devices, got a = b = {self.a}")
+        return self
+
+
+class ForeignAllocation(Model):
+    """Amounts on a device already used by something outside finesched (S1.6); they count as used."""
+
+    type: str
+    minor: int = Field(ge=0)
+    resources: ResourceVector
+
+
+class NodePolicies(Model):
+    """Node-level policies (S3.4, S3.6, S3.7, S0.5). None means "not set here"."""
+
+    cpu_bind_policy: CPUBindPolicyLabel | None = None
+    numa_allocate_strategy: NUMAAllocateStrategy | None = None
+    numa_topology_policy: NUMATopologyPolicy | None = None
+    device_allocate_strategy: DeviceAllocateStrategy | None = None
+
+
+class KubeletPolicy(Model):
+    """The kubelet CPU manager configuration of this node (S3.8)."""
+
+    cpu_manager_policy: KubeletCPUManagerPolicy = "none"
+    options: dict[str, bool] = Field(default_factory=dict)
+    reserved_cpus: CPUSet = Field(default_factory=CPUSet, alias="reservedCPUs")
+
+    @field_validator("options", mode="before")
+    @classmethod
+    def _options(cls, value: object) -> object:
+        if not isinstance(value, dict):
+            return value
+        unknown = sorted(set(value) - KUBELET_CPU_OPTIONS)
+        if unknown:
+            raise ValueError(f"unknown kubelet CPU manager option(s) {unknown}; known: {sorted(KUBELET_CPU_OPTIONS)}")
+        out = {}
+        for key, flag in value.items():
+            text = str(flag).lower()
+            if text not in ("true", "false"):
+                raise ValueError(f'option {key} must be "true" or "false", got {flag!r}')
+            out[key] = text == "true"
+        return out
+
+    def option(self, name: str) -> bool:
+        return self.options.get(name, False)
+
+
+class Node(Model):
+    """A node and everything it offers, as the scheduler sees it."""
+
+    name: str = Field(min_length=1)
+    labels: dict[str, str] = Field(default_factory=dict)
+    allocatable: ResourceVector = Field(default_factory=ResourceVector)
+    cpu_topology: CPUTopology | None = None
+    numa_zones: tuple[NUMAZone, ...] = ()
+    devices: tuple[Device, ...] = ()
+    links: tuple[DeviceLink, ...] = ()
+    foreign_allocations: tuple[ForeignAllocation, ...] = ()
+    policies: NodePolicies = Field(default_factory=NodePolicies)
+    kubelet: KubeletPolicy = Field(default_factory=KubeletPolicy)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Node:
+        raise_problems([*self._device_problems(), *self._numa_problems()], "Node")
+        self._derive_allocatable()
+        return self
+
+    def _device_problems(self) -> list[tuple[Loc, str, object]]:
+        problems: list[tuple[Loc, str, object]] = []
+        seen: set[tuple[str, int]] = set()
+        for i, device in enumerate(self.devices):
+            key = (device.type, device.minor)
+            if key in seen:
+                problems.append(
+                    (
+                        ("devices", i, "minor"),
+                        f"duplicate {device.type} minor (minors are unique per type)",
+                        device.minor,
+                    )
+                )
+            seen.add(key)
+        for i, link in enumerate(self.links):
+            for end in ("a", "b"):
+                minor = getattr(link, end)
+                if (link.type, minor) not in seen:
+                    problems.append((("links", i, end), f"no {link.type} device has this minor", minor))
+        for i, alloc in enumerate(self.foreign_allocations):
+            if (alloc.type, alloc.minor) not in seen:
+                problems.append(
+                    (("foreignAllocations", i, "minor"), f"no {alloc.type} device has this minor", alloc.minor)
+                )
+        return problems
+
+    def _numa_problems(self) -> list[tuple[Loc, str, object]]:
+        problems: list[tuple[Loc, str, object]] = []
+        zone_ids: set[int] = set()
+        for i, zone in enumerate(self.numa_zones):
+            if zone.id in zone_ids:
+                problems.append((("numaZones", i, "id"), "duplicate NUMA zone id", zone.id))
+            zone_ids.add(zone.id)
+            if self.cpu_topology is not None and zone.id not in self.cpu_topology.numa_ids:
+                problems.append((("numaZones", i, "id"), "has no CPUs in cpuTopology", zone.id))
+        known = self.numa_ids
+        for i, device in enumerate(self.devices):
+            if device.numa is not None and device.numa not in known:
+                rule = (
+                    f"is not a NUMA node of this node {list(known)}"
+                    if known
+                    else "given but the node declares no NUMA topology"
+                )
+                problems.append((("devices", i, "numa"), rule, device.numa))
+        if self.cpu_topology is not None:
+            stray = sorted(set(self.kubelet.reserved_cpus) - set(self.cpu_topology.all_cpus))
+            if stray:
+                problems.append(
+                    (
+                        ("kubelet", "reservedCPUs"),
+                        f"CPUs {stray} are not in cpuTopology",
+                        str(self.kubelet.reserved_cpus),
+                    )
+                )
+        return problems
+
+    def _derive_allocatable(self) -> None:
+        """Fill what the manifest leaves out: cpu/memory from the topology and zones, and
+        pods = 110 (the kubelet's default maxPods), since every workload takes one pod slot."""
+        extra: dict[str, int] = {} if PODS in self.allocatable else {PODS: DEFAULT_MAX_PODS}
+        if CPU not in self.allocatable and self.cpu_topology is not None:
+            extra[CPU] = 1000 * len(self.cpu_topology.cpus)
+        zone_memory = [z.memory for z in self.numa_zones]
+        if MEMORY not in self.allocatable and zone_memory and None not in zone_memory:
+            extra[MEMORY] = sum(m for m in zone_memory if m is not None)
+        if extra:
+            object.__setattr__(self, "allocatable", self.allocatable + extra)
+
+    @property
+    def numa_ids(self) -> tuple[int, ...]:
+        """NUMA node ids declared by the CPU topology, else by the NUMA zones."""
+        if self.cpu_topology is not None:
+            return self.cpu_topology.numa_ids
+        return tuple(sorted(z.id for z in self.numa_zones))
+
+    def devices_of(self, kind: str) -> tuple[Device, ...]:
+        return tuple(d for d in self.devices if d.type == kind)

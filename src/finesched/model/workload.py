@@ -1,0 +1,116 @@
+"""What a workload asks for: resources, QoS, CPU and NUMA policies, devices, placement, gang.
+
+QoS (seed S3.1): Koordinator's classes LSE, LSR, LS and BE. When a workload names none, it is
+derived from requests and limits the way Kubernetes derives its own class, then mapped as the
+seed says: BestEffort -> BE, Burstable -> LS, and a new Guaranteed workload -> LS too (S3.1 rule
+8); kubelet-static nodes still give Guaranteed workloads with whole CPUs an exclusive cpuset,
+which is why `k8s_qos` is kept beside `qos`. LSE and LSR must have request == limit and whole
+CPUs (S3.1), or they are rejected here, before they reach a queue.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, PositiveInt, model_validator
+
+from finesched.model.base import Loc, Model, raise_problems
+from finesched.model.resources import CPU, MEMORY, ResourceVector
+
+QoS = Literal["LSE", "LSR", "LS", "BE"]
+K8sQoS = Literal["Guaranteed", "Burstable", "BestEffort"]
+CPUBindPolicy = Literal["Default", "FullPCPUs", "SpreadByPCPUs", "ConstrainedBurst"]
+CPUExclusivePolicy = Literal["None", "PCPULevel", "NUMANodeLevel"]
+NUMATopologyPolicy = Literal["None", "BestEffort", "Restricted", "SingleNUMANode"]
+DeviceAllocateStrategy = Literal["LeastAllocated", "MostAllocated"]
+JointScope = Literal["SamePCIe", "SameNUMA"]
+
+
+class ResourceSpec(Model):
+    """Koordinator's per-workload CPU policy (``scheduling.koordinator.sh/resource-spec``, S3.4-S3.5)."""
+
+    required_cpu_bind_policy: CPUBindPolicy | None = Field(default=None, alias="requiredCPUBindPolicy")
+    preferred_cpu_bind_policy: CPUBindPolicy | None = Field(default=None, alias="preferredCPUBindPolicy")
+    preferred_cpu_exclusive_policy: CPUExclusivePolicy | None = Field(default=None, alias="preferredCPUExclusivePolicy")
+
+
+class DeviceJointAllocate(Model):
+    """Ask for devices of several types close to each other (S1.8), e.g. GPU + RDMA on one PCIe switch."""
+
+    device_types: tuple[str, ...] = Field(min_length=2)
+    required_scope: JointScope = "SamePCIe"
+
+
+class Gang(Model):
+    """All-or-nothing group: `min_member` workloads of the gang are placed together or none is."""
+
+    name: str = Field(min_length=1)
+    min_member: PositiveInt = 1
+
+
+class Workload(Model):
+    """A schedulable unit (a pod, a service instance, a dataflow slot)."""
+
+    name: str = Field(min_length=1)
+    namespace: str = Field(default="default", min_length=1)
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+    tenant: str = ""
+    priority: int = 0
+    qos: QoS | None = None
+    requests: ResourceVector = Field(default_factory=ResourceVector)
+    limits: ResourceVector = Field(default_factory=ResourceVector)
+    resource_spec: ResourceSpec = Field(default_factory=ResourceSpec)
+    numa_topology_policy: NUMATopologyPolicy | None = None
+    device_allocate_strategy: DeviceAllocateStrategy | None = None
+    device_joint_allocate: DeviceJointAllocate | None = None
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    gang: Gang | None = None
+    command: tuple[str, ...] = ()
+    env: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _derive_and_check(self) -> Workload:
+        # Kubernetes defaulting: a resource with a limit but no request requests its limit.
+        missing = {k: v for k, v in self.limits.items() if k not in self.requests}
+        if missing:
+            object.__setattr__(self, "requests", self.requests + missing)
+        if not self.tenant:
+            object.__setattr__(self, "tenant", self.namespace)
+        if self.qos is None:
+            object.__setattr__(self, "qos", "BE" if self.k8s_qos == "BestEffort" else "LS")
+        raise_problems(self._problems(), "Workload")
+        return self
+
+    def _problems(self) -> list[tuple[Loc, str, object]]:
+        problems: list[tuple[Loc, str, object]] = []
+        # Values are shown as the user writes them ("1500m", not 1500).
+        shown, limits = self.requests.to_quantities(), self.limits.to_quantities()
+        for name, text in limits.items():
+            if self.limits[name] < self.requests.get(name, 0):
+                problems.append((("limits", name), f"is below the request ({shown[name]})", text))
+        if self.qos in ("LSE", "LSR"):
+            cpu = self.requests.get(CPU, 0)
+            if cpu <= 0 or cpu % 1000:
+                rule = f"{self.qos} needs whole CPUs (a multiple of 1000m)"
+                problems.append((("requests", CPU), rule, shown.get(CPU, "0")))
+            for name in (CPU, MEMORY):
+                if name in self.requests and self.limits.get(name) != self.requests[name]:
+                    rule = f"{self.qos} needs limit == request ({shown[name]})"
+                    problems.append((("limits", name), rule, limits.get(name)))
+        return problems
+
+    @property
+    def key(self) -> str:
+        """The workload's unique key, ``namespace/name``."""
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def k8s_qos(self) -> K8sQoS:
+        """The Kubernetes QoS class these requests and limits give (one container)."""
+        cpu_mem = (CPU, MEMORY)
+        if not any(self.requests.get(n) or self.limits.get(n) for n in cpu_mem):
+            return "BestEffort"
+        if all(n in self.limits and self.limits[n] == self.requests.get(n) for n in cpu_mem):
+            return "Guaranteed"
+        return "Burstable"

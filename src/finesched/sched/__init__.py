@@ -1,0 +1,1 @@
+"""The scheduling core: framework, runtime, queue, and the Scheduler every driver uses."""

@@ -1,0 +1,61 @@
+"""Per-cycle data that plugins compute once and read many times, under typed keys.
+
+The Kubernetes rule: a value is written once (pre_filter, pre_score or reserve) and afterwards
+only read. Keys carry the value's type, and `read` checks it, so a plugin that forgot its
+pre_filter or stored the wrong thing gets a clear error, never a wrong answer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar, cast
+
+T = TypeVar("T")
+
+
+class MissingState(KeyError):
+    """A plugin read a key nobody wrote in this cycle."""
+
+
+@dataclass(frozen=True, slots=True)
+class StateKey(Generic[T]):
+    """A typed key: ``StateKey("ResourcesFit/request", ScalarRequest)``; name reads "<Plugin>/<what>"."""
+
+    name: str
+    kind: type[T] | tuple[type, ...]
+
+
+class CycleState:
+    """Key -> value store for one scheduling cycle (one workload)."""
+
+    __slots__ = ("_data",)
+
+    def __init__(self) -> None:
+        self._data: dict[StateKey[Any], Any] = {}
+
+    def write(self, key: StateKey[T], value: T) -> None:
+        if not isinstance(value, key.kind):
+            raise TypeError(f"{key.name}: expected {key.kind}, got {type(value).__name__}")
+        self._data[key] = value
+
+    def read(self, key: StateKey[T]) -> T:
+        try:
+            value = self._data[key]
+        except KeyError:
+            raise MissingState(f"{key.name}: nothing stored; did its pre_filter/pre_score run?") from None
+        return cast(T, value)
+
+    def get(self, key: StateKey[T], default: T | None = None) -> T | None:
+        return cast("T | None", self._data.get(key, default))
+
+    def delete(self, key: StateKey[Any]) -> None:
+        self._data.pop(key, None)
+
+    def __contains__(self, key: StateKey[Any]) -> bool:
+        return key in self._data
+
+    def clone(self) -> CycleState:
+        """A shallow copy: values are frozen or never mutated after writing."""
+        other = CycleState()
+        other._data = dict(self._data)
+        return other

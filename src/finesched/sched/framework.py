@@ -1,0 +1,218 @@
+"""The extension points of a scheduling cycle: codes, statuses, and one Protocol per point.
+
+Modelled on the Kubernetes scheduling framework (interface.go), with one change that makes
+finesched fast: `filter` and `score` see the *whole node batch* at once and answer with numpy
+arrays, so a cycle is a few vectorized passes plus exact work on the chosen node only.
+
+A plugin implements only the points it needs; the runtime finds them with `isinstance` against
+these runtime-checkable Protocols when the profile is loaded.
+
+Order of a cycle (sched/scheduler.py): pre_filter -> filter -> pre_score -> score ->
+normalize_score -> (select) -> reserve -> pre_bind -> ClusterState.assume.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import IntEnum
+from functools import cached_property
+from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
+
+import numpy as np
+import numpy.typing as npt
+
+from finesched.model.binding import Binding
+
+if TYPE_CHECKING:
+    from finesched.sched.cycle_state import CycleState
+    from finesched.sched.request import ScheduleRequest
+    from finesched.state.cluster import ClusterState
+
+MAX_SCORE = 100
+MIN_SCORE = 0
+
+BoolArray = npt.NDArray[np.bool_]
+ScoreArray = npt.NDArray[np.int64]
+
+
+class Code(IntEnum):
+    """Outcome of a plugin call (the Kubernetes codes)."""
+
+    SUCCESS = 0
+    ERROR = 1  # a bug or bad input: the workload fails, it is not retried blindly
+    UNSCHEDULABLE = 2  # may fit later, when the cluster changes
+    UNRESOLVABLE = 3  # cannot fit on this node whatever happens to other workloads
+    SKIP = 4  # the plugin has nothing to do for this workload
+
+
+@dataclass(frozen=True, slots=True)
+class Status:
+    code: Code = Code.SUCCESS
+    reasons: tuple[str, ...] = ()
+    plugin: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.code in (Code.SUCCESS, Code.SKIP)
+
+    @classmethod
+    def unschedulable(cls, *reasons: str, plugin: str = "") -> Status:
+        return cls(Code.UNSCHEDULABLE, reasons, plugin)
+
+    @classmethod
+    def error(cls, *reasons: str, plugin: str = "") -> Status:
+        return cls(Code.ERROR, reasons, plugin)
+
+    def message(self) -> str:
+        return ", ".join(self.reasons) or self.code.name.lower()
+
+
+SUCCESS = Status()
+SKIP = Status(Code.SKIP)
+
+#: A filter's explanation of its rejections: reason text -> (mask of nodes it applies to, code).
+Explanation = Mapping[str, tuple[BoolArray, Code]]
+
+
+@dataclass(frozen=True, slots=True)
+class FilterResult:
+    """Which nodes pass a filter, and (lazily) why the others do not.
+
+    `explain` is only called when a FitError is built, so the fast path pays nothing for the
+    reasons. Each node rejected by this filter should be covered by at least one reason mask.
+    """
+
+    mask: BoolArray
+    explain: Callable[[], Explanation] | None = None
+
+
+@dataclass(frozen=True)
+class NodeBatch:
+    """The nodes a filter or score call looks at: all of `state`, with `mask` the feasible ones (scoring)."""
+
+    state: ClusterState
+    mask: BoolArray | None = None
+
+    @property
+    def n(self) -> int:
+        return self.state.n
+
+    @cached_property
+    def indices(self) -> npt.NDArray[np.intp]:
+        """Indices of the feasible nodes (all nodes when there is no mask)."""
+        return np.arange(self.n) if self.mask is None else np.flatnonzero(self.mask)
+
+
+@runtime_checkable
+class Plugin(Protocol):
+    NAME: ClassVar[str]  # registry key, state-key prefix, Status.plugin
+
+
+@runtime_checkable
+class PreFilterPlugin(Plugin, Protocol):
+    def pre_filter(self, cycle: CycleState, request: ScheduleRequest, nodes: NodeBatch) -> Status:
+        """Check and precompute per-workload data once; store it in `cycle` under the plugin's keys.
+
+        ERROR ends the cycle as the user's error; UNSCHEDULABLE/UNRESOLVABLE end it with that
+        reason for every node; SKIP means this plugin's filter has nothing to check.
+        """
+        ...
+
+
+@runtime_checkable
+class FilterPlugin(Plugin, Protocol):
+    def filter(self, cycle: CycleState, request: ScheduleRequest, nodes: NodeBatch) -> FilterResult:
+        """mask[i] is True iff node i can fit the workload as far as this plugin can tell.
+
+        May over-approve (the exact reserve step catches it) but must never reject a node the
+        exact step could use. Must not mutate any state.
+        """
+        ...
+
+
+@runtime_checkable
+class PreScorePlugin(Plugin, Protocol):
+    def pre_score(self, cycle: CycleState, request: ScheduleRequest, nodes: NodeBatch) -> Status:
+        """Compute what score plugins share (e.g. resource shares after placement) once per cycle."""
+        ...
+
+
+@runtime_checkable
+class ScorePlugin(Plugin, Protocol):
+    def score(self, cycle: CycleState, request: ScheduleRequest, nodes: NodeBatch) -> ScoreArray:
+        """[n] int64 scores in [MIN_SCORE, MAX_SCORE] for every node (values on infeasible nodes are
+        ignored but must be in range too). The runtime checks the range, applies the profile
+        weight and sums; higher wins.
+        """
+        ...
+
+
+@runtime_checkable
+class NormalizeScorePlugin(Plugin, Protocol):
+    def normalize_score(
+        self, cycle: CycleState, request: ScheduleRequest, nodes: NodeBatch, scores: ScoreArray
+    ) -> ScoreArray:
+        """Rescale this plugin's raw scores over the feasible nodes into [MIN_SCORE, MAX_SCORE]."""
+        ...
+
+
+@runtime_checkable
+class SelectPlugin(Plugin, Protocol):
+    def select(self, cycle: CycleState, request: ScheduleRequest, nodes: NodeBatch, total: ScoreArray) -> Iterable[int]:
+        """Feasible node indices in the order to try them (replaces "highest total score first").
+
+        At most one select plugin runs per profile. The scheduler tries each yielded node with
+        the reserve plugins and takes the first that succeeds.
+        """
+        ...
+
+
+@runtime_checkable
+class ReservePlugin(Plugin, Protocol):
+    def reserve(self, cycle: CycleState, request: ScheduleRequest, node: int) -> Status:
+        """Decide the exact allocation on node `node` (devices, cpuset, NUMA) and keep it in `cycle`.
+
+        Return UNSCHEDULABLE when the exact allocation is impossible: the scheduler unreserves
+        and tries the next node. Reserve does not change ClusterState; `ClusterState.assume`
+        applies the binding that pre_bind completes.
+        """
+        ...
+
+    def unreserve(self, cycle: CycleState, request: ScheduleRequest, node: int) -> None:
+        """Drop what reserve decided for `node`. Idempotent; may be called even if reserve was not."""
+        ...
+
+
+@runtime_checkable
+class PreBindPlugin(Plugin, Protocol):
+    def pre_bind(self, cycle: CycleState, request: ScheduleRequest, node: int, binding: Binding) -> Binding:
+        """Return `binding` completed with this plugin's reserved allocation (devices, cpuset, annotations)."""
+        ...
+
+
+@runtime_checkable
+class StateUser(Plugin, Protocol):
+    """A plugin that keeps per-node accounts in the ClusterState (attached by the scheduler)."""
+
+    def attach(self, state: ClusterState) -> None: ...
+
+
+@runtime_checkable
+class ResourceOwner(Plugin, Protocol):
+    """A plugin that owns some request names (e.g. device resources), so the scalar fit skips them."""
+
+    def owns(self, resource: str) -> bool: ...
+
+
+@dataclass
+class ExtensionPoints:
+    """The plugins of a profile, grouped by the points they implement (built by the runtime)."""
+
+    pre_filter: list[PreFilterPlugin] = field(default_factory=list)
+    filter: list[FilterPlugin] = field(default_factory=list)
+    pre_score: list[PreScorePlugin] = field(default_factory=list)
+    score: list[tuple[ScorePlugin, int]] = field(default_factory=list)
+    select: SelectPlugin | None = None
+    reserve: list[ReservePlugin] = field(default_factory=list)
+    pre_bind: list[PreBindPlugin] = field(default_factory=list)

@@ -1,0 +1,98 @@
+"""Profiles: which plugins a scheduler runs, with what score weights and arguments.
+
+A profile is data (YAML or a dict), validated when the scheduler starts: unknown plugin names,
+negative or non-integer weights and bad arguments are errors listing what is allowed. Built-in
+profiles cover the common choices; users write their own in YAML:
+
+```yaml
+name: packing
+plugins:
+  - {name: NodeSelector}
+  - {name: ResourcesFit}
+  - {name: MostAllocated, weight: 2}
+tieBreak: random      # lowest-index (default) | random
+seed: 7
+```
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import pydantic
+import yaml
+from pydantic import Field, NonNegativeInt
+
+from finesched.errors import ErrorDetail, ValidationError
+from finesched.model.base import Model
+
+
+class PluginConfig(Model):
+    name: str = Field(min_length=1)
+    weight: NonNegativeInt = 1
+    args: dict[str, Any] = Field(default_factory=dict)
+
+
+class Profile(Model):
+    """Enabled plugins in order, with score weights; ties broken by lowest node index or a seeded order."""
+
+    name: str = "custom"
+    plugins: tuple[PluginConfig, ...] = Field(min_length=1)
+    tie_break: Literal["lowest-index", "random"] = "lowest-index"
+    seed: int = 0
+    #: How many nodes the exact reserve step may try before the workload is reported unschedulable.
+    max_reserve_attempts: int = Field(default=100, ge=1)
+
+    @classmethod
+    def parse(cls, data: object, *, where: str = "profile") -> Profile:
+        try:
+            return cls.model_validate(data)
+        except pydantic.ValidationError as exc:
+            raise ValidationError(
+                [ErrorDetail(".".join(str(p) for p in e["loc"]), e["msg"], e.get("input"), where) for e in exc.errors()]
+            ) from None
+
+    @classmethod
+    def load(cls, path: str | Path) -> Profile:
+        try:
+            data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        except (OSError, yaml.YAMLError) as exc:
+            raise ValidationError([ErrorDetail("", f"cannot read profile: {exc}", where=str(path))]) from None
+        return cls.parse(data, where=str(path))
+
+    def plugin_names(self) -> list[str]:
+        return [p.name for p in self.plugins]
+
+
+def _profile(name: str, *plugins: tuple[str, int] | str, **extra: Any) -> Profile:
+    configs = [{"name": p} if isinstance(p, str) else {"name": p[0], "weight": p[1]} for p in plugins]
+    return Profile.model_validate({"name": name, "plugins": configs, **extra})
+
+
+_FILTERS = ("NodeSelector", "ResourcesFit")
+
+#: Built-in profiles. "default" spreads like kube-scheduler's default (least requested + balanced).
+BUILTIN_PROFILES: dict[str, Profile] = {
+    "default": _profile("default", *_FILTERS, ("LeastRequested", 1), ("MostBalanced", 1)),
+    "binpack": _profile("binpack", *_FILTERS, ("MostAllocated", 1)),
+    "spread": _profile("spread", *_FILTERS, ("LeastRequested", 1)),
+    "buckets": _profile("buckets", *_FILTERS, "BucketFit"),
+}
+
+
+def resolve_profile(profile: str | Profile | dict[str, Any]) -> Profile:
+    """A Profile from a built-in name, a YAML path, a dict, or a Profile."""
+    if isinstance(profile, Profile):
+        return profile
+    if isinstance(profile, dict):
+        return Profile.parse(profile)
+    if profile in BUILTIN_PROFILES:
+        return BUILTIN_PROFILES[profile]
+    if Path(profile).suffix in (".yaml", ".yml", ".json") or Path(profile).exists():
+        return Profile.load(profile)
+    raise ValidationError(
+        f"unknown profile; built-in profiles: {sorted(BUILTIN_PROFILES)} (or give a YAML file)",
+        path="profile",
+        value=profile,
+    )

@@ -1,0 +1,217 @@
+"""The scheduling queue: priority first, then Dominant Resource Fairness between tenants (seed S4.5).
+
+Order of `pop`:
+1. the highest priority that has a ready workload;
+2. among tenants with ready workloads at that priority, the one with the lowest
+   *dominant share / weight*, where a tenant's dominant share is max over resources of
+   (what its bindings hold / cluster capacity) — Ghodsi et al., NSDI 2011; ties by tenant name;
+3. FIFO within the tenant.
+
+A tenant whose next workload would take it over its quota is passed over (the workload waits
+and does not fail). Unschedulable workloads back off (1 s doubling to 10 s, as kube-scheduler)
+and return when the cluster's capacity changes. Gang members wait until `minMember` of them are
+queued, then travel as one unit.
+
+Cost per pop is O(priorities + tenants), independent of how many workloads are queued.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+from finesched.model.resources import PODS, translate_gpu_shortcuts
+from finesched.model.tenant import Tenant
+from finesched.model.workload import Workload
+from finesched.sched.diagnosis import FitError
+
+INITIAL_BACKOFF_S = 1.0
+MAX_BACKOFF_S = 10.0
+
+
+@dataclass
+class QueuedUnit:
+    """One workload, or all members of a gang, waiting to be scheduled together."""
+
+    workloads: list[Workload]
+    seq: int
+    attempts: int = 0
+    not_before: float = 0.0
+    last_error: FitError | None = None
+
+    @property
+    def tenant(self) -> str:
+        return self.workloads[0].tenant
+
+    @property
+    def priority(self) -> int:
+        return max(w.priority for w in self.workloads)
+
+    @property
+    def demand(self) -> dict[str, int]:
+        total: dict[str, int] = {}
+        for w in self.workloads:
+            for name, amount in demand_of(w).items():
+                total[name] = total.get(name, 0) + amount
+        return total
+
+
+def demand_of(workload: Workload) -> dict[str, int]:
+    """What a workload will hold, in the names quotas and DRF count (GPU shortcuts translated)."""
+    return translate_gpu_shortcuts(workload.requests)
+
+
+@dataclass
+class _TenantAccount:
+    weight: float = 1.0
+    quota: Mapping[str, int] | None = None
+    usage: dict[str, int] = field(default_factory=dict)
+
+
+class SchedulingQueue:
+    """Priority + weighted DRF + FIFO, with quota waits, gangs and backoff (see the module docstring)."""
+
+    def __init__(
+        self,
+        tenants: Iterable[Tenant] = (),
+        capacity: Callable[[], Mapping[str, int]] = dict,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self._accounts: dict[str, _TenantAccount] = {t.name: _TenantAccount(t.weight, t.quota) for t in tenants}
+        self._capacity = capacity
+        self._clock = clock
+        self._seq = itertools.count()
+        self._active: dict[int, dict[str, deque[QueuedUnit]]] = {}
+        self._gangs: dict[str, list[Workload]] = {}
+        self._backoff: list[QueuedUnit] = []
+        self._unschedulable: list[QueuedUnit] = []
+        self._keys: set[str] = set()
+
+    # Input ---------------------------------------------------------------------------------------------
+    def push(self, workload: Workload) -> None:
+        """Queue a workload (gang members are held until the gang is complete)."""
+        if workload.key in self._keys:
+            raise ValueError(f"workload {workload.key} is already queued")
+        self._keys.add(workload.key)
+        gang = workload.gang
+        if gang is None:
+            self._activate(QueuedUnit([workload], next(self._seq)))
+            return
+        gang_key = f"{workload.namespace}/{gang.name}"
+        members = self._gangs.setdefault(gang_key, [])
+        members.append(workload)
+        if len(members) >= gang.min_member:
+            del self._gangs[gang_key]
+            self._activate(QueuedUnit(members, next(self._seq)))
+
+    def _activate(self, unit: QueuedUnit) -> None:
+        self._active.setdefault(unit.priority, {}).setdefault(unit.tenant, deque()).append(unit)
+
+    # Output ------------------------------------------------------------------------------------------------
+    def pop(self) -> QueuedUnit | None:
+        """The next unit to schedule, or None when nothing is ready (empty, backing off, or over quota)."""
+        self._release_backoff(self._clock())
+        for priority in sorted(self._active, reverse=True):
+            tenants = self._active[priority]
+            for tenant in sorted(tenants, key=lambda t: (self.dominant_share(t) / self._account(t).weight, t)):
+                unit = tenants[tenant][0]
+                if self._over_quota(tenant, unit.demand):
+                    continue
+                tenants[tenant].popleft()
+                if not tenants[tenant]:
+                    del tenants[tenant]
+                if not tenants:
+                    del self._active[priority]
+                return unit
+        return None
+
+    def done(self, unit: QueuedUnit) -> None:
+        """The unit was placed; forget its keys (usage is charged separately, per binding)."""
+        for w in unit.workloads:
+            self._keys.discard(w.key)
+
+    def park(self, unit: QueuedUnit, error: FitError) -> None:
+        """The unit fits nowhere now: wait for a cluster change, then retry after backoff."""
+        unit.attempts += 1
+        unit.last_error = error
+        self._unschedulable.append(unit)
+
+    def cluster_changed(self) -> None:
+        """Capacity may have grown: parked units become ready after their backoff."""
+        now = self._clock()
+        for unit in self._unschedulable:
+            unit.not_before = now + min(MAX_BACKOFF_S, INITIAL_BACKOFF_S * 2 ** (unit.attempts - 1))
+            self._backoff.append(unit)
+        self._unschedulable.clear()
+
+    def flush_backoff(self) -> None:
+        """Make every backing-off unit ready now (offline runs do not wait for wall-clock time)."""
+        self._release_backoff(float("inf"))
+
+    def _release_backoff(self, now: float) -> None:
+        if not self._backoff:
+            return
+        waiting = []
+        for unit in self._backoff:
+            if unit.not_before <= now:
+                self._activate(unit)
+            else:
+                waiting.append(unit)
+        self._backoff = waiting
+
+    def waiting(self) -> list[tuple[QueuedUnit, str]]:
+        """Units still not placed, with why: unschedulable, over quota, or an incomplete gang."""
+        out: list[tuple[QueuedUnit, str]] = []
+        out += [(u, "unschedulable") for u in self._unschedulable + self._backoff]
+        for tenants in self._active.values():
+            out += [(u, "quota") for units in tenants.values() for u in units]
+        out += [(QueuedUnit(ws, -1), "gang") for ws in self._gangs.values()]
+        return sorted(out, key=lambda pair: pair[0].seq)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    # Accounting -------------------------------------------------------------------------------------
+    def charge(self, tenant: str, amounts: Mapping[str, int]) -> None:
+        usage = self._account(tenant).usage
+        for name, amount in amounts.items():
+            usage[name] = usage.get(name, 0) + amount
+
+    def refund(self, tenant: str, amounts: Mapping[str, int]) -> None:
+        usage = self._account(tenant).usage
+        for name, amount in amounts.items():
+            usage[name] = usage.get(name, 0) - amount
+
+    def usage(self, tenant: str) -> dict[str, int]:
+        return dict(self._account(tenant).usage)
+
+    def dominant_share(self, tenant: str) -> float:
+        """max over resources of usage / cluster capacity (pods not counted)."""
+        capacity = self._capacity()
+        usage = self._account(tenant).usage
+        shares = (amount / capacity[name] for name, amount in usage.items() if name != PODS and capacity.get(name))
+        return max(shares, default=0.0)
+
+    def _over_quota(self, tenant: str, demand: Mapping[str, int]) -> bool:
+        account = self._account(tenant)
+        if not account.quota:
+            return False
+        return any(account.usage.get(n, 0) + demand.get(n, 0) > limit for n, limit in account.quota.items())
+
+    def quota_problem(self, tenant: str, demand: Mapping[str, int]) -> str:
+        account = self._account(tenant)
+        over = [
+            f"{n} (holds {account.usage.get(n, 0)}, asks {demand.get(n, 0)}, quota {limit})"
+            for n, limit in (account.quota or {}).items()
+            if account.usage.get(n, 0) + demand.get(n, 0) > limit
+        ]
+        return f"tenant {tenant} would exceed its quota: " + ", ".join(over)
+
+    def _account(self, tenant: str) -> _TenantAccount:
+        account = self._accounts.get(tenant)
+        if account is None:
+            account = self._accounts[tenant] = _TenantAccount()
+        return account

@@ -1,0 +1,67 @@
+"""A workload compiled once into the compact form the cycle uses (DESIGN.md "Performance model").
+
+No hot path touches the pydantic Workload: the scalar part of the request becomes two small
+numpy arrays (state rows and amounts), built once per workload and state layout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from finesched.model.resources import PODS, ResourceVector
+from finesched.model.workload import Workload
+from finesched.state.cluster import ClusterState
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleRequest:
+    """What the cycle needs of a workload, in state coordinates."""
+
+    workload: Workload
+    #: Scalar amounts the binding takes (device resources owned by plugins excluded; pods: 1 added).
+    scalar: ResourceVector
+    #: State rows and amounts of `scalar` for the resources the state knows.
+    rows: npt.NDArray[np.intp]
+    amounts: npt.NDArray[np.int64]
+    #: Requested scalar resources no node offers at all (so no node fits).
+    unknown: tuple[str, ...]
+    #: Rows of the requested classes used for share-based scoring (pods excluded), and amounts.
+    share_rows: npt.NDArray[np.intp]
+    share_amounts: npt.NDArray[np.int64]
+
+    @property
+    def key(self) -> str:
+        return self.workload.key
+
+
+def compile_request(
+    workload: Workload, state: ClusterState, owns: Callable[[str], bool] = lambda _name: False
+) -> ScheduleRequest:
+    """Compile `workload` against `state`'s resource rows; names `owns` claims are left to their plugin."""
+    scalar = {name: amount for name, amount in workload.requests.items() if amount > 0 and not owns(name)}
+    scalar[PODS] = 1
+    rows, amounts, unknown = [], [], []
+    share_rows, share_amounts = [], []
+    for name, amount in scalar.items():
+        r = state.res_index.get(name)
+        if r is None:
+            unknown.append(name)
+            continue
+        rows.append(r)
+        amounts.append(amount)
+        if name != PODS:
+            share_rows.append(r)
+            share_amounts.append(amount)
+    return ScheduleRequest(
+        workload=workload,
+        scalar=ResourceVector(scalar),
+        rows=np.asarray(rows, dtype=np.intp),
+        amounts=np.asarray(amounts, dtype=np.int64),
+        unknown=tuple(unknown),
+        share_rows=np.asarray(share_rows, dtype=np.intp),
+        share_amounts=np.asarray(share_amounts, dtype=np.int64),
+    )

@@ -1,0 +1,196 @@
+"""Runs a profile's plugins at each extension point (the Kubernetes framework runtime, vectorized).
+
+It owns the rules no plugin may bend: pre_filter SKIP skips that plugin's filter; scores must be
+int64 in [0, MAX_SCORE] after normalize (else `ScoreRangeError` names the plugin); weights
+multiply and sum; a failed reserve unreserves every reserve plugin in reverse order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+
+from finesched.errors import ValidationError
+from finesched.model.binding import Binding
+from finesched.sched.cycle_state import CycleState
+from finesched.sched.framework import (
+    MAX_SCORE,
+    BoolArray,
+    Code,
+    ExtensionPoints,
+    FilterPlugin,
+    FilterResult,
+    NodeBatch,
+    NormalizeScorePlugin,
+    Plugin,
+    PreBindPlugin,
+    PreFilterPlugin,
+    PreScorePlugin,
+    ReservePlugin,
+    ResourceOwner,
+    ScoreArray,
+    ScorePlugin,
+    SelectPlugin,
+    StateUser,
+    Status,
+)
+from finesched.sched.profile import Profile
+from finesched.sched.registry import Registry
+from finesched.sched.request import ScheduleRequest
+from finesched.state.cluster import ClusterState
+
+
+class ScoreRangeError(RuntimeError):
+    """A score plugin returned values outside [0, MAX_SCORE] or not int64 (a plugin bug)."""
+
+
+class PreFilterFailed(Exception):
+    """A pre_filter plugin ended the cycle before any node was looked at."""
+
+    def __init__(self, status: Status):
+        self.status = status
+        super().__init__(f"{status.plugin}: {status.message()}")
+
+
+class Framework:
+    """The plugins of one profile, grouped by extension point, bound to one ClusterState."""
+
+    def __init__(self, profile: Profile, registry: Registry, state: ClusterState):
+        self.profile = profile
+        self.plugins: list[Plugin] = []
+        self.points = ExtensionPoints()
+        self.owners: list[ResourceOwner] = []
+        errors: list[ValidationError] = []
+        for index, config in enumerate(profile.plugins):
+            try:
+                plugin = registry.create(config.name, config.args)
+            except ValidationError as exc:
+                errors.append(ValidationError([e.located("", f"plugins[{index}]") for e in exc.errors]))
+                continue
+            self._add(plugin, config.weight, index, errors)
+        if errors:
+            raise ValidationError.collect(errors)
+        for plugin in self.plugins:
+            if isinstance(plugin, StateUser):
+                plugin.attach(state)
+
+    def _add(self, plugin: Plugin, weight: int, index: int, errors: list[ValidationError]) -> None:
+        if any(p.NAME == plugin.NAME for p in self.plugins):
+            errors.append(ValidationError("enabled twice", path=f"plugins[{index}].name", value=plugin.NAME))
+            return
+        self.plugins.append(plugin)
+        points = self.points
+        if isinstance(plugin, PreFilterPlugin):
+            points.pre_filter.append(plugin)
+        if isinstance(plugin, FilterPlugin):
+            points.filter.append(plugin)
+        if isinstance(plugin, PreScorePlugin):
+            points.pre_score.append(plugin)
+        if isinstance(plugin, ScorePlugin):
+            points.score.append((plugin, weight))
+        if isinstance(plugin, SelectPlugin):
+            if points.select is not None:
+                errors.append(
+                    ValidationError(
+                        f"only one select plugin per profile ({points.select.NAME} already)",
+                        path=f"plugins[{index}].name",
+                        value=plugin.NAME,
+                    )
+                )
+            points.select = plugin
+        if isinstance(plugin, ReservePlugin):
+            points.reserve.append(plugin)
+        if isinstance(plugin, PreBindPlugin):
+            points.pre_bind.append(plugin)
+        if isinstance(plugin, ResourceOwner):
+            self.owners.append(plugin)
+
+    def owns(self, resource: str) -> bool:
+        """Whether a plugin (not the scalar fit) owns this request name."""
+        return any(owner.owns(resource) for owner in self.owners)
+
+    # Points ----------------------------------------------------------------------------------------------
+    def run_pre_filter(self, cycle: CycleState, request: ScheduleRequest, nodes: NodeBatch) -> set[str]:
+        """Run every pre_filter; return the names of plugins that asked to skip their filter."""
+        skipped: set[str] = set()
+        for plugin in self.points.pre_filter:
+            status = plugin.pre_filter(cycle, request, nodes)
+            if status.code == Code.SKIP:
+                skipped.add(plugin.NAME)
+            elif not status.ok:
+                raise PreFilterFailed(Status(status.code, status.reasons, plugin.NAME))
+        return skipped
+
+    def run_filter(
+        self, cycle: CycleState, request: ScheduleRequest, nodes: NodeBatch, skipped: set[str]
+    ) -> tuple[BoolArray, list[tuple[FilterPlugin, FilterResult]]]:
+        """AND of every filter's mask (a fresh array), with each result kept for diagnosis."""
+        results: list[tuple[FilterPlugin, FilterResult]] = []
+        mask: BoolArray | None = None
+        for plugin in self.points.filter:
+            if plugin.NAME in skipped:
+                continue
+            result = plugin.filter(cycle, request, nodes)
+            results.append((plugin, result))
+            mask = result.mask.copy() if mask is None else np.logical_and(mask, result.mask, out=mask)
+        return (np.ones(nodes.n, dtype=bool) if mask is None else mask), results
+
+    def run_pre_score(self, cycle: CycleState, request: ScheduleRequest, nodes: NodeBatch) -> None:
+        for plugin in self.points.pre_score:
+            status = plugin.pre_score(cycle, request, nodes)
+            if not status.ok:
+                raise PreFilterFailed(Status(status.code, status.reasons, plugin.NAME))
+
+    def run_score(self, cycle: CycleState, request: ScheduleRequest, nodes: NodeBatch) -> ScoreArray:
+        """Weighted sum of every score plugin's checked scores ([n] int64; zeros without scorers)."""
+        total: ScoreArray | None = None
+        for plugin, weight in self.points.score:
+            scores = plugin.score(cycle, request, nodes)
+            if isinstance(plugin, NormalizeScorePlugin):
+                scores = plugin.normalize_score(cycle, request, nodes, scores)
+            _check_range(plugin, scores, nodes.n)
+            if weight == 0:
+                continue
+            weighted = scores if weight == 1 else scores * weight
+            total = weighted.copy() if total is None else np.add(total, weighted, out=total)
+        return np.zeros(nodes.n, dtype=np.int64) if total is None else total
+
+    def run_reserve(self, cycle: CycleState, request: ScheduleRequest, node: int) -> Status:
+        """Reserve on `node` with every plugin; on the first failure unreserve all in reverse."""
+        for plugin in self.points.reserve:
+            status = plugin.reserve(cycle, request, node)
+            if not status.ok:
+                self.run_unreserve(cycle, request, node)
+                return Status(status.code, status.reasons, plugin.NAME)
+        return Status()
+
+    def run_unreserve(self, cycle: CycleState, request: ScheduleRequest, node: int) -> None:
+        for plugin in reversed(self.points.reserve):
+            plugin.unreserve(cycle, request, node)
+
+    def run_pre_bind(self, cycle: CycleState, request: ScheduleRequest, node: int, binding: Binding) -> Binding:
+        for plugin in self.points.pre_bind:
+            binding = plugin.pre_bind(cycle, request, node, binding)
+        return binding
+
+    def select(self) -> SelectPlugin | None:
+        return self.points.select
+
+    def names(self) -> Iterable[str]:
+        return (p.NAME for p in self.plugins)
+
+
+def _check_range(plugin: Plugin, scores: ScoreArray, n: int) -> None:
+    if not isinstance(scores, np.ndarray) or scores.dtype != np.int64 or scores.shape != (n,):
+        shape = getattr(scores, "shape", None)
+        dtype = getattr(scores, "dtype", type(scores).__name__)
+        raise ScoreRangeError(
+            f"plugin {plugin.NAME!r} returned scores of dtype {dtype} shape {shape}; want int64 [{n}]"
+        )
+    # One pass checks both bounds: a negative int64 viewed as uint64 is huge.
+    if n and bool((scores.view(np.uint64) > MAX_SCORE).any()):
+        raise ScoreRangeError(
+            f"plugin {plugin.NAME!r} returned an invalid score in [{scores.min()}, {scores.max()}]; "
+            f"scores must lie in [0, {MAX_SCORE}] after normalizing"
+        )

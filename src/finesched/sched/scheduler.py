@@ -1,0 +1,279 @@
+"""The Scheduler: one core that every driver (CLI, API server, Kubernetes extender, simulator) uses.
+
+`schedule_one` is the cycle of DESIGN.md, in numbered steps (the shape of kube-scheduler's
+schedule_one.go):
+
+1. compile the workload into a compact request (once);
+2. pre_filter: per-workload checks and precomputation;
+3. filter: one vectorized pass per plugin over all nodes; none left -> FitError with reasons;
+4. pre_score + score: weighted sum of vectorized scores over all nodes;
+5. select: nodes best-first (or a select plugin's order); reserve decides the exact allocation
+   on the first node where it succeeds (unreserve in reverse on failure, then the next node);
+6. pre_bind completes the binding; `ClusterState.assume` applies it; commit unless the driver
+   commits later (after its durable write).
+
+The core never does I/O.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from finesched.errors import ValidationError
+from finesched.model.binding import Binding
+from finesched.model.tenant import Tenant
+from finesched.model.workload import Workload
+from finesched.sched.cycle_state import CycleState
+from finesched.sched.diagnosis import FitError, QuotaWait, diagnose
+from finesched.sched.framework import Code, NodeBatch, ScoreArray
+from finesched.sched.profile import Profile, resolve_profile
+from finesched.sched.queue import QueuedUnit, SchedulingQueue
+from finesched.sched.registry import Registry, default_registry
+from finesched.sched.request import ScheduleRequest, compile_request
+from finesched.sched.runtime import Framework, PreFilterFailed
+from finesched.state.cluster import ClusterState, StateError
+
+Result = Binding | FitError
+
+
+class Scheduler:
+    """Places workloads on a ClusterState with the plugins of one profile."""
+
+    def __init__(
+        self,
+        state: ClusterState,
+        profile: str | Profile | dict[str, object] = "default",
+        tenants: Iterable[Tenant] = (),
+        *,
+        registry: Registry | None = None,
+        auto_commit: bool = True,
+    ):
+        self.state = state
+        self.profile = resolve_profile(profile)
+        self.framework = Framework(self.profile, registry or default_registry(), state)
+        self.auto_commit = auto_commit
+        self.queue = SchedulingQueue(tenants, capacity=state.totals)
+        self._tie_rank: npt.NDArray[np.int64] | None = None
+        self._tie_version = -1
+        for binding in state.bindings.values():
+            self.queue.charge(binding.tenant, binding_amounts(binding))
+
+    # One workload -----------------------------------------------------------------------------------
+    def schedule_one(self, workload: Workload) -> Binding:
+        """Place `workload` and return its binding (applied to the state), or raise FitError."""
+        binding = self._place(workload)
+        self.queue.charge(binding.tenant, binding_amounts(binding))
+        return binding
+
+    def _place(self, workload: Workload) -> Binding:
+        state = self.state
+        if workload.key in state.bindings:
+            raise ValidationError(f"already bound to {state.bindings[workload.key].node}", path=workload.key)
+        # 1. compile
+        request = compile_request(workload, state, self.framework.owns)
+        cycle = CycleState()
+        nodes = NodeBatch(state)
+        if state.n == 0:
+            raise FitError(workload.key, 0, {}, detail="0/0 nodes available: the cluster has no nodes")
+        # 2. pre_filter
+        try:
+            skipped = self.framework.run_pre_filter(cycle, request, nodes)
+        except PreFilterFailed as exc:
+            raise _prefilter_error(workload.key, state.n, exc) from None
+        # 3. filter
+        feasible, results = self.framework.run_filter(cycle, request, nodes, skipped)
+        if not feasible.any():
+            raise diagnose(workload.key, state.n, results)
+        # 4. score
+        scored = NodeBatch(state, feasible)
+        try:
+            self.framework.run_pre_score(cycle, request, scored)
+        except PreFilterFailed as exc:
+            raise _prefilter_error(workload.key, state.n, exc) from None
+        total = self.framework.run_score(cycle, request, scored)
+        # 5. select and reserve
+        failures: Counter[str] = Counter()
+        for attempt, node in enumerate(self._candidates(cycle, request, scored, total)):
+            if attempt >= self.profile.max_reserve_attempts:
+                break
+            status = self.framework.run_reserve(cycle, request, node)
+            if not status.ok:
+                failures[f"{status.message()} ({status.plugin})"] += 1
+                continue
+            # 6. pre_bind and assume
+            binding = self._binding(request, node, int(total[node]))
+            binding = self.framework.run_pre_bind(cycle, request, node, binding)
+            try:
+                state.assume(binding)
+            except StateError as exc:
+                self.framework.run_unreserve(cycle, request, node)
+                failures[f"state refused the binding: {exc}"] += 1
+                continue
+            if self.auto_commit:
+                state.commit(binding.workload)
+            return binding
+        rejected = int(state.n - feasible.sum())
+        error = diagnose(workload.key, state.n, results, failures)
+        if rejected + sum(failures.values()) < state.n:
+            error.reasons[f"not tried (limit of {self.profile.max_reserve_attempts} reserve attempts)"] = (
+                state.n - rejected - sum(failures.values())
+            )
+        raise error
+
+    def _binding(self, request: ScheduleRequest, node: int, score: int) -> Binding:
+        w = request.workload
+        return Binding.model_construct(
+            workload=w.key,
+            node=self.state.names[node],
+            tenant=w.tenant,
+            priority=w.priority,
+            qos=w.qos or "LS",
+            requests=request.scalar,
+            score=score,
+        )
+
+    def _candidates(
+        self, cycle: CycleState, request: ScheduleRequest, nodes: NodeBatch, total: ScoreArray
+    ) -> Iterator[int]:
+        select = self.framework.select()
+        if select is not None:
+            yield from select.select(cycle, request, nodes, total)
+            return
+        assert nodes.mask is not None
+        key = total
+        if self.profile.tie_break == "random":
+            key = total * (self.state.n + 1) + (self.state.n - self._tie_ranks())
+        key = np.where(nodes.mask, key, -1)
+        while True:
+            best = int(np.argmax(key))  # first maximum: the lowest index among equals
+            if key[best] < 0:
+                return
+            yield best
+            key[best] = -1
+
+    def _tie_ranks(self) -> npt.NDArray[np.int64]:
+        """A seeded random rank per node (lower wins ties), fixed while the node set is unchanged."""
+        if self._tie_rank is None or self._tie_version != self.state.nodes_version:
+            rng = np.random.default_rng(self.profile.seed)
+            order = rng.permutation(self.state.n)
+            rank = np.empty(self.state.n, dtype=np.int64)
+            rank[order] = np.arange(self.state.n)
+            self._tie_rank, self._tie_version = rank, self.state.nodes_version
+        return self._tie_rank
+
+    # Many workloads -----------------------------------------------------------------------------------
+    def schedule_batch(self, workloads: Sequence[Workload]) -> list[Result]:
+        """Schedule each workload in the given order (no queue); a FitError in place of each failure."""
+        results: list[Result] = []
+        for workload in workloads:
+            try:
+                results.append(self.schedule_one(workload))
+            except FitError as exc:
+                results.append(exc)
+        return results
+
+    def schedule_gang(self, workloads: Sequence[Workload]) -> list[Binding]:
+        """Place all of `workloads` or none of them (then raise the first member's FitError)."""
+        placed: list[Binding] = []
+        try:
+            for workload in workloads:
+                placed.append(self._place(workload))
+        except FitError as exc:
+            for binding in reversed(placed):
+                self.state.forget(binding.workload)
+            name = workloads[0].gang.name if workloads[0].gang else "gang"
+            raise FitError(
+                exc.workload,
+                exc.total_nodes,
+                exc.reasons,
+                unresolvable=exc.unresolvable,
+                detail=f"gang {name}: member {exc.workload} does not fit ({exc.message}); none placed",
+            ) from None
+        for binding in placed:
+            self.queue.charge(binding.tenant, binding_amounts(binding))
+        return placed
+
+    def submit(self, workloads: Iterable[Workload]) -> None:
+        """Queue workloads for `run` (priority, DRF between tenants, FIFO, quotas, gangs)."""
+        for workload in workloads:
+            if workload.key in self.state.bindings:
+                raise ValidationError(f"already bound to {self.state.bindings[workload.key].node}", path=workload.key)
+            try:
+                self.queue.push(workload)
+            except ValueError as exc:
+                raise ValidationError(str(exc), path=workload.key) from None
+
+    def run(self) -> list[Result]:
+        """Schedule everything queued; results in decision order, then what still waits (as FitErrors)."""
+        results: list[Result] = []
+        seen_version = self.state.capacity_version
+        while True:
+            unit = self.queue.pop()
+            if unit is None:
+                if self.state.capacity_version == seen_version:
+                    break
+                seen_version = self.state.capacity_version
+                self.queue.cluster_changed()
+                self.queue.flush_backoff()
+                continue
+            results += self._run_unit(unit)
+        for unit, why in self.queue.waiting():
+            results += [self._waiting_error(unit, why, w) for w in unit.workloads]
+        return results
+
+    def _run_unit(self, unit: QueuedUnit) -> list[Result]:
+        try:
+            if len(unit.workloads) == 1:
+                bindings = [self.schedule_one(unit.workloads[0])]
+            else:
+                bindings = self.schedule_gang(unit.workloads)
+        except FitError as exc:
+            self.queue.park(unit, exc)
+            return []
+        self.queue.done(unit)
+        return list(bindings)
+
+    def _waiting_error(self, unit: QueuedUnit, why: str, workload: Workload) -> FitError:
+        if why == "unschedulable" and unit.last_error is not None:
+            return (
+                unit.last_error
+                if len(unit.workloads) == 1
+                else FitError(workload.key, self.state.n, unit.last_error.reasons, detail=unit.last_error.message)
+            )
+        if why == "quota":
+            problem = self.queue.quota_problem(unit.tenant, unit.demand)
+            return QuotaWait(workload.key, self.state.n, {}, detail=f"waiting: {problem}")
+        gang = workload.gang
+        have = len(unit.workloads)
+        detail = f"waiting: gang {gang.name if gang else '?'} has {have}/{gang.min_member if gang else '?'} members"
+        return FitError(workload.key, self.state.n, {}, detail=detail)
+
+    def release(self, binding: Binding | str) -> Binding:
+        """Remove a binding (the workload finished or was deleted) and give its resources back."""
+        key = binding if isinstance(binding, str) else binding.workload
+        released = self.state.forget(key)
+        self.queue.refund(released.tenant, binding_amounts(released))
+        self.queue.cluster_changed()
+        return released
+
+
+def binding_amounts(binding: Binding) -> dict[str, int]:
+    """Everything a binding holds, by resource name: scalar requests plus device grants summed."""
+    out = dict(binding.requests)
+    for grants in binding.devices.values():
+        for grant in grants:
+            for name, amount in grant.resources.items():
+                out[name] = out.get(name, 0) + amount
+    return out
+
+
+def _prefilter_error(workload: str, n: int, exc: PreFilterFailed) -> FitError:
+    status = exc.status
+    if status.code == Code.ERROR:
+        raise ValidationError(f"{status.plugin}: {status.message()}", path=workload)
+    reason = f"{status.message()} ({status.plugin})"
+    return FitError(workload, n, {reason: n}, unresolvable=status.code == Code.UNRESOLVABLE)

@@ -1,0 +1,1 @@
+"""Trace-driven simulation over the same scheduler core."""

@@ -1,0 +1,57 @@
+"""The rules a ClusterState must satisfy after every operation (DESIGN.md "State and concurrency rules").
+
+`check` returns every violation instead of stopping at the first, so a failing property test
+or ``--validate`` run shows the whole picture. Extras (devices, CPUs) add their own rules
+through `NodeExtra.violations`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from finesched.state.cluster import ClusterState
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    rule: str
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{self.rule}: {self.detail}"
+
+
+def check(state: ClusterState) -> list[Violation]:
+    """Every broken invariant of `state` (empty when all hold)."""
+    out: list[Violation] = []
+    free, alloc = state.free, state.allocatable
+    for r, i in zip(*np.nonzero(free < 0), strict=True):
+        out.append(Violation("no-negative-free", f"{state.names[i]}: {state.resources[r]} free = {free[r, i]}"))
+    held = np.zeros_like(alloc)
+    for key, binding in state.bindings.items():
+        i = state.index.get(binding.node)
+        if i is None:
+            out.append(Violation("binding-node-exists", f"{key} is bound to unknown node {binding.node!r}"))
+            continue
+        for name, amount in binding.requests.items():
+            r = state.res_index.get(name)
+            if r is None:
+                out.append(Violation("binding-resource-exists", f"{key} holds unknown resource {name}"))
+            else:
+                held[r, i] += amount
+    for r, i in zip(*np.nonzero(free + held != alloc), strict=True):
+        out.append(
+            Violation(
+                "free-plus-held-is-allocatable",
+                f"{state.names[i]}: {state.resources[r]} free {free[r, i]} + held {held[r, i]} != {alloc[r, i]}",
+            )
+        )
+    if len(state.names) != state.n or any(state.index[name] != i for i, name in enumerate(state.names)):
+        out.append(Violation("index-consistent", "node names and indices disagree"))
+    for extra in state.extras.values():
+        out += [Violation(extra.name, v) for v in extra.violations()]
+    return out
