@@ -70,12 +70,8 @@ ERROR_CASES = [
         id="value-too-wide",
     ),
     pytest.param(lambda: encode([1, -1], 7), "value -1 at index 1 is negative", id="negative-value"),
-    pytest.param(
-        lambda: encode([1, True], 7), "value at index 1 must be an int, got bool True", id="bool-value"
-    ),
-    pytest.param(
-        lambda: encode([1.0], 7), "value at index 0 must be an int, got float 1.0", id="float-value"
-    ),
+    pytest.param(lambda: encode([1, True], 7), "value at index 1 must be an int, got bool True", id="bool-value"),
+    pytest.param(lambda: encode([1.0], 7), "value at index 0 must be an int, got float 1.0", id="float-value"),
     pytest.param(lambda: encode([1], 0), f"bits must be between 1 and {MAX_BITS}, got 0", id="zero-bits"),
     pytest.param(lambda: encode([1], MAX_BITS + 1), "bits must be between", id="too-many-bits"),
     pytest.param(lambda: encode([1], True), "bits must be an int, got bool", id="bool-bits"),
@@ -94,12 +90,8 @@ ERROR_CASES = [
         id="many-too-wide",
     ),
     pytest.param(lambda: decode_many([0, -3], 4, 7), "ks[1] = -3 is negative", id="many-negative"),
-    pytest.param(
-        lambda: decode_many([0, 1, True], 4, 7), "ks[2] must be an int, got bool True", id="many-bool"
-    ),
-    pytest.param(
-        lambda: decode_many(np.array([1, 5, -2]), 4, 7), "ks[2] = -2 is negative", id="array-negative"
-    ),
+    pytest.param(lambda: decode_many([0, 1, True], 4, 7), "ks[2] must be an int, got bool True", id="many-bool"),
+    pytest.param(lambda: decode_many(np.array([1, 5, -2]), 4, 7), "ks[2] = -2 is negative", id="array-negative"),
     pytest.param(
         lambda: decode_many(np.array([0, 2**28], dtype=np.uint64), 4, 7),
         "ks[1] needs 29 bits but count*bits = 28",
@@ -121,9 +113,7 @@ ERROR_CASES = [
         "ks[1] needs 71 bits but count*bits = 64",
         id="object-array-too-wide",
     ),
-    pytest.param(
-        lambda: EncodedVector(2**29, 4, 7), "k needs 30 bits but count*bits = 28", id="vector-too-wide"
-    ),
+    pytest.param(lambda: EncodedVector(2**29, 4, 7), "k needs 30 bits but count*bits = 28", id="vector-too-wide"),
     pytest.param(lambda: encode_vector([1, -1]), "value -1 at index 1 is negative", id="vector-negative"),
     pytest.param(
         lambda: encode_vector([200], bits=7),

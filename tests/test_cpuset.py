@@ -198,9 +198,7 @@ def test_pydantic_accepts(value: object) -> None:
         pytest.param("3-1", 'invalid cpulist "3-1" at position 0: range', id="reversed-range"),
         pytest.param("1,,2", "at position 2: empty item", id="empty-item"),
         pytest.param([0, -1], "CPU ids must not be negative", id="negative-in-list"),
-        pytest.param(
-            3, 'expected a cpulist string like "0-3,8", a list of CPU ids or a CPUSet, got int', id="int"
-        ),
+        pytest.param(3, 'expected a cpulist string like "0-3,8", a list of CPU ids or a CPUSet, got int', id="int"),
         pytest.param({"a": 1}, "got dict", id="dict"),
     ],
 )

@@ -87,9 +87,7 @@ def test_negative_allowed_when_asked(text: str | int | float, kind: str, expecte
 
 
 ERROR_CASES = [
-    pytest.param(
-        "abc", "cpu", r'^"abc" is not a quantity: expected a number with an optional suffix', id="word"
-    ),
+    pytest.param("abc", "cpu", r'^"abc" is not a quantity: expected a number with an optional suffix', id="word"),
     pytest.param("", "cpu", r'^"" is not a quantity', id="empty"),
     pytest.param(".", "cpu", r'^"\." is not a quantity', id="dot-only"),  # ParseQuantity would say 0
     pytest.param("-", "cpu", r'^"-" is not a quantity', id="sign-only"),
@@ -99,9 +97,7 @@ ERROR_CASES = [
     pytest.param("1.5", "count", r'^"1\.5" is not a whole count', id="fractional-count"),
     pytest.param("500m", "count", r'^"500m" is not a whole count: counts .* must be whole', id="milli-count"),
     pytest.param("1e-1000000", "count", r"not a whole count", id="tiny-count"),
-    pytest.param(
-        "1Zi", "bytes", r'^"1Zi" has an unknown suffix "Zi" at position 1; expected one of', id="zi"
-    ),
+    pytest.param("1Zi", "bytes", r'^"1Zi" has an unknown suffix "Zi" at position 1; expected one of', id="zi"),
     pytest.param("1ki", "bytes", r'unknown suffix "ki" at position 1', id="lower-ki"),
     pytest.param("1K", "bytes", r'unknown suffix "K" at position 1', id="upper-k"),
     pytest.param("1Ki3", "bytes", r'unknown suffix "Ki3"', id="suffix-then-digits"),
@@ -113,9 +109,7 @@ ERROR_CASES = [
     pytest.param("1e", "cpu", r'malformed exponent "e" at position 1', id="exponent-without-digits"),
     pytest.param("1e1.5", "cpu", r'malformed exponent "e1\.5"', id="fractional-exponent"),
     pytest.param("1e+", "cpu", r'malformed exponent "e\+"', id="exponent-sign-only"),
-    pytest.param(
-        "1e99999999999999999999", "cpu", r"exponent that is out of range", id="exponent-beyond-int64"
-    ),
+    pytest.param("1e99999999999999999999", "cpu", r"exponent that is out of range", id="exponent-beyond-int64"),
     pytest.param(
         "1e1000000",
         "cpu",

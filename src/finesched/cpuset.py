@@ -180,9 +180,7 @@ class CPUSet:
         )
 
     @classmethod
-    def __get_pydantic_json_schema__(
-        cls, schema: CoreSchema, handler: GetJsonSchemaHandler
-    ) -> JsonSchemaValue:
+    def __get_pydantic_json_schema__(cls, schema: CoreSchema, handler: GetJsonSchemaHandler) -> JsonSchemaValue:
         return {"type": "string", "description": "Linux cpulist of logical CPU ids", "examples": ["0-3,8"]}
 
 

@@ -54,9 +54,7 @@ _BINARY_SUFFIXES: Final = dict(zip(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"), range(1
 _EXPECTED: Final = (
     "expected a number with an optional suffix (n, u, m, k, M, G, T, P, E, Ki..Ei or an exponent like e3)"
 )
-_SUFFIX_RULE: Final = (
-    "expected one of n, u, m, k, M, G, T, P, E, Ki, Mi, Gi, Ti, Pi, Ei or an exponent like e3"
-)
+_SUFFIX_RULE: Final = "expected one of n, u, m, k, M, G, T, P, E, Ki, Mi, Gi, Ti, Pi, Ei or an exponent like e3"
 _NUMBER: Final = re.compile(r"([+-]?)([0-9]*)(?:\.([0-9]*))?")
 _EXPONENT: Final = re.compile(r"[eE]([+-]?)([0-9]+)")
 # Go's strconv.ParseInt(.., 64) refuses longer exponents, so Kubernetes does too.
@@ -98,9 +96,7 @@ def parse_quantity(text: str | int | float, kind: str, *, allow_negative: bool =
         if not math.isfinite(text):
             raise QuantityError(f"{text!r} is not a quantity: it must be a finite number")
         return _parse_text(repr(text), repr(text), kind, allow_negative)
-    raise QuantityError(
-        f"{_show(text)} is not a quantity: expected a string or a number, got {type(text).__name__}"
-    )
+    raise QuantityError(f"{_show(text)} is not a quantity: expected a string or a number, got {type(text).__name__}")
 
 
 def format_quantity(value: int, kind: str) -> str:
@@ -200,9 +196,7 @@ def _suffix(text: str, pos: int, shown: str) -> tuple[int, int]:
             "expected e or E followed by a whole number, like e3 or E-3"
         )
     if head.isascii() and head.isalpha():
-        raise QuantityError(
-            f"{shown} has an unknown suffix {_show(suffix)} at position {pos}; {_SUFFIX_RULE}"
-        )
+        raise QuantityError(f"{shown} has an unknown suffix {_show(suffix)} at position {pos}; {_SUFFIX_RULE}")
     raise QuantityError(f"{shown} is not a quantity: unexpected {_show(head)} at position {pos}; {_EXPECTED}")
 
 

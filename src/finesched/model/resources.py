@@ -100,7 +100,7 @@ class ResourceVector(Mapping[str, int]):
     in their shortest exact text form ("8Gi", "500m").
     """
 
-    __slots__ = ("_data", "_hash")
+    __slots__ = ("_data", "_hash", "layout_cache")
 
     def __init__(self, data: Mapping[str, int] | None = None, /, **amounts: int):
         merged = dict(data or {}, **amounts)
@@ -109,6 +109,8 @@ class ResourceVector(Mapping[str, int]):
                 raise TypeError(f"ResourceVector amounts are ints; {name}={value!r}")
         self._data: dict[str, int] = merged
         self._hash: int | None = None
+        #: Scratch slot for ClusterState: this vector's row indices in one state layout.
+        self.layout_cache: tuple[object, ...] | None = None
 
     @classmethod
     def parse(cls, raw: object, *, allow_negative: bool = False) -> ResourceVector:
@@ -153,6 +155,8 @@ class ResourceVector(Mapping[str, int]):
         return self._hash
 
     def __eq__(self, other: object) -> bool:
+        if isinstance(other, ResourceVector):
+            return self._data == other._data
         if isinstance(other, Mapping):
             return dict(self._data) == dict(other)
         return NotImplemented

@@ -41,6 +41,22 @@ class DeviceJointAllocate(Model):
     required_scope: JointScope = "SamePCIe"
 
 
+class NodeAffinityTerm(Model):
+    """One required label expression (Kubernetes nodeAffinity matchExpressions); all terms must hold."""
+
+    key: str = Field(min_length=1)
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
+    values: tuple[str, ...] = ()
+
+    @model_validator(mode="after")
+    def _values_match_operator(self) -> NodeAffinityTerm:
+        if self.operator in ("In", "NotIn") and not self.values:
+            raise ValueError(f"operator {self.operator} needs at least one value")
+        if self.operator in ("Exists", "DoesNotExist") and self.values:
+            raise ValueError(f"operator {self.operator} takes no values")
+        return self
+
+
 class Gang(Model):
     """All-or-nothing group: `min_member` workloads of the gang are placed together or none is."""
 
@@ -65,6 +81,7 @@ class Workload(Model):
     device_allocate_strategy: DeviceAllocateStrategy | None = None
     device_joint_allocate: DeviceJointAllocate | None = None
     node_selector: dict[str, str] = Field(default_factory=dict)
+    node_affinity: tuple[NodeAffinityTerm, ...] = ()
     gang: Gang | None = None
     command: tuple[str, ...] = ()
     env: dict[str, str] = Field(default_factory=dict)

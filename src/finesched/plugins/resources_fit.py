@@ -21,16 +21,17 @@ class ResourcesFit:
     """Filter: every requested scalar resource fits in the node's free amount."""
 
     NAME: ClassVar[str] = "ResourcesFit"
+    NODE_LOCAL: ClassVar[bool] = True
 
     def filter(self, cycle: CycleState, request: ScheduleRequest, nodes: NodeBatch) -> FilterResult:
         free = nodes.state.free
         if request.unknown:
             mask = np.zeros(nodes.n, dtype=bool)
         else:
-            rows, amounts = request.rows, request.amounts
-            mask = free[rows[0]] >= amounts[0]
-            for k in range(1, len(rows)):
-                mask &= free[rows[k]] >= amounts[k]
+            rows, amounts = request.rows.tolist(), request.amounts.tolist()
+            mask = nodes.row(free, rows[0]) >= amounts[0]
+            for r, amount in zip(rows[1:], amounts[1:], strict=True):
+                mask &= nodes.row(free, r) >= amount
         return FilterResult(mask, lambda: self._explain(request, nodes))
 
     @staticmethod
@@ -41,15 +42,16 @@ class ResourcesFit:
             for name in request.unknown
         }
         for r, amount in zip(request.rows.tolist(), request.amounts.tolist(), strict=True):
-            short = state.free[r] < amount
-            never = state.allocatable[r] < amount
+            short = nodes.row(state.free, r) < amount
+            never = nodes.row(state.allocatable, r) < amount
             code = Code.UNRESOLVABLE if bool(np.all(never[short])) else Code.UNSCHEDULABLE
             out[f"insufficient {state.resources[r]}"] = (short, code)
         return out
 
     def pre_score(self, cycle: CycleState, request: ScheduleRequest, nodes: NodeBatch) -> Status:
         state = nodes.state
-        alloc, free, inv = state.allocatable, state.free, state.inv_allocatable
+        used, inv = state.used_float, state.inv_allocatable
         for r, amount in zip(request.share_rows.tolist(), request.share_amounts.tolist(), strict=True):
-            add_shares(cycle, (alloc[r] - free[r] + amount) * inv[r])
+            share = nodes.row(used, r) + float(amount)
+            add_shares(cycle, np.multiply(share, nodes.row(inv, r), out=share))
         return SUCCESS

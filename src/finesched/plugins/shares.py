@@ -2,11 +2,13 @@
 
 For each class c the workload asks for, ``share_c[i] = (used_c[i] + request_c) / allocatable_c[i]``
 on node i. Any plugin that owns resource classes (scalar fit, devices) adds its classes in
-pre_score; LeastRequested / MostBalanced / MostAllocated read them all. Shares are computed once
-per cycle, however many scorers use them.
+pre_score; LeastRequested / MostBalanced / MostAllocated read them. The mean and variance over
+classes are computed once per cycle, however many scorers use them.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -17,12 +19,55 @@ FloatArray = npt.NDArray[np.float64]
 
 
 class Shares:
-    """The list of [n] share arrays of one cycle (written in pre_score, read in score)."""
+    """The [n] share arrays of one cycle (one per requested class), with cached mean and variance."""
 
-    __slots__ = ("arrays",)
+    __slots__ = ("_mean", "_var", "arrays", "n")
 
-    def __init__(self) -> None:
-        self.arrays: list[FloatArray] = []
+    def __init__(self, n: int, arrays: Sequence[FloatArray] = ()) -> None:
+        self.n = n
+        self.arrays: list[FloatArray] = list(arrays)
+        self._mean: FloatArray | None = None
+        self._var: FloatArray | None = None
+
+    def add(self, share: FloatArray) -> None:
+        self.arrays.append(share)
+        self._mean = self._var = None
+
+    def mean(self) -> FloatArray:
+        """[n] mean share over the classes (zeros when there are none)."""
+        if self._mean is None:
+            arrays = self.arrays
+            if not arrays:
+                self._mean = np.zeros(self.n)
+            elif len(arrays) == 1:
+                self._mean = arrays[0]
+            else:
+                total = arrays[0] + arrays[1]
+                for a in arrays[2:]:
+                    total += a
+                total *= 1.0 / len(arrays)
+                self._mean = total
+        return self._mean
+
+    def variance(self) -> FloatArray:
+        """[n] population variance of the shares over the classes (zeros for fewer than two)."""
+        if self._var is None:
+            arrays = self.arrays
+            if len(arrays) < 2:
+                self._var = np.zeros(self.n)
+            elif len(arrays) == 2:
+                half = arrays[0] - arrays[1]  # var of two values = ((a - b) / 2)²
+                half *= 0.5
+                self._var = half * half
+            else:
+                mean = self.mean()
+                var = np.zeros(self.n)
+                for a in arrays:
+                    d = a - mean
+                    var += d * d
+                var *= 1.0 / len(arrays)
+                self._var = var
+        return self._var
 
 
 SHARES = StateKey("Shares/after-placement", Shares)
@@ -32,12 +77,12 @@ def add_shares(cycle: CycleState, share: FloatArray) -> None:
     """Publish one class's [n] share array for this cycle's scorers."""
     shares = cycle.get(SHARES)
     if shares is None:
-        shares = Shares()
+        shares = Shares(len(share))
         cycle.write(SHARES, shares)
-    shares.arrays.append(share)
+    shares.add(share)
 
 
-def shares_of(cycle: CycleState) -> list[FloatArray]:
-    """Every class's share array published this cycle (empty if none)."""
+def shares_of(cycle: CycleState, n: int) -> Shares:
+    """This cycle's shares (an empty set of `n` nodes when no plugin published any)."""
     shares = cycle.get(SHARES)
-    return [] if shares is None else shares.arrays
+    return Shares(n) if shares is None else shares

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
 from functools import cached_property
-from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -34,6 +34,7 @@ MIN_SCORE = 0
 
 BoolArray = npt.NDArray[np.bool_]
 ScoreArray = npt.NDArray[np.int64]
+IndexArray = npt.NDArray[np.intp]
 
 
 class Code(IntEnum):
@@ -87,32 +88,67 @@ class FilterResult:
     explain: Callable[[], Explanation] | None = None
 
 
-@dataclass(frozen=True)
 class NodeBatch:
-    """The nodes a filter or score call looks at: all of `state`, with `mask` the feasible ones (scoring)."""
+    """The nodes a filter or score call looks at, and (for scoring) which of them are feasible.
 
-    state: ClusterState
-    mask: BoolArray | None = None
+    A batch is either every node of `state` (`index` is None) or the subset `index` (node
+    indices, ascending) — the scheduler re-evaluates only the nodes that changed since a request
+    of the same shape was last evaluated (sched/memo.py). Plugins read per-node data through
+    `row`, `rows` and `take`, which work for both kinds of batch, and return arrays of length
+    `n` (the batch size). `mask` (scoring only) marks the feasible nodes of the batch.
+    """
 
-    @property
-    def n(self) -> int:
-        return self.state.n
+    __slots__ = ("__dict__", "index", "mask", "n", "state")
+
+    def __init__(self, state: ClusterState, mask: BoolArray | None = None, index: IndexArray | None = None):
+        self.state = state
+        self.mask = mask
+        self.index = index
+        self.n = state.n if index is None else len(index)
+
+    def with_mask(self, mask: BoolArray) -> NodeBatch:
+        return NodeBatch(self.state, mask, self.index)
+
+    def row(self, array: npt.NDArray[Any], r: int) -> npt.NDArray[Any]:
+        """Row `r` of a resource-major [R, n] state array, over this batch's nodes."""
+        return array[r] if self.index is None else array[r, self.index]
+
+    def take(self, array: npt.NDArray[Any]) -> npt.NDArray[Any]:
+        """The batch's entries of a node-major array ([n, ...] indexed by node first)."""
+        return array[: self.state.n] if self.index is None else array[self.index]
+
+    def node(self, k: int) -> int:
+        """The state index of the batch's k-th node."""
+        return k if self.index is None else int(self.index[k])
 
     @cached_property
-    def indices(self) -> npt.NDArray[np.intp]:
-        """Indices of the feasible nodes (all nodes when there is no mask)."""
-        return np.arange(self.n) if self.mask is None else np.flatnonzero(self.mask)
+    def indices(self) -> IndexArray:
+        """State indices of the feasible nodes (all batch nodes when there is no mask)."""
+        base = np.arange(self.n) if self.index is None else self.index
+        return base if self.mask is None else base[self.mask]
 
 
 @runtime_checkable
 class Plugin(Protocol):
-    NAME: ClassVar[str]  # registry key, state-key prefix, Status.plugin
+    """Every plugin has a NAME (registry key, state-key prefix, Status.plugin).
+
+    A plugin may also set ``NODE_LOCAL = True`` to promise that its filter and score results
+    for a node depend only on the workload and that node's state, and that it evaluates subset
+    batches (`NodeBatch.index`) correctly. When every filter and score plugin of a profile
+    promises this (and none normalizes scores across nodes), the scheduler memoizes results
+    per request shape and re-evaluates only the nodes that changed (sched/memo.py).
+    """
+
+    NAME: ClassVar[str]
 
 
 @runtime_checkable
 class PreFilterPlugin(Plugin, Protocol):
     def pre_filter(self, cycle: CycleState, request: ScheduleRequest, nodes: NodeBatch) -> Status:
         """Check and precompute per-workload data once; store it in `cycle` under the plugin's keys.
+
+        Per-node work belongs in filter/score, which may see a subset batch; pre_filter must
+        not compute arrays over nodes that filter then indexes.
 
         ERROR ends the cycle as the user's error; UNSCHEDULABLE/UNRESOLVABLE end it with that
         reason for every node; SKIP means this plugin's filter has nothing to check.

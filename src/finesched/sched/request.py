@@ -6,7 +6,7 @@ numpy arrays (state rows and amounts), built once per workload and state layout.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
 import numpy as np
@@ -65,3 +65,36 @@ def compile_request(
         share_rows=np.asarray(share_rows, dtype=np.intp),
         share_amounts=np.asarray(share_amounts, dtype=np.int64),
     )
+
+
+class RequestCompiler:
+    """`compile_request` with the result's arrays shared between workloads of one request shape.
+
+    Workloads of one shape (see sched/memo.py) compile to the same rows and amounts, so only the
+    workload reference differs; sharing the scalar vector also lets ClusterState reuse its
+    cached row layout on assume.
+    """
+
+    def __init__(self, state: ClusterState, owns: Callable[[str], bool], max_shapes: int = 4096):
+        self._state = state
+        self._owns = owns
+        self._cache: dict[Hashable, ScheduleRequest] = {}
+        self._max = max_shapes
+
+    def compile(self, workload: Workload, shape: Hashable) -> ScheduleRequest:
+        key = (shape, len(self._state.resources))
+        template = self._cache.get(key)
+        if template is None:
+            if len(self._cache) >= self._max:
+                self._cache.clear()
+            template = self._cache[key] = compile_request(workload, self._state, self._owns)
+            return template
+        return ScheduleRequest(
+            workload,
+            template.scalar,
+            template.rows,
+            template.amounts,
+            template.unknown,
+            template.share_rows,
+            template.share_amounts,
+        )

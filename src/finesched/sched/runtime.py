@@ -61,6 +61,8 @@ class Framework:
         self.plugins: list[Plugin] = []
         self.points = ExtensionPoints()
         self.owners: list[ResourceOwner] = []
+        # Protocol isinstance checks are slow; decide once which scorers normalize.
+        self._normalizers: dict[str, NormalizeScorePlugin] = {}
         errors: list[ValidationError] = []
         for index, config in enumerate(profile.plugins):
             try:
@@ -74,6 +76,9 @@ class Framework:
         for plugin in self.plugins:
             if isinstance(plugin, StateUser):
                 plugin.attach(state)
+        evaluated = [*self.points.filter, *(p for p, _ in self.points.score)]
+        #: Whether filter/score results may be memoized per request shape (sched/memo.py).
+        self.node_local = not self._normalizers and all(getattr(p, "NODE_LOCAL", False) for p in evaluated)
 
     def _add(self, plugin: Plugin, weight: int, index: int, errors: list[ValidationError]) -> None:
         if any(p.NAME == plugin.NAME for p in self.plugins):
@@ -89,6 +94,8 @@ class Framework:
             points.pre_score.append(plugin)
         if isinstance(plugin, ScorePlugin):
             points.score.append((plugin, weight))
+            if isinstance(plugin, NormalizeScorePlugin):
+                self._normalizers[plugin.NAME] = plugin
         if isinstance(plugin, SelectPlugin):
             if points.select is not None:
                 errors.append(
@@ -147,8 +154,9 @@ class Framework:
         total: ScoreArray | None = None
         for plugin, weight in self.points.score:
             scores = plugin.score(cycle, request, nodes)
-            if isinstance(plugin, NormalizeScorePlugin):
-                scores = plugin.normalize_score(cycle, request, nodes, scores)
+            normalizer = self._normalizers.get(plugin.NAME)
+            if normalizer is not None:
+                scores = normalizer.normalize_score(cycle, request, nodes, scores)
             _check_range(plugin, scores, nodes.n)
             if weight == 0:
                 continue

@@ -18,11 +18,12 @@ The core never does I/O.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Hashable, Iterable, Iterator, Sequence
 
 import numpy as np
 import numpy.typing as npt
 
+from finesched.cpuset import CPUSet
 from finesched.errors import ValidationError
 from finesched.model.binding import Binding
 from finesched.model.tenant import Tenant
@@ -30,14 +31,16 @@ from finesched.model.workload import Workload
 from finesched.sched.cycle_state import CycleState
 from finesched.sched.diagnosis import FitError, QuotaWait, diagnose
 from finesched.sched.framework import Code, NodeBatch, ScoreArray
+from finesched.sched.memo import MemoEntry, ScoreMemo, request_shape
 from finesched.sched.profile import Profile, resolve_profile
 from finesched.sched.queue import QueuedUnit, SchedulingQueue
 from finesched.sched.registry import Registry, default_registry
-from finesched.sched.request import ScheduleRequest, compile_request
+from finesched.sched.request import RequestCompiler, ScheduleRequest
 from finesched.sched.runtime import Framework, PreFilterFailed
 from finesched.state.cluster import ClusterState, StateError
 
 Result = Binding | FitError
+EMPTY_CPUSET = CPUSet()
 
 
 class Scheduler:
@@ -57,6 +60,8 @@ class Scheduler:
         self.framework = Framework(self.profile, registry or default_registry(), state)
         self.auto_commit = auto_commit
         self.queue = SchedulingQueue(tenants, capacity=state.totals)
+        self.memo = ScoreMemo()
+        self._compiler = RequestCompiler(state, self.framework.owns)
         self._tie_rank: npt.NDArray[np.int64] | None = None
         self._tie_version = -1
         for binding in state.bindings.values():
@@ -73,31 +78,23 @@ class Scheduler:
         state = self.state
         if workload.key in state.bindings:
             raise ValidationError(f"already bound to {state.bindings[workload.key].node}", path=workload.key)
-        # 1. compile
-        request = compile_request(workload, state, self.framework.owns)
-        cycle = CycleState()
-        nodes = NodeBatch(state)
         if state.n == 0:
             raise FitError(workload.key, 0, {}, detail="0/0 nodes available: the cluster has no nodes")
+        # 1. compile
+        shape = request_shape(workload)
+        request = self._compiler.compile(workload, shape)
+        cycle = CycleState()
         # 2. pre_filter
         try:
-            skipped = self.framework.run_pre_filter(cycle, request, nodes)
+            skipped = self.framework.run_pre_filter(cycle, request, NodeBatch(state))
         except PreFilterFailed as exc:
             raise _prefilter_error(workload.key, state.n, exc) from None
-        # 3. filter
-        feasible, results = self.framework.run_filter(cycle, request, nodes, skipped)
-        if not feasible.any():
-            raise diagnose(workload.key, state.n, results)
-        # 4. score
-        scored = NodeBatch(state, feasible)
-        try:
-            self.framework.run_pre_score(cycle, request, scored)
-        except PreFilterFailed as exc:
-            raise _prefilter_error(workload.key, state.n, exc) from None
-        total = self.framework.run_score(cycle, request, scored)
+        # 3-4. filter and score every node (memoized per request shape where plugins allow)
+        feasible, key = self._evaluate(cycle, request, skipped, shape if self.framework.node_local else None)
         # 5. select and reserve
         failures: Counter[str] = Counter()
-        for attempt, node in enumerate(self._candidates(cycle, request, scored, total)):
+        nodes = NodeBatch(state, feasible)
+        for attempt, node in enumerate(self._candidates(cycle, request, nodes, key)):
             if attempt >= self.profile.max_reserve_attempts:
                 break
             status = self.framework.run_reserve(cycle, request, node)
@@ -105,7 +102,7 @@ class Scheduler:
                 failures[f"{status.message()} ({status.plugin})"] += 1
                 continue
             # 6. pre_bind and assume
-            binding = self._binding(request, node, int(total[node]))
+            binding = self._binding(request, node, self._score_of(int(key[node])))
             binding = self.framework.run_pre_bind(cycle, request, node, binding)
             try:
                 state.assume(binding)
@@ -116,15 +113,66 @@ class Scheduler:
             if self.auto_commit:
                 state.commit(binding.workload)
             return binding
-        rejected = int(state.n - feasible.sum())
+        _, results = self.framework.run_filter(cycle, request, NodeBatch(state), skipped)
         error = diagnose(workload.key, state.n, results, failures)
-        if rejected + sum(failures.values()) < state.n:
-            error.reasons[f"not tried (limit of {self.profile.max_reserve_attempts} reserve attempts)"] = (
-                state.n - rejected - sum(failures.values())
-            )
+        untried = int(feasible.sum()) - sum(failures.values())
+        if untried > 0:
+            error.reasons[f"not tried (limit of {self.profile.max_reserve_attempts} reserve attempts)"] = untried
         raise error
 
+    def _evaluate(
+        self, cycle: CycleState, request: ScheduleRequest, skipped: set[str], shape: Hashable | None
+    ) -> tuple[npt.NDArray[np.bool_], ScoreArray]:
+        """Feasibility and selection key of every node; raise FitError when no node is feasible.
+
+        The key is the weighted score total (with the seeded tie-break folded in when the
+        profile asks for it), -1 on infeasible nodes; the highest key wins.
+        """
+        state = self.state
+        if shape is not None:
+            entry, dirty = self.memo.lookup(shape, state)
+            if entry is not None and dirty is not None:
+                batch = NodeBatch(state, index=dirty)
+                mask, _ = self.framework.run_filter(cycle, request, batch, skipped)
+                entry.key[dirty] = self._score_key(cycle, request, batch, mask)
+                entry.feasible[dirty] = mask
+                entry.position = state.change_position
+                if entry.feasible.any():
+                    return entry.feasible, entry.key
+        nodes = NodeBatch(state)
+        feasible, results = self.framework.run_filter(cycle, request, nodes, skipped)
+        if not feasible.any():
+            raise diagnose(request.key, state.n, results)
+        key = self._score_key(cycle, request, nodes, feasible)
+        if shape is not None:
+            self.memo.store(shape, MemoEntry(state.change_position, state.nodes_version, feasible, key))
+        return feasible, key
+
+    def _score_key(
+        self, cycle: CycleState, request: ScheduleRequest, nodes: NodeBatch, feasible: npt.NDArray[np.bool_]
+    ) -> ScoreArray:
+        scored = nodes.with_mask(feasible)
+        try:
+            self.framework.run_pre_score(cycle, request, scored)
+        except PreFilterFailed as exc:
+            raise _prefilter_error(request.key, self.state.n, exc) from None
+        if nodes.n == 0:
+            return np.empty(0, dtype=np.int64)
+        total = self.framework.run_score(cycle, request, scored)
+        if self.profile.tie_break == "random":
+            n = self.state.n
+            total = total * (n + 1) + (n - nodes.take(self._tie_ranks()))
+        return np.where(feasible, total, -1)
+
+    def _score_of(self, key: int) -> int:
+        return key // (self.state.n + 1) if self.profile.tie_break == "random" else key
+
     def _binding(self, request: ScheduleRequest, node: int, score: int) -> Binding:
+        """A binding of the scalar amounts; pre_bind plugins add devices, cpuset and NUMA grants.
+
+        Every field is passed so that pydantic's model_construct calls no default factory (which
+        inspects the factory's signature on every call: a hot-path cost).
+        """
         w = request.workload
         return Binding.model_construct(
             workload=w.key,
@@ -133,27 +181,31 @@ class Scheduler:
             priority=w.priority,
             qos=w.qos or "LS",
             requests=request.scalar,
+            cpuset=EMPTY_CPUSET,
+            cpu_exclusive_policy="None",
+            numa=(),
+            devices={},
+            annotations={},
             score=score,
         )
 
-    def _candidates(
-        self, cycle: CycleState, request: ScheduleRequest, nodes: NodeBatch, total: ScoreArray
-    ) -> Iterator[int]:
+    def _candidates(self, cycle: CycleState, request: ScheduleRequest, nodes: NodeBatch, key: ScoreArray) -> Iterator[int]:
+        """Feasible nodes best first (the select plugin's order when the profile has one)."""
         select = self.framework.select()
         if select is not None:
-            yield from select.select(cycle, request, nodes, total)
+            yield from select.select(cycle, request, nodes, key)
             return
-        assert nodes.mask is not None
-        key = total
-        if self.profile.tie_break == "random":
-            key = total * (self.state.n + 1) + (self.state.n - self._tie_ranks())
-        key = np.where(nodes.mask, key, -1)
+        best = int(np.argmax(key))  # the first maximum: the lowest index among equals
+        if key[best] < 0:
+            return
+        yield best
+        key = key.copy()  # the key may be memoized: only the retry path pays for a copy
         while True:
-            best = int(np.argmax(key))  # first maximum: the lowest index among equals
+            key[best] = -1
+            best = int(np.argmax(key))
             if key[best] < 0:
                 return
             yield best
-            key[best] = -1
 
     def _tie_ranks(self) -> npt.NDArray[np.int64]:
         """A seeded random rank per node (lower wins ties), fixed while the node set is unchanged."""

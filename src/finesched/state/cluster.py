@@ -18,7 +18,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -26,7 +26,7 @@ import numpy.typing as npt
 from finesched.errors import InvariantViolation
 from finesched.model.binding import Binding
 from finesched.model.node import Node
-from finesched.model.resources import CPU, MEMORY, PODS
+from finesched.model.resources import CPU, MEMORY, PODS, ResourceVector
 from finesched.state.labels import LabelIndex
 
 Int64Array = npt.NDArray[np.int64]
@@ -98,8 +98,17 @@ class ClusterState:
         self._capacity = max(capacity, 1)
         self._alloc = np.zeros((len(self.resources), self._capacity), dtype=np.int64)
         self._free = np.zeros_like(self._alloc)
+        self._used = np.zeros_like(self._alloc)
+        # float64 mirror of _used: share math mixes it with 1/allocatable, and int->float
+        # conversion on every cycle would cost more than the arithmetic itself.
+        self._used_f = np.zeros((len(self.resources), self._capacity), dtype=np.float64)
         self._inv_alloc = np.zeros((len(self.resources), self._capacity), dtype=np.float64)
         self.n = 0
+        #: Node indices in the order their amounts changed (assume, forget, update); the score
+        #: memo re-evaluates only nodes logged since it last looked. Positions are absolute:
+        #: `change_base` counts entries trimmed from the front.
+        self.change_log: list[int] = []
+        self.change_base = 0
         self.names: list[str] = []
         self.index: dict[str, int] = {}
         self.nodes: list[Node] = []
@@ -140,6 +149,16 @@ class ClusterState:
     def free(self) -> Int64Array:
         """[R, n] amounts not held by any binding (a view; do not write)."""
         return self._free[:, : self.n]
+
+    @property
+    def used(self) -> Int64Array:
+        """[R, n] amounts held by bindings (allocatable − free; a view; do not write)."""
+        return self._used[:, : self.n]
+
+    @property
+    def used_float(self) -> npt.NDArray[np.float64]:
+        """[R, n] `used` as float64, kept in step (for share arithmetic; do not write)."""
+        return self._used_f[:, : self.n]
 
     @property
     def inv_allocatable(self) -> npt.NDArray[np.float64]:
@@ -202,19 +221,17 @@ class ClusterState:
         for binding in on_node:
             self.forget(binding.workload)
         last = self.n - 1
-        if i != last:
-            self._alloc[:, i] = self._alloc[:, last]
-            self._free[:, i] = self._free[:, last]
-            self._inv_alloc[:, i] = self._inv_alloc[:, last]
+        moved = i != last
+        if moved:
+            for array in (self._alloc, self._free, self._used, self._used_f, self._inv_alloc):
+                array[:, i] = array[:, last]
             self.names[i], self.nodes[i], self._on_node[i] = self.names[last], self.nodes[last], self._on_node[last]
             self.index[self.names[i]] = i
             self.labels.move(last, i)
             for extra in self.extras.values():
                 extra.move(last, i)
-            self._refresh(i)
-        self._alloc[:, last] = 0
-        self._free[:, last] = 0
-        self._inv_alloc[:, last] = 0
+        for array in (self._alloc, self._free, self._used, self._used_f, self._inv_alloc):
+            array[:, last] = 0
         self.labels.clear(last)
         for extra in self.extras.values():
             extra.clear(last)
@@ -224,6 +241,8 @@ class ClusterState:
         self._on_node.pop()
         self.n -= 1
         self.nodes_version += 1
+        if moved:
+            self._refresh(i)  # after n shrank, so observers see the settled node set
         return on_node
 
     def node(self, name: str) -> Node:
@@ -243,6 +262,8 @@ class ClusterState:
         for name, amount in node.allocatable.items():
             self._alloc[self.res_index[name], i] = amount
         self._free[:, i] = self._alloc[:, i]
+        self._used[:, i] = 0
+        self._used_f[:, i] = 0
         column = self._alloc[:, i]
         with np.errstate(divide="ignore"):
             self._inv_alloc[:, i] = np.where(column > 0, 1.0 / np.maximum(column, 1), 0.0)
@@ -258,6 +279,8 @@ class ClusterState:
         pad = np.zeros((len(new), self._capacity), dtype=np.int64)
         self._alloc = np.vstack([self._alloc, pad])
         self._free = np.vstack([self._free, pad])
+        self._used = np.vstack([self._used, pad])
+        self._used_f = np.vstack([self._used_f, pad.astype(np.float64)])
         self._inv_alloc = np.vstack([self._inv_alloc, pad.astype(np.float64)])
 
     def _grow(self, capacity: int) -> None:
@@ -266,7 +289,8 @@ class ClusterState:
             out[:, : self.n] = a[:, : self.n]
             return out
 
-        self._alloc, self._free, self._inv_alloc = grown(self._alloc), grown(self._free), grown(self._inv_alloc)
+        self._alloc, self._free, self._used = grown(self._alloc), grown(self._free), grown(self._used)
+        self._used_f, self._inv_alloc = grown(self._used_f), grown(self._inv_alloc)
         self.labels.resize(capacity)
         for extra in self.extras.values():
             extra.resize(capacity)
@@ -318,24 +342,58 @@ class ClusterState:
         return binding
 
     def _refresh(self, i: int) -> None:
+        self.change_log.append(i)
+        if len(self.change_log) > max(65536, 4 * self.n):
+            drop = len(self.change_log) // 2
+            del self.change_log[:drop]
+            self.change_base += drop
         for observer in self._observers:
             observer.refresh(i)
 
+    @property
+    def change_position(self) -> int:
+        """The absolute position of the next change-log entry."""
+        return self.change_base + len(self.change_log)
+
+    def changed_since(self, position: int) -> list[int] | None:
+        """Node indices changed since `position` (with repeats), or None if that part of the log was trimmed."""
+        if position < self.change_base:
+            return None
+        return self.change_log[position - self.change_base :]
+
+    def _rows_of(self, amounts: ResourceVector) -> tuple[list[tuple[int, int]], list[str]]:
+        """(row, amount) pairs of a vector in this state, and names the state does not know.
+
+        Cached on the vector (one request shape, many bindings). Unknown names can only fit
+        when zero. Single-node updates loop in Python: numpy fancy indexing on one column costs
+        more than the arithmetic.
+        """
+        cached = amounts.layout_cache
+        if cached is not None and cached[0] is self.res_index and cached[1] == len(self.resources):
+            return cached[2]  # type: ignore[return-value]
+        pairs = [(self.res_index[n], a) for n, a in amounts.items() if n in self.res_index]
+        unknown = [n for n, a in amounts.items() if n not in self.res_index and a > 0]
+        amounts.layout_cache = (self.res_index, len(self.resources), (pairs, unknown))
+        return pairs, unknown
+
     def _take(self, i: int, binding: Binding) -> None:
-        short = []
-        for name, amount in binding.requests.items():
-            r = self.res_index.get(name)
-            have = int(self._free[r, i]) if r is not None else 0
-            if amount > have:
-                short.append(f"{name} (asks {amount}, {have} free)")
-        if short:
+        pairs, unknown = self._rows_of(binding.requests)
+        free = self._free
+        if unknown or any(free[r, i] < a for r, a in pairs):
+            short = [f"{name} (asks {binding.requests[name]}, 0 free)" for name in unknown]
+            short += [f"{self.resources[r]} (asks {a}, {free[r, i]} free)" for r, a in pairs if free[r, i] < a]
             raise StateError(f"binding {binding.workload} does not fit on {binding.node}: " + ", ".join(short))
-        for name, amount in binding.requests.items():
-            self._free[self.res_index[name], i] -= amount
+        for r, a in pairs:
+            free[r, i] -= a
+            self._used[r, i] += a
+            self._used_f[r, i] += a
 
     def _give(self, i: int, binding: Binding) -> None:
-        for name, amount in binding.requests.items():
-            self._free[self.res_index[name], i] += amount
+        pairs, _ = self._rows_of(binding.requests)
+        for r, a in pairs:
+            self._free[r, i] += a
+            self._used[r, i] -= a
+            self._used_f[r, i] -= a
 
     # Extras --------------------------------------------------------------------------------------------
     def attach(self, extra: E) -> E:
@@ -371,7 +429,11 @@ class ClusterState:
         )
 
     def restore(self, snap: Snapshot) -> None:
-        """Put the state back exactly as it was at `snap` (extras attached later are dropped)."""
+        """Put the state back exactly as it was at `snap`.
+
+        Extras attached after the snapshot stay attached and are refilled from the restored
+        nodes and bindings, so plugins holding them keep working.
+        """
         self.resources = list(snap.resources)
         self.res_index = {r: i for i, r in enumerate(self.resources)}
         self._capacity = max(64, snap.n)
@@ -380,6 +442,8 @@ class ClusterState:
         self._free = np.zeros_like(self._alloc)
         self._alloc[:, : snap.n] = snap.allocatable
         self._free[:, : snap.n] = snap.free
+        self._used = self._alloc - self._free
+        self._used_f = self._used.astype(np.float64)
         with np.errstate(divide="ignore"):
             self._inv_alloc = np.where(self._alloc > 0, 1.0 / np.maximum(self._alloc, 1), 0.0)
         self.n = snap.n
@@ -392,11 +456,18 @@ class ClusterState:
         for key, binding in self.bindings.items():
             self._on_node[self.index[binding.node]].add(key)
         self.labels.restore(snap.labels, self._capacity)
-        self.extras = {name: extra for name, extra in self.extras.items() if name in snap.extras}
-        self._observers = [o for o in self._observers if getattr(o, "name", None) in self.extras]
         for name, extra in self.extras.items():
             extra.resize(self._capacity)
-            extra.restore(snap.extras[name])
+            if name in snap.extras:
+                extra.restore(snap.extras[name])
+            else:  # attached after the snapshot: refill it from the restored nodes and bindings
+                for i, node in enumerate(self.nodes):
+                    extra.set_node(i, node)
+                for binding in self.bindings.values():
+                    extra.assume(self.index[binding.node], binding)
+        for i in range(self.n):
+            for observer in self._observers:
+                observer.refresh(i)
         self.capacity_version += 1
         self.nodes_version += 1
 
@@ -424,9 +495,7 @@ class ClusterState:
             self._totals = (self.nodes_version, cached)
         return cached
 
-    def used(self, name: str) -> Any:
+    def used_of(self, name: str) -> Int64Array:
         """[n] amount of resource `name` held by bindings on each node."""
         r = self.res_index.get(name)
-        if r is None:
-            return np.zeros(self.n, dtype=np.int64)
-        return self._alloc[r, : self.n] - self._free[r, : self.n]
+        return np.zeros(self.n, dtype=np.int64) if r is None else self._used[r, : self.n]

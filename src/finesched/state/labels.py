@@ -7,7 +7,7 @@ lacks the key). ``match({"zone": "a", "gpu-model": "A100"})`` ANDs one compare p
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 import numpy.typing as npt
@@ -62,6 +62,18 @@ class LabelIndex:
             part = self._match_one(key, value, n)
             mask = part if mask is None else mask & part
         return np.ones(n, dtype=bool) if mask is None else mask
+
+    def match_in(self, key: str, values: Iterable[str], n: int) -> BoolArray:
+        """[n] True where the node has `key` with one of `values` (Kubernetes operator In)."""
+        mask = np.zeros(n, dtype=bool)
+        for value in values:
+            mask |= self._match_one(key, value, n)
+        return mask
+
+    def has_key(self, key: str, n: int) -> BoolArray:
+        """[n] True where the node has label `key` (operator Exists)."""
+        column = self._columns.get(key)
+        return np.zeros(n, dtype=bool) if column is None else column[:n] != ABSENT
 
     def _match_one(self, key: str, value: str, n: int) -> BoolArray:
         cached = self._cache.get((key, value))

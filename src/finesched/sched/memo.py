@@ -1,0 +1,88 @@
+"""Filter and score results memoized per request shape, refreshed only where nodes changed.
+
+Between two decisions only the nodes that took or gave back resources change, and clusters
+see the same request shapes over and over (replicas of a deployment, tasks of a job). When
+every filter and score plugin of the profile is *node-local* (its verdict on a node depends
+only on the workload and that node: `Plugin.NODE_LOCAL`), the result for a node stays valid
+until that node changes. So for each shape we keep the feasibility mask and the selection
+key of every node, and on the next request of that shape we re-run the plugins on the nodes
+changed since (a subset `NodeBatch`) and patch the arrays.
+
+Every node is still filtered and scored for every decision: an unchanged node's result is
+reused, not skipped. The ClusterState change log tells which nodes changed; a trimmed log,
+a changed node set (add/remove/update, tracked by `nodes_version`) or a large dirty set
+falls back to full evaluation.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Hashable
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from finesched.model.workload import Workload
+from finesched.state.cluster import ClusterState
+
+#: Above this fraction of dirty nodes a full evaluation is as cheap as patching.
+FULL_REFRESH_FRACTION = 0.25
+MAX_SHAPES = 512
+
+
+@dataclass
+class MemoEntry:
+    """Per-node results for one request shape, valid at change-log `position`."""
+
+    position: int
+    nodes_version: int
+    feasible: npt.NDArray[np.bool_]
+    key: npt.NDArray[np.int64]  # selection key: higher wins; -1 where infeasible
+
+
+def request_shape(workload: Workload) -> Hashable:
+    """Everything about a workload that node-local plugins may read (identity and tenancy left out)."""
+    w = workload
+    return (
+        w.requests,
+        w.limits,
+        w.qos,
+        frozenset(w.node_selector.items()),
+        w.node_affinity,
+        w.resource_spec,
+        w.numa_topology_policy,
+        w.device_allocate_strategy,
+        w.device_joint_allocate,
+        frozenset(w.labels.items()),
+        frozenset(w.annotations.items()),
+    )
+
+
+class ScoreMemo:
+    """LRU map from request shape to `MemoEntry` (see the module docstring)."""
+
+    def __init__(self, max_shapes: int = MAX_SHAPES):
+        self._entries: OrderedDict[Hashable, MemoEntry] = OrderedDict()
+        self._max = max_shapes
+
+    def lookup(self, shape: Hashable, state: ClusterState) -> tuple[MemoEntry | None, npt.NDArray[np.intp] | None]:
+        """The entry for `shape` and the nodes to re-evaluate (empty: none), or (None, None) if stale."""
+        entry = self._entries.get(shape)
+        if entry is None or entry.nodes_version != state.nodes_version:
+            return None, None
+        changed = state.changed_since(entry.position)
+        if changed is None or len(changed) > FULL_REFRESH_FRACTION * state.n:
+            return None, None
+        self._entries.move_to_end(shape)
+        dirty = np.array(sorted(set(changed)), dtype=np.intp)
+        return entry, dirty
+
+    def store(self, shape: Hashable, entry: MemoEntry) -> None:
+        self._entries[shape] = entry
+        self._entries.move_to_end(shape)
+        while len(self._entries) > self._max:
+            self._entries.popitem(last=False)
+
+    def clear(self) -> None:
+        self._entries.clear()
