@@ -16,9 +16,7 @@ test: $(STAMP)
 	$(BIN)/pytest
 
 run: $(STAMP)
-	$(BIN)/finesched validate examples/cluster.yaml examples/workloads.yaml
-	$(BIN)/finesched encode --bits 7 100 50 0 100
-	$(BIN)/finesched decode 209721700 --count 4 --bits 7
+	$(BIN)/finesched plan examples/cluster.yaml examples/workloads.yaml
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench

@@ -12,6 +12,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from finesched import __version__
@@ -30,12 +31,8 @@ out = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
 
 
-class UsageError(Exception):
-    """Bad command-line usage detected after typer's own parsing (exit code 2)."""
-
-
 def fail(message: str, code: int = 1) -> typer.Exit:
-    err.print(f"[bold red]error:[/] {message}", soft_wrap=True)
+    err.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
     return typer.Exit(code)
 
 
@@ -45,7 +42,7 @@ def load_or_exit(paths: list[Path]) -> Manifests:
         return load_manifests(*paths)
     except ValidationError as exc:
         for detail in exc.errors:
-            err.print(f"[bold red]error:[/] {detail}", soft_wrap=True, markup=True)
+            err.print(f"[bold red]error:[/] {escape(str(detail))}", soft_wrap=True)
         raise typer.Exit(1) from None
 
 
@@ -117,17 +114,38 @@ def decode_cmd(
     out.print(" ".join(str(v) for v in values))
 
 
+@app.command()
+def plan(
+    files: Annotated[list[Path], typer.Argument(help="Manifest files: nodes, workloads, tenants (any order).")],
+    profile: Annotated[
+        str, typer.Option("--profile", "-p", help="Built-in profile name or a profile YAML file.")
+    ] = "default",
+    output: Annotated[str, typer.Option("--output", "-o", help="table, json or yaml.")] = "table",
+) -> None:
+    """Schedule the workloads of FILES onto their nodes (queue, priority, DRF) and show every decision."""
+    from finesched.commands.plan import OUTPUTS, render, run_plan
+    from finesched.sched.profile import resolve_profile
+
+    if output not in OUTPUTS:
+        raise fail(f"--output must be one of {', '.join(OUTPUTS)}, got {output!r}", code=2)
+    manifests = load_or_exit(files)
+    try:
+        outcome = run_plan(manifests, resolve_profile(profile))
+    except ValidationError as exc:
+        for detail in exc.errors:
+            err.print(f"[bold red]error:[/] {escape(str(detail))}", soft_wrap=True)
+        raise typer.Exit(1) from None
+    render(outcome, manifests, output, out)
+
+
 def main() -> None:
     """Console entry point."""
     try:
         app()
     except ValidationError as exc:
         for detail in exc.errors:
-            err.print(f"[bold red]error:[/] {detail}", soft_wrap=True)
+            err.print(f"[bold red]error:[/] {escape(str(detail))}", soft_wrap=True)
         sys.exit(1)
-    except UsageError as exc:
-        err.print(f"[bold red]error:[/] {exc}", soft_wrap=True)
-        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ def no_args(cls: type) -> Factory:
 
     def build(args: Mapping[str, Any]) -> Plugin:
         if args:
-            raise ValidationError(f"{cls.NAME} takes no args", path=f"plugins.{cls.NAME}.args", value=dict(args))
+            raise ValidationError(f"{cls.NAME} takes no args", path="args", value=dict(args))
         return cls()
 
     return build
@@ -37,9 +37,7 @@ class Registry:
     def create(self, name: str, args: Mapping[str, Any]) -> Plugin:
         factory = self._factories.get(name)
         if factory is None:
-            raise ValidationError(
-                f"unknown plugin; valid plugins: {', '.join(self.names())}", path="plugins", value=name
-            )
+            raise ValidationError(f"unknown plugin; valid plugins: {', '.join(self.names())}", path="name", value=name)
         return factory(args)
 
     def with_plugins(self, factories: Mapping[str, Factory]) -> Registry:

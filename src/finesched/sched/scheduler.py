@@ -189,7 +189,9 @@ class Scheduler:
             score=score,
         )
 
-    def _candidates(self, cycle: CycleState, request: ScheduleRequest, nodes: NodeBatch, key: ScoreArray) -> Iterator[int]:
+    def _candidates(
+        self, cycle: CycleState, request: ScheduleRequest, nodes: NodeBatch, key: ScoreArray
+    ) -> Iterator[int]:
         """Feasible nodes best first (the select plugin's order when the profile has one)."""
         select = self.framework.select()
         if select is not None:
@@ -263,6 +265,7 @@ class Scheduler:
         """Schedule everything queued; results in decision order, then what still waits (as FitErrors)."""
         results: list[Result] = []
         seen_version = self.state.capacity_version
+        self.queue.flush_backoff()  # an offline run does not wait out wall-clock backoff
         while True:
             unit = self.queue.pop()
             if unit is None:

@@ -1,0 +1,1 @@
+"""CLI command implementations, one module per command group (wired in finesched.cli)."""

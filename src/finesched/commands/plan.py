@@ -1,0 +1,153 @@
+"""`finesched plan`: schedule manifests offline through the queue and show every decision.
+
+The same Scheduler the server and the simulator use; nothing is written anywhere. Output is a
+rich table (or JSON/YAML for scripts) plus a summary: placed / waiting and the utilization of
+every resource afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from finesched.model.binding import Binding
+from finesched.model.manifest import Manifests
+from finesched.model.resources import resource_kind
+from finesched.quantity import format_quantity
+from finesched.sched.diagnosis import QuotaWait
+from finesched.sched.profile import Profile
+from finesched.sched.scheduler import Result, Scheduler, binding_amounts
+from finesched.state.cluster import ClusterState
+
+OUTPUTS = ("table", "json", "yaml")
+
+
+@dataclass
+class PlanOutcome:
+    state: ClusterState
+    scheduler: Scheduler
+    results: list[Result]
+
+
+def run_plan(manifests: Manifests, profile: str | Profile = "default") -> PlanOutcome:
+    """Schedule every workload of `manifests` on its nodes through the queue (priority, DRF)."""
+    state = ClusterState.from_nodes(manifests.nodes)
+    scheduler = Scheduler(state, profile, manifests.tenants)
+    scheduler.submit(manifests.workloads)
+    return PlanOutcome(state, scheduler, scheduler.run())
+
+
+def describe_devices(binding: Binding) -> str:
+    """``gpu 0: 50% core, 20Gi`` per device grant (one line per device)."""
+    lines = []
+    for kind, grants in binding.devices.items():
+        for grant in grants:
+            parts = []
+            for name, amount in grant.resources.items():
+                if name == "gpu-core":
+                    parts.append(f"{amount}% core")
+                elif name == "gpu-memory-ratio":
+                    continue  # shown as bytes (gpu-memory) beside it
+                elif resource_kind(name) == "bytes":
+                    parts.append(format_quantity(amount, "bytes"))
+                else:
+                    parts.append(f"{amount}% {name}" if name == kind else f"{name} {amount}")
+            lines.append(f"{kind} {grant.minor}: {', '.join(parts)}")
+    return "\n".join(lines)
+
+
+def result_record(result: Result, workloads: dict[str, Any]) -> dict[str, Any]:
+    """A plain-data view of one decision (for JSON/YAML output)."""
+    if isinstance(result, Binding):
+        record: dict[str, Any] = {
+            "workload": result.workload,
+            "tenant": result.tenant,
+            "node": result.node,
+            "score": result.score,
+        }
+        if result.devices:
+            record["devices"] = {
+                kind: [{"minor": g.minor, "resources": dict(g.resources)} for g in grants]
+                for kind, grants in result.devices.items()
+            }
+        if result.cpuset:
+            record["cpuset"] = str(result.cpuset)
+        if result.numa:
+            record["numa"] = [g.numa for g in result.numa]
+        return record
+    w = workloads.get(result.workload)
+    return {
+        "workload": result.workload,
+        "tenant": w.tenant if w is not None else None,
+        "node": None,
+        "waiting" if isinstance(result, QuotaWait) else "error": result.message,
+        "reasons": result.reasons,
+    }
+
+
+def utilization(state: ClusterState) -> dict[str, float]:
+    """Fraction of each resource held by bindings, cluster-wide (resources with capacity only).
+
+    Held amounts are summed from the bindings themselves (scalar requests and device grants),
+    so device dimensions count exactly like scalar ones.
+    """
+    held: dict[str, int] = {}
+    for binding in state.bindings.values():
+        for name, amount in binding_amounts(binding).items():
+            held[name] = held.get(name, 0) + amount
+    return {name: held.get(name, 0) / total for name, total in state.totals().items() if total > 0}
+
+
+def summary(outcome: PlanOutcome) -> dict[str, Any]:
+    placed = sum(isinstance(r, Binding) for r in outcome.results)
+    return {
+        "placed": placed,
+        "unschedulable": len(outcome.results) - placed,
+        "utilization": {k: round(v, 4) for k, v in utilization(outcome.state).items()},
+    }
+
+
+def render(outcome: PlanOutcome, manifests: Manifests, output: str, console: Console) -> None:
+    workloads = {w.key: w for w in manifests.workloads}
+    if output in ("json", "yaml"):
+        doc = {"results": [result_record(r, workloads) for r in outcome.results], "summary": summary(outcome)}
+        text = json.dumps(doc, indent=2) if output == "json" else yaml.safe_dump(doc, sort_keys=False)
+        console.print(text, markup=False, highlight=False, soft_wrap=True)
+        return
+    console.print(decision_table(outcome.results, workloads))
+    console.print(summary_table(outcome))
+
+
+def decision_table(results: Sequence[Result], workloads: dict[str, Any]) -> Table:
+    table = Table(title="Scheduling decisions (in decision order)", show_lines=False)
+    for column in ("workload", "tenant", "node", "score", "placement / reason"):
+        table.add_column(column, overflow="fold")
+    for result in results:
+        if isinstance(result, Binding):
+            detail = describe_devices(result)
+            if result.cpuset:
+                detail = "\n".join(filter(None, [f"cpuset {result.cpuset}", detail]))
+            table.add_row(result.workload, result.tenant, result.node, str(result.score), escape(detail))
+        else:
+            w = workloads.get(result.workload)
+            style = "yellow" if isinstance(result, QuotaWait) else "red"
+            tenant = w.tenant if w is not None else ""
+            table.add_row(result.workload, tenant, "-", "-", f"[{style}]{escape(result.message)}[/]")
+    return table
+
+
+def summary_table(outcome: PlanOutcome) -> Table:
+    data = summary(outcome)
+    table = Table(title=f"Summary: {data['placed']} placed, {data['unschedulable']} not placed")
+    table.add_column("resource")
+    table.add_column("utilization", justify="right")
+    for name, fraction in data["utilization"].items():
+        table.add_row(name, f"{100 * fraction:.1f} %")
+    return table

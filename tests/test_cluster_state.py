@@ -1,0 +1,151 @@
+"""ClusterState: node lifecycle, assume/forget, snapshots, and the invariants that must always hold."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from builders import make_node, make_workload
+from finesched import ClusterState
+from finesched.errors import InvariantViolation
+from finesched.model.binding import Binding
+from finesched.model.resources import ResourceVector
+from finesched.state.cluster import StateError
+from finesched.state.invariants import check
+
+GI = 2**30
+
+
+def binding(workload: str, node: str, **requests: int) -> Binding:
+    """A binding of canonical amounts (millicores, bytes): a ResourceVector is taken as is."""
+    return Binding(workload=workload, node=node, requests=ResourceVector(requests))
+
+
+@pytest.fixture
+def state() -> ClusterState:
+    return ClusterState.from_nodes(
+        [make_node("a").cpu("8").memory("16Gi").obj(), make_node("b").cpu("4").memory("8Gi").label("zone", "x").obj()]
+    )
+
+
+def free(state: ClusterState, node: str, resource: str) -> int:
+    return int(state.free[state.res_index[resource], state.index[node]])
+
+
+def test_from_nodes_lays_out_rows_and_defaults(state: ClusterState) -> None:
+    assert state.n == 2 and state.names == ["a", "b"]
+    assert free(state, "a", "cpu") == 8000 and free(state, "b", "memory") == 8 * GI
+    assert free(state, "a", "pods") == 110  # kubelet default maxPods
+    assert state.totals()["cpu"] == 12000
+    # 1/allocatable is 0 where allocatable is 0, never inf
+    assert np.isfinite(state.inv_allocatable).all()
+
+
+def test_assume_and_forget_move_amounts_exactly(state: ClusterState) -> None:
+    state.assume(binding("ns/w", "a", cpu=3000, memory=GI, pods=1))
+    assert free(state, "a", "cpu") == 5000 and int(state.used_of("cpu")[0]) == 3000
+    state.check_invariants()
+    state.forget("ns/w")
+    assert free(state, "a", "cpu") == 8000 and state.bindings == {}
+    state.check_invariants()
+
+
+@pytest.mark.parametrize(
+    ("requests", "message"),
+    [
+        pytest.param({"cpu": 9000}, r"cpu \(asks 9000, 8000 free\)", id="over-free"),
+        pytest.param({"nvidia.com/gpu": 1}, r"nvidia.com/gpu \(asks 1, 0 free\)", id="unknown-resource"),
+    ],
+)
+def test_assume_refuses_what_does_not_fit_and_changes_nothing(
+    state: ClusterState, requests: dict[str, int], message: str
+) -> None:
+    before = state.free.copy()
+    with pytest.raises(StateError, match=message):
+        state.assume(Binding(workload="ns/w", node="a", requests=ResourceVector(requests)))
+    assert (state.free == before).all() and state.bindings == {}
+
+
+def test_double_assume_and_unknown_node_are_refused(state: ClusterState) -> None:
+    state.assume(binding("ns/w", "a", cpu=1000))
+    with pytest.raises(StateError, match="already bound to a"):
+        state.assume(binding("ns/w", "b", cpu=1000))
+    with pytest.raises(StateError, match="no node named 'zz'"):
+        state.assume(binding("ns/v", "zz", cpu=1000))
+    with pytest.raises(StateError, match="no binding for workload ns/nope"):
+        state.forget("ns/nope")
+
+
+def test_commit_marks_durable(state: ClusterState) -> None:
+    state.assume(binding("ns/w", "a", cpu=1000))
+    assert not state.is_committed("ns/w")
+    state.commit("ns/w")
+    assert state.is_committed("ns/w")
+    with pytest.raises(StateError):
+        state.commit("ns/other")
+
+
+def test_remove_node_refused_while_bound_unless_forced(state: ClusterState) -> None:
+    state.assume(binding("ns/w", "a", cpu=1000))
+    with pytest.raises(StateError, match="holds 1 binding"):
+        state.remove_node("a")
+    released = state.remove_node("a", force=True)
+    assert [b.workload for b in released] == ["ns/w"]
+    # b moved into slot 0; its labels and amounts moved with it
+    assert state.names == ["b"] and state.index == {"b": 0} and free(state, "b", "cpu") == 4000
+    assert state.labels.match({"zone": "x"}, 1).tolist() == [True]
+    state.check_invariants()
+
+
+def test_update_node_keeps_bindings_or_changes_nothing(state: ClusterState) -> None:
+    state.assume(binding("ns/w", "a", cpu=6000))
+    state.update_node(make_node("a").cpu("16").memory("16Gi").label("zone", "y").obj())
+    assert free(state, "a", "cpu") == 10000
+    assert state.labels.match({"zone": "y"}, 2).tolist() == [True, False]
+    before = state.free.copy()
+    with pytest.raises(StateError, match="bindings no longer fit"):
+        state.update_node(make_node("a").cpu("4").memory("16Gi").obj())
+    assert (state.free == before).all() and state.node("a").allocatable["cpu"] == 16000
+    state.check_invariants()
+
+
+def test_growth_is_amortized_and_new_resources_add_rows() -> None:
+    state = ClusterState(capacity=1)
+    for i in range(300):
+        state.add_node(make_node(f"n{i}").cpu("1").obj())
+    assert state.n == 300 and state._capacity >= 300 and state._capacity < 1200
+    state.add_node(make_node("fancy").cpu("1").resource("example.com/foo", "3").obj())
+    assert "example.com/foo" in state.res_index
+    assert free(state, "fancy", "example.com/foo") == 3 and free(state, "n0", "example.com/foo") == 0
+    with pytest.raises(StateError, match="already exists"):
+        state.add_node(make_node("n0").cpu("1").obj())
+    state.check_invariants()
+
+
+def test_snapshot_restore_is_exact(state: ClusterState) -> None:
+    state.assume(binding("ns/w", "a", cpu=1000))
+    snap = state.snapshot()
+    state.assume(binding("ns/v", "b", cpu=1000))
+    state.remove_node("a", force=True)
+    state.add_node(make_node("c").cpu("2").obj())
+    state.restore(snap)
+    assert state.names == ["a", "b"] and list(state.bindings) == ["ns/w"]
+    assert free(state, "a", "cpu") == 7000 and free(state, "b", "cpu") == 4000
+    state.check_invariants()
+
+
+def test_invariant_checker_reports_every_violation(state: ClusterState) -> None:
+    state.assume(binding("ns/w", "a", cpu=1000))
+    state._free[0, 0] = -5  # corrupt: negative free, and free + held != allocatable
+    state.bindings["ns/ghost"] = binding("ns/ghost", "nowhere", cpu=1)
+    rules = sorted({v.rule for v in check(state)})
+    assert rules == ["binding-node-exists", "free-plus-held-is-allocatable", "no-negative-free"]
+    with pytest.raises(InvariantViolation, match="no-negative-free"):
+        state.check_invariants()
+
+
+def test_zero_allocatable_resource_needs_no_division(state: ClusterState) -> None:
+    state.add_node(make_node("empty").cpu("0").memory("0").obj())
+    assert state.inv_allocatable[state.res_index["cpu"], state.index["empty"]] == 0.0
+    w = make_workload("w").req(cpu="1").obj()
+    assert w.requests["cpu"] == 1000
