@@ -2,13 +2,14 @@
 
 Node shapes (DESIGN.md "Performance model"), chosen per node with a seeded generator:
 
-| shape      | share | logical CPUs (sockets x cores/NUMA x SMT) | memory            | devices                          |
-|------------|-------|-------------------------------------------|-------------------|----------------------------------|
-| cpu-small  | 25 %  | 32  (1 x 16 x 2), 1 NUMA                  | 128Gi or 256Gi    | -                                |
-| cpu-medium | 25 %  | 64  (2 x 16 x 2), 2 NUMA                  | 256Gi or 512Gi    | -                                |
-| cpu-large  | 20 %  | 128 (2 x 32 x 2), 2 NUMA                  | 1Ti or 2Ti        | -                                |
-| gpu        | 30 %  | 128 (2 x 32 x 2), 2 NUMA                  | 1Ti               | 8 GPUs (40Gi, 80Gi or 4+4 mixed), 2 RDMA |
+| shape      | share | logical CPUs (sockets x cores/NUMA x SMT) | memory         | devices               |
+|------------|-------|-------------------------------------------|----------------|-----------------------|
+| cpu-small  | 25 %  | 32  (1 x 16 x 2), 1 NUMA                  | 128Gi or 256Gi | -                     |
+| cpu-medium | 25 %  | 64  (2 x 16 x 2), 2 NUMA                  | 256Gi or 512Gi | -                     |
+| cpu-large  | 20 %  | 128 (2 x 32 x 2), 2 NUMA                  | 1Ti or 2Ti     | -                     |
+| gpu        | 30 %  | 128 (2 x 32 x 2), 2 NUMA                  | 1Ti            | 8 GPUs, 2 RDMA NICs   |
 
+GPU nodes carry 8 x 40Gi, 8 x 80Gi or 4 x 40Gi + 4 x 80Gi cards, 4 per NUMA node, 2 per PCIe switch.
 Every node has a `zone` label (a..d) and GPU nodes a `gpu-model` label. Topology objects are
 shared between nodes of one shape, so 100,000 nodes stay light. `devices=False` leaves the
 device list out (the scalar benchmark does not need it).
