@@ -149,3 +149,28 @@ def test_zero_allocatable_resource_needs_no_division(state: ClusterState) -> Non
     assert state.inv_allocatable[state.res_index["cpu"], state.index["empty"]] == 0.0
     w = make_workload("w").req(cpu="1").obj()
     assert w.requests["cpu"] == 1000
+
+
+def test_fast_construct_equals_model_construct() -> None:
+    from finesched.cpuset import CPUSet
+    from finesched.model.base import fast_construct
+
+    values = {
+        "workload": "ns/w",
+        "node": "a",
+        "tenant": "ns",
+        "priority": 3,
+        "qos": "LS",
+        "requests": ResourceVector({"cpu": 1000}),
+        "cpuset": CPUSet(),
+        "cpu_exclusive_policy": "None",
+        "numa": (),
+        "devices": {},
+        "annotations": {},
+        "score": 42,
+    }
+    assert set(values) == set(Binding.model_fields)  # every field given, as fast_construct requires
+    fast = fast_construct(Binding, dict(values))
+    slow = Binding.model_construct(**values)
+    assert fast == slow and fast.model_dump() == slow.model_dump()
+    assert Binding.model_validate(fast.model_dump(mode="json")) == fast

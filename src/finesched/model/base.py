@@ -8,6 +8,7 @@ Python code uses snake_case.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TypeVar
 
 import pydantic_core
 from pydantic import BaseModel, ConfigDict
@@ -44,3 +45,23 @@ def raise_problems(problems: Sequence[tuple[Loc, str, object]], title: str = "mo
         for loc, msg, value in problems
     ]
     raise pydantic_core.ValidationError.from_exception_data(title, details)
+
+
+M = TypeVar("M", bound=BaseModel)
+_set = object.__setattr__
+
+
+def fast_construct(cls: type[M], values: dict[str, object]) -> M:
+    """Build a model from trusted, complete, already-canonical values, skipping validation.
+
+    The scheduler's hot path creates one Binding per decision from values it computed itself;
+    pydantic's `model_construct` walks every field (and inspects default factories) on each call.
+    `values` must hold every field; the result is identical to `model_construct(**values)` for
+    models without private attributes or post-init hooks (checked once in the tests).
+    """
+    instance = cls.__new__(cls)
+    _set(instance, "__dict__", values)
+    _set(instance, "__pydantic_fields_set__", set(values))
+    _set(instance, "__pydantic_extra__", None)
+    _set(instance, "__pydantic_private__", None)
+    return instance

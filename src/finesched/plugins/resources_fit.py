@@ -28,9 +28,10 @@ class ResourcesFit:
         if request.unknown:
             mask = np.zeros(nodes.n, dtype=bool)
         else:
-            rows, amounts = request.rows.tolist(), request.amounts.tolist()
-            mask = nodes.row(free, rows[0]) >= amounts[0]
-            for r, amount in zip(rows[1:], amounts[1:], strict=True):
+            pairs = request.pairs
+            r, amount = pairs[0]
+            mask = nodes.row(free, r) >= amount
+            for r, amount in pairs[1:]:
                 mask &= nodes.row(free, r) >= amount
         return FilterResult(mask, lambda: self._explain(request, nodes))
 
@@ -41,7 +42,7 @@ class ResourcesFit:
             f"insufficient {name} (no node offers it)": (np.ones(nodes.n, dtype=bool), Code.UNRESOLVABLE)
             for name in request.unknown
         }
-        for r, amount in zip(request.rows.tolist(), request.amounts.tolist(), strict=True):
+        for r, amount in request.pairs:
             short = nodes.row(state.free, r) < amount
             never = nodes.row(state.allocatable, r) < amount
             code = Code.UNRESOLVABLE if bool(np.all(never[short])) else Code.UNSCHEDULABLE
@@ -51,7 +52,7 @@ class ResourcesFit:
     def pre_score(self, cycle: CycleState, request: ScheduleRequest, nodes: NodeBatch) -> Status:
         state = nodes.state
         used, inv = state.used_float, state.inv_allocatable
-        for r, amount in zip(request.share_rows.tolist(), request.share_amounts.tolist(), strict=True):
+        for r, amount in request.share_pairs:
             share = nodes.row(used, r) + float(amount)
             add_shares(cycle, np.multiply(share, nodes.row(inv, r), out=share))
         return SUCCESS

@@ -39,23 +39,44 @@ class MemoEntry:
     nodes_version: int
     feasible: npt.NDArray[np.bool_]
     key: npt.NDArray[np.int64]  # selection key: higher wins; -1 where infeasible
+    feasible_count: int = -1  # kept in step by `patch`, so no O(n) scan is needed per decision
+
+    def __post_init__(self) -> None:
+        if self.feasible_count < 0:
+            self.feasible_count = int(np.count_nonzero(self.feasible))
+
+    def patch(
+        self, dirty: npt.NDArray[np.intp], feasible: npt.NDArray[np.bool_], key: npt.NDArray[np.int64], position: int
+    ) -> None:
+        """Overwrite the results of the `dirty` nodes, now valid at change-log `position`."""
+        self.feasible_count += int(np.count_nonzero(feasible)) - int(np.count_nonzero(self.feasible[dirty]))
+        self.feasible[dirty] = feasible
+        self.key[dirty] = key
+        self.position = position
 
 
 def request_shape(workload: Workload) -> Hashable:
-    """Everything about a workload that node-local plugins may read (identity and tenancy left out)."""
+    """Everything about a workload that node-local plugins may read (identity and tenancy left out).
+
+    Flattened to strings, ints and frozensets so that a lookup never runs pydantic equality.
+    """
     w = workload
+    spec = w.resource_spec
+    joint = w.device_joint_allocate
     return (
         w.requests,
         w.limits,
         w.qos,
-        frozenset(w.node_selector.items()),
-        w.node_affinity,
-        w.resource_spec,
+        frozenset(w.node_selector.items()) if w.node_selector else None,
+        tuple((t.key, t.operator, t.values) for t in w.node_affinity),
+        spec.required_cpu_bind_policy,
+        spec.preferred_cpu_bind_policy,
+        spec.preferred_cpu_exclusive_policy,
         w.numa_topology_policy,
         w.device_allocate_strategy,
-        w.device_joint_allocate,
-        frozenset(w.labels.items()),
-        frozenset(w.annotations.items()),
+        (joint.device_types, joint.required_scope) if joint is not None else None,
+        frozenset(w.labels.items()) if w.labels else None,
+        frozenset(w.annotations.items()) if w.annotations else None,
     )
 
 

@@ -32,6 +32,9 @@ class ScheduleRequest:
     #: Rows of the requested classes used for share-based scoring (pods excluded), and amounts.
     share_rows: npt.NDArray[np.intp]
     share_amounts: npt.NDArray[np.int64]
+    #: The same rows and amounts as Python pairs, for per-row loops that must not pay .tolist().
+    pairs: tuple[tuple[int, int], ...] = ()
+    share_pairs: tuple[tuple[int, int], ...] = ()
 
     @property
     def key(self) -> str:
@@ -64,6 +67,8 @@ def compile_request(
         unknown=tuple(unknown),
         share_rows=np.asarray(share_rows, dtype=np.intp),
         share_amounts=np.asarray(share_amounts, dtype=np.int64),
+        pairs=tuple(zip(rows, amounts, strict=True)),
+        share_pairs=tuple(zip(share_rows, share_amounts, strict=True)),
     )
 
 
@@ -97,4 +102,6 @@ class RequestCompiler:
             template.unknown,
             template.share_rows,
             template.share_amounts,
+            template.pairs,
+            template.share_pairs,
         )

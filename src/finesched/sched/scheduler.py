@@ -25,6 +25,7 @@ import numpy.typing as npt
 
 from finesched.cpuset import CPUSet
 from finesched.errors import ValidationError
+from finesched.model.base import fast_construct
 from finesched.model.binding import Binding
 from finesched.model.tenant import Tenant
 from finesched.model.workload import Workload
@@ -54,11 +55,14 @@ class Scheduler:
         *,
         registry: Registry | None = None,
         auto_commit: bool = True,
+        memoize: bool = True,
     ):
         self.state = state
         self.profile = resolve_profile(profile)
         self.framework = Framework(self.profile, registry or default_registry(), state)
         self.auto_commit = auto_commit
+        #: Reuse filter/score results per request shape where the profile allows (sched/memo.py).
+        self.memoize = memoize
         self.queue = SchedulingQueue(tenants, capacity=state.totals)
         self.memo = ScoreMemo()
         self._compiler = RequestCompiler(state, self.framework.owns)
@@ -90,15 +94,17 @@ class Scheduler:
         except PreFilterFailed as exc:
             raise _prefilter_error(workload.key, state.n, exc) from None
         # 3-4. filter and score every node (memoized per request shape where plugins allow)
-        feasible, key = self._evaluate(cycle, request, skipped, shape if self.framework.node_local else None)
+        memo_shape = shape if self.memoize and self.framework.node_local else None
+        feasible, key = self._evaluate(cycle, request, skipped, memo_shape)
         # 5. select and reserve
-        failures: Counter[str] = Counter()
+        failures: Counter[str] | None = None
         nodes = NodeBatch(state, feasible)
         for attempt, node in enumerate(self._candidates(cycle, request, nodes, key)):
             if attempt >= self.profile.max_reserve_attempts:
                 break
             status = self.framework.run_reserve(cycle, request, node)
             if not status.ok:
+                failures = failures if failures is not None else Counter()
                 failures[f"{status.message()} ({status.plugin})"] += 1
                 continue
             # 6. pre_bind and assume
@@ -108,12 +114,14 @@ class Scheduler:
                 state.assume(binding)
             except StateError as exc:
                 self.framework.run_unreserve(cycle, request, node)
+                failures = failures if failures is not None else Counter()
                 failures[f"state refused the binding: {exc}"] += 1
                 continue
             if self.auto_commit:
                 state.commit(binding.workload)
             return binding
         _, results = self.framework.run_filter(cycle, request, NodeBatch(state), skipped)
+        failures = failures or Counter()
         error = diagnose(workload.key, state.n, results, failures)
         untried = int(feasible.sum()) - sum(failures.values())
         if untried > 0:
@@ -134,10 +142,8 @@ class Scheduler:
             if entry is not None and dirty is not None:
                 batch = NodeBatch(state, index=dirty)
                 mask, _ = self.framework.run_filter(cycle, request, batch, skipped)
-                entry.key[dirty] = self._score_key(cycle, request, batch, mask)
-                entry.feasible[dirty] = mask
-                entry.position = state.change_position
-                if entry.feasible.any():
+                entry.patch(dirty, mask, self._score_key(cycle, request, batch, mask), state.change_position)
+                if entry.feasible_count:
                     return entry.feasible, entry.key
         nodes = NodeBatch(state)
         feasible, results = self.framework.run_filter(cycle, request, nodes, skipped)
@@ -168,25 +174,24 @@ class Scheduler:
         return key // (self.state.n + 1) if self.profile.tie_break == "random" else key
 
     def _binding(self, request: ScheduleRequest, node: int, score: int) -> Binding:
-        """A binding of the scalar amounts; pre_bind plugins add devices, cpuset and NUMA grants.
-
-        Every field is passed so that pydantic's model_construct calls no default factory (which
-        inspects the factory's signature on every call: a hot-path cost).
-        """
+        """A binding of the scalar amounts; pre_bind plugins add devices, cpuset and NUMA grants."""
         w = request.workload
-        return Binding.model_construct(
-            workload=w.key,
-            node=self.state.names[node],
-            tenant=w.tenant,
-            priority=w.priority,
-            qos=w.qos or "LS",
-            requests=request.scalar,
-            cpuset=EMPTY_CPUSET,
-            cpu_exclusive_policy="None",
-            numa=(),
-            devices={},
-            annotations={},
-            score=score,
+        return fast_construct(
+            Binding,
+            {
+                "workload": w.key,
+                "node": self.state.names[node],
+                "tenant": w.tenant,
+                "priority": w.priority,
+                "qos": w.qos or "LS",
+                "requests": request.scalar,
+                "cpuset": EMPTY_CPUSET,
+                "cpu_exclusive_policy": "None",
+                "numa": (),
+                "devices": {},
+                "annotations": {},
+                "score": score,
+            },
         )
 
     def _candidates(
