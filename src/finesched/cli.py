@@ -114,6 +114,23 @@ def decode_cmd(
     out.print(" ".join(str(v) for v in values))
 
 
+@app.command("encode-node")
+def encode_node_cmd(
+    file: Annotated[Path, typer.Argument(help="A manifest file with Node documents.")],
+    node: Annotated[str | None, typer.Option("--node", help="Only this node.")] = None,
+) -> None:
+    """Print each node's encoded per-device free vectors (S0.2), as its agent would report them."""
+    from finesched.commands.devices import encode_node
+
+    try:
+        text = encode_node(file, node)
+    except ValidationError as exc:
+        for detail in exc.errors:
+            err.print(f"[bold red]error:[/] {escape(str(detail))}", soft_wrap=True)
+        raise typer.Exit(1) from None
+    out.print(text, markup=False, highlight=False, soft_wrap=True)
+
+
 @app.command()
 def plan(
     files: Annotated[list[Path], typer.Argument(help="Manifest files: nodes, workloads, tenants (any order).")],

@@ -19,8 +19,7 @@ from rich.table import Table
 
 from finesched.model.binding import Binding
 from finesched.model.manifest import Manifests
-from finesched.model.resources import resource_kind
-from finesched.quantity import format_quantity
+from finesched.commands.devices import format_grants
 from finesched.sched.diagnosis import QuotaWait
 from finesched.sched.profile import Profile
 from finesched.sched.scheduler import Result, Scheduler, binding_amounts
@@ -42,25 +41,6 @@ def run_plan(manifests: Manifests, profile: str | Profile = "default") -> PlanOu
     scheduler = Scheduler(state, profile, manifests.tenants)
     scheduler.submit(manifests.workloads)
     return PlanOutcome(state, scheduler, scheduler.run())
-
-
-def describe_devices(binding: Binding) -> str:
-    """``gpu 0: 50% core, 20Gi`` per device grant (one line per device)."""
-    lines = []
-    for kind, grants in binding.devices.items():
-        for grant in grants:
-            parts = []
-            for name, amount in grant.resources.items():
-                if name == "gpu-core":
-                    parts.append(f"{amount}% core")
-                elif name == "gpu-memory-ratio":
-                    continue  # shown as bytes (gpu-memory) beside it
-                elif resource_kind(name) == "bytes":
-                    parts.append(format_quantity(amount, "bytes"))
-                else:
-                    parts.append(f"{amount}% {name}" if name == kind else f"{name} {amount}")
-            lines.append(f"{kind} {grant.minor}: {', '.join(parts)}")
-    return "\n".join(lines)
 
 
 def result_record(result: Result, workloads: dict[str, Any]) -> dict[str, Any]:
@@ -131,9 +111,9 @@ def decision_table(results: Sequence[Result], workloads: dict[str, Any]) -> Tabl
         table.add_column(column, overflow="fold")
     for result in results:
         if isinstance(result, Binding):
-            detail = describe_devices(result)
-            if result.cpuset:
-                detail = "\n".join(filter(None, [f"cpuset {result.cpuset}", detail]))
+            detail = "\n".join(
+                filter(None, [f"cpuset {result.cpuset}" if result.cpuset else "", format_grants(result)])
+            )
             table.add_row(result.workload, result.tenant, result.node, str(result.score), escape(detail))
         else:
             w = workloads.get(result.workload)

@@ -70,12 +70,13 @@ def _profile(name: str, *plugins: tuple[str, int] | str, **extra: Any) -> Profil
     return Profile.model_validate({"name": name, "plugins": configs, **extra})
 
 
-_FILTERS = ("NodeSelector", "ResourcesFit")
+_FILTERS = ("NodeSelector", "ResourcesFit", "DeviceShare")
 
-#: Built-in profiles. "default" spreads like kube-scheduler's default (least requested + balanced).
+#: Built-in profiles. "default" spreads like kube-scheduler's default (least requested + balanced,
+#: device classes included); "binpack" packs nodes and their devices (DeviceScore MostAllocated).
 BUILTIN_PROFILES: dict[str, Profile] = {
     "default": _profile("default", *_FILTERS, ("LeastRequested", 1), ("MostBalanced", 1)),
-    "binpack": _profile("binpack", *_FILTERS, ("MostAllocated", 1)),
+    "binpack": _profile("binpack", *_FILTERS, ("MostAllocated", 1), ("DeviceScore", 1)),
     "spread": _profile("spread", *_FILTERS, ("LeastRequested", 1)),
     "buckets": _profile("buckets", *_FILTERS, "BucketFit"),
 }

@@ -48,6 +48,8 @@ class Registry:
 def default_registry() -> Registry:
     """Every built-in plugin."""
     from finesched.plugins.bucket_fit import BucketFit
+    from finesched.plugins.deviceshare import DeviceShare
+    from finesched.plugins.deviceshare.scoring import DeviceScore
     from finesched.plugins.node_selector import NodeSelector
     from finesched.plugins.resources_fit import ResourcesFit
     from finesched.plugins.scoring import LeastRequested, MostAllocated, MostBalanced
@@ -60,5 +62,7 @@ def default_registry() -> Registry:
             "MostAllocated": no_args(MostAllocated),
             "MostBalanced": no_args(MostBalanced),
             "BucketFit": BucketFit.from_args,
+            "DeviceShare": DeviceShare.from_args,
+            "DeviceScore": DeviceScore.from_args,
         }
     )

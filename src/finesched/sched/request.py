@@ -87,7 +87,8 @@ class RequestCompiler:
         self._max = max_shapes
 
     def compile(self, workload: Workload, shape: Hashable) -> ScheduleRequest:
-        key = (shape, len(self._state.resources))
+        # Which names plugins own may depend on the node set (device types come from manifests).
+        key = (shape, len(self._state.resources), self._state.nodes_version)
         template = self._cache.get(key)
         if template is None:
             if len(self._cache) >= self._max:

@@ -341,6 +341,14 @@ class ClusterState:
         self.capacity_version += 1
         return binding
 
+    def mark_changed(self, index: int) -> None:
+        """Record that node `index`'s amounts changed outside assume/forget (e.g. an agent report).
+
+        Memos re-evaluate the node, observers re-index it, and the queue retries waiting work.
+        """
+        self._refresh(index)
+        self.capacity_version += 1
+
     def _refresh(self, i: int) -> None:
         self.change_log.append(i)
         if len(self.change_log) > max(65536, 4 * self.n):
@@ -402,10 +410,7 @@ class ClusterState:
         if existing is not None:
             return existing  # type: ignore[return-value]
         extra.resize(self._capacity)
-        for i, node in enumerate(self.nodes):
-            extra.set_node(i, node)
-        for binding in self.bindings.values():
-            extra.assume(self.index[binding.node], binding)
+        self._refill(extra)
         self.extras[extra.name] = extra
         if hasattr(extra, "refresh"):
             self._observers.append(extra)  # type: ignore[arg-type]
@@ -413,6 +418,22 @@ class ClusterState:
                 extra.refresh(i)  # type: ignore[attr-defined]
         self.nodes_version += 1
         return extra
+
+    def _refill(self, extra: NodeExtra) -> None:
+        """Fill an extra from every node and binding. Extras with a `rebuilding` flag see it set:
+        a rebuild replays grants that already exist (e.g. on a device that has since turned
+        unhealthy), which a new reservation would be refused."""
+        flag = hasattr(extra, "rebuilding")
+        if flag:
+            extra.rebuilding = True  # type: ignore[attr-defined]
+        try:
+            for i, node in enumerate(self.nodes):
+                extra.set_node(i, node)
+            for binding in self.bindings.values():
+                extra.assume(self.index[binding.node], binding)
+        finally:
+            if flag:
+                extra.rebuilding = False  # type: ignore[attr-defined]
 
     # Snapshots and checks ---------------------------------------------------------------------------
     def snapshot(self) -> Snapshot:
@@ -461,10 +482,7 @@ class ClusterState:
             if name in snap.extras:
                 extra.restore(snap.extras[name])
             else:  # attached after the snapshot: refill it from the restored nodes and bindings
-                for i, node in enumerate(self.nodes):
-                    extra.set_node(i, node)
-                for binding in self.bindings.values():
-                    extra.assume(self.index[binding.node], binding)
+                self._refill(extra)
         for i in range(self.n):
             for observer in self._observers:
                 observer.refresh(i)

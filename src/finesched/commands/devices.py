@@ -1,0 +1,64 @@
+"""Text for the device parts of the CLI (typer-free, so tests call them directly).
+
+* `encode_node` backs ``finesched encode-node NODE.yaml``: each node's per-device free vector per
+  type and dimension in the S0.2 wire form (what its agent would send), one line each::
+
+      a100-0 gpu gpu-core k=56738263021990500 count=8 bits=7 free=100,100,100,100,100,100,100,100
+
+* `format_grants` backs ``finesched plan``: a binding's devices as ``gpu 0: 50% core, 20Gi``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from finesched.errors import ValidationError
+from finesched.model.binding import Binding
+from finesched.model.manifest import load_manifests
+from finesched.model.resources import GPU, GPU_CORE, GPU_MEMORY, GPU_MEMORY_RATIO
+from finesched.quantity import format_quantity
+from finesched.state.devices import encode_node_devices
+
+
+def encode_node(path: str | Path, node: str | None = None) -> str:
+    """The encoded device state of every node in `path` (or only node `node`), one line per dimension.
+
+    Raises ValidationError for an invalid file, a file without nodes or an unknown `node`.
+    """
+    nodes = load_manifests(Path(path)).nodes
+    if node is not None:
+        nodes = [n for n in nodes if n.name == node]
+        if not nodes:
+            raise ValidationError(f"no Node named {node!r} in {path}", path="node", value=node)
+    if not nodes:
+        raise ValidationError(f"no Node manifest in {path}", path=str(path))
+    lines = []
+    for item in nodes:
+        encoded = encode_node_devices(item)
+        if not encoded:
+            lines.append(f"{item.name} (no devices)")
+        for kind, dims in encoded.items():
+            for dim, ev in dims.items():
+                free = ",".join(str(v) for v in ev.decode())
+                lines.append(f"{item.name} {kind} {dim} k={ev.k} count={ev.count} bits={ev.bits} free={free}")
+    return "\n".join(lines)
+
+
+def format_grants(binding: Binding) -> str:
+    """``gpu 0: 50% core, 20Gi; rdma 1: 100%`` ("" when the binding holds no devices)."""
+    parts = []
+    for kind in sorted(binding.devices):
+        for grant in binding.devices[kind]:
+            amounts = grant.resources
+            if kind == GPU:
+                shown = []
+                if GPU_CORE in amounts:
+                    shown.append(f"{amounts[GPU_CORE]}% core")
+                if GPU_MEMORY in amounts:
+                    shown.append(format_quantity(amounts[GPU_MEMORY], "bytes"))
+                elif GPU_MEMORY_RATIO in amounts:
+                    shown.append(f"{amounts[GPU_MEMORY_RATIO]}% memory")
+            else:
+                shown = [f"{v}%" if name == kind else f"{name} {v}" for name, v in amounts.items()]
+            parts.append(f"{kind} {grant.minor}: {', '.join(shown)}")
+    return "; ".join(parts)

@@ -1,0 +1,83 @@
+"""Koordinator's ``scheduling.koordinator.sh/device-allocated`` annotation, both directions (S1.6).
+
+The value is JSON keyed by device type, each a list of ``{"minor": int, "resources": {name:
+quantity}}`` (../shared/reference/PROTOCOLS.md section 2). We write what Koordinator's Go code
+writes: ``koordinator.sh/*`` names, quantities as strings in their shortest exact form, types and
+resource names sorted, no spaces::
+
+    {"gpu":[{"minor":0,"resources":{"koordinator.sh/gpu-core":"50","koordinator.sh/gpu-memory":"40Gi",
+    "koordinator.sh/gpu-memory-ratio":"50"}}]}
+
+We read ``koordinator.sh/*``, ``kubernetes.io/*`` and short names, quantities as strings or
+numbers, and ignore the optional ``id`` and ``extension`` fields. ``parse(format(x)) == x`` for any
+grants and ``format(parse(s)) == s`` for any value written as above.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from functools import lru_cache
+
+from finesched.model.binding import DeviceGrant
+from finesched.model.resources import ResourceVector, canonical_name, koordinator_name, resource_kind
+from finesched.quantity import QuantityError, format_quantity, parse_quantity
+
+DEVICE_ALLOCATED = "scheduling.koordinator.sh/device-allocated"
+
+
+class AnnotationError(ValueError):
+    """A device-allocated value that cannot be read; the message names the place and the rule."""
+
+
+def format_device_allocated(devices: Mapping[str, Sequence[DeviceGrant]]) -> str:
+    """The annotation value for a binding's ``devices`` (see the module docstring)."""
+    parts = []
+    for kind in sorted(devices):
+        grants = ",".join(f'{{"minor":{g.minor},"resources":{_resources_json(g.resources)}}}' for g in devices[kind])
+        parts.append(f"{json.dumps(kind)}:[{grants}]")
+    return "{" + ",".join(parts) + "}"
+
+
+@lru_cache(maxsize=4096)
+def _resources_json(resources: ResourceVector) -> str:
+    """One grant's resources as JSON (memoized: a cluster has few distinct grant shapes)."""
+    named = {koordinator_name(name): format_quantity(amount, resource_kind(name)) for name, amount in resources.items()}
+    return json.dumps(dict(sorted(named.items())), separators=(",", ":"))
+
+
+def parse_device_allocated(text: str) -> dict[str, list[DeviceGrant]]:
+    """Read an annotation value into ``{type: [DeviceGrant]}``; raise AnnotationError on bad input."""
+    try:
+        doc = json.loads(text)
+    except (TypeError, json.JSONDecodeError) as exc:
+        raise AnnotationError(f"{DEVICE_ALLOCATED}: not JSON ({exc})") from None
+    if not isinstance(doc, dict):
+        raise AnnotationError(f"{DEVICE_ALLOCATED}: expected an object keyed by device type")
+    out: dict[str, list[DeviceGrant]] = {}
+    for kind, entries in doc.items():
+        if not isinstance(entries, list):
+            raise AnnotationError(f"{DEVICE_ALLOCATED}.{kind}: expected a list of allocations")
+        out[kind] = [_grant(f"{DEVICE_ALLOCATED}.{kind}[{i}]", entry) for i, entry in enumerate(entries)]
+    return out
+
+
+def _grant(where: str, entry: object) -> DeviceGrant:
+    if not isinstance(entry, dict):
+        raise AnnotationError(f"{where}: expected an object with minor and resources")
+    minor = entry.get("minor")
+    if isinstance(minor, bool) or not isinstance(minor, int) or minor < 0:
+        raise AnnotationError(f"{where}.minor: expected a non-negative integer, got {minor!r}")
+    raw = entry.get("resources", {})
+    if not isinstance(raw, dict):
+        raise AnnotationError(f"{where}.resources: expected an object of name -> quantity")
+    amounts: dict[str, int] = {}
+    for name, value in raw.items():
+        short = canonical_name(name)
+        if short in amounts:
+            raise AnnotationError(f"{where}.resources: {name} names {short} twice")
+        try:
+            amounts[short] = parse_quantity(value, resource_kind(short))
+        except QuantityError as exc:
+            raise AnnotationError(f"{where}.resources.{name}: {exc}") from None
+    return DeviceGrant.model_construct(minor=minor, resources=ResourceVector(amounts))

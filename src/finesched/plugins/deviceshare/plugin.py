@@ -1,0 +1,307 @@
+"""DeviceShare: the device plugin's extension points (S0.3, S0.5, S1.2-S1.8). The work lives in
+request.py (normalization, fit rule), allocator.py (exact choice), scoring.py (shares) and
+state/devices.py (accounts); this file only wires them into the cycle:
+
+* pre_filter: normalize the request once (`DEVICE_REQUEST`, memoized per distinct request); a
+  bad request is the user's error (ERROR, never retried);
+* filter: per type, the count of healthy devices fitting one instance >= count, from the
+  accounts' incremental cache over all nodes (O(N) per full batch), or evaluated directly on a
+  subset batch; then the joint scope. NODE_LOCAL: the scheduler's per-shape memo re-runs it on
+  changed nodes only;
+* pre_score: publish device shares (LeastRequested / MostBalanced / DeviceScore read them);
+* reserve: the exact offer on the candidate node, computed once, kept under "DeviceShare/offers";
+* pre_bind: the binding gets the offer's grants and the device-allocated annotation.
+
+Card-level strategy: the workload's deviceAllocateStrategy, else the node's (policies or label
+`STRATEGY_LABEL`), else this plugin's ``strategy`` arg (default LeastAllocated).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, ClassVar
+
+import numpy as np
+
+from finesched.errors import ValidationError
+from finesched.model.binding import Binding
+from finesched.model.workload import Workload
+from finesched.plugins.deviceshare.allocator import DeviceAllocation, InsufficientDevices, allocate_devices
+from finesched.plugins.deviceshare.annotations import DEVICE_ALLOCATED, format_device_allocated
+from finesched.plugins.deviceshare.request import (
+    DeviceRequest,
+    FitRule,
+    InvalidDeviceRequest,
+    TypeRequest,
+    compile_rule,
+    device_resource,
+    explain_type,
+    fit_mask,
+    normalize_device_request,
+)
+from finesched.plugins.deviceshare.scoring import DEVICE_SHARES, DeviceShares, device_shares
+from finesched.plugins.shared_keys import DEVICE_CHOOSER, NUMA_AFFINITY
+from finesched.plugins.shares import add_shares
+from finesched.sched.cycle_state import CycleState, MissingState, StateKey
+from finesched.sched.framework import SKIP, SUCCESS, BoolArray, Code, Explanation, FilterResult, NodeBatch, Status
+from finesched.sched.request import ScheduleRequest
+from finesched.state.cluster import ClusterState
+from finesched.state.devices import STRATEGIES, DeviceAccounts, attach_device_accounts
+
+DEVICE_REQUEST = StateKey("DeviceShare/request", DeviceRequest)
+
+
+class DeviceOffers:
+    """The exact offer per node index tried this cycle (reserve writes, pre_bind reads)."""
+
+    __slots__ = ("by_node",)
+
+    def __init__(self) -> None:
+        self.by_node: dict[int, DeviceAllocation] = {}
+
+
+DEVICE_OFFERS = StateKey("DeviceShare/offers", DeviceOffers)
+
+
+@dataclass(frozen=True, slots=True)
+class _Rules:
+    """Each requested type with its fit rule against the type's dimensions (None: no node has the type)."""
+
+    items: tuple[tuple[TypeRequest, FitRule | None], ...]
+
+
+_RULES = StateKey("DeviceShare/rules", _Rules)
+#: A workload's normalized request and rules, its invalid-request error, or None (asks no device).
+_Prepared = tuple[DeviceRequest, _Rules] | InvalidDeviceRequest | None
+_NORMALIZED_CACHE = 512
+_MISSING = object()
+
+
+class DeviceShare:
+    """Fractional and multi-device scheduling of GPUs, RDMA, FPGA and manifest-defined device types."""
+
+    NAME: ClassVar[str] = "DeviceShare"
+    #: Filter and score read only the workload and each node's own devices (sched/memo.py).
+    NODE_LOCAL: ClassVar[bool] = True
+
+    def __init__(self, strategy: str = "LeastAllocated"):
+        self.strategy = strategy
+        self.accounts: DeviceAccounts | None = None
+        self._normalized: OrderedDict[tuple[Any, ...], object] = OrderedDict()
+
+    @classmethod
+    def from_args(cls, args: Mapping[str, Any]) -> DeviceShare:
+        """args: ``{strategy: LeastAllocated | MostAllocated}`` (the card-level default)."""
+        unknown = sorted(set(args) - {"strategy"})
+        if unknown:
+            raise ValidationError(f"unknown args {unknown}; valid: ['strategy']", path="args")
+        strategy = args.get("strategy", "LeastAllocated")
+        if strategy not in STRATEGIES:
+            raise ValidationError(f"must be one of {list(STRATEGIES)}", path="args.strategy", value=strategy)
+        return cls(strategy)
+
+    def attach(self, state: ClusterState) -> None:
+        self.accounts = attach_device_accounts(state)
+
+    def _acc(self) -> DeviceAccounts:
+        if self.accounts is None:
+            raise MissingState("DeviceShare: not attached to a ClusterState")
+        return self.accounts
+
+    def owns(self, resource: str) -> bool:
+        types = self.accounts.types if self.accounts is not None else ()
+        return device_resource(resource, types) is not None
+
+    # PreFilter / Filter -----------------------------------------------------------------------------
+    def normalize(self, workload: Workload) -> DeviceRequest:
+        """The workload's DeviceRequest (cached per distinct request); raises InvalidDeviceRequest."""
+        prepared = self._prepare(workload)
+        if isinstance(prepared, InvalidDeviceRequest):
+            raise prepared
+        return DeviceRequest() if prepared is None else prepared[0]
+
+    def _prepare(self, workload: Workload) -> _Prepared:
+        """Normalized request and fit rules (None: no device asked), memoized per request and layout."""
+        accounts = self._acc()
+        joint = workload.device_joint_allocate
+        key = (workload.requests, None if joint is None else (joint.device_types, joint.required_scope), accounts.epoch)
+        hit = self._normalized.get(key, _MISSING)
+        if hit is _MISSING:
+            hit = self._compute(workload, accounts)
+            self._normalized[key] = hit
+            if len(self._normalized) > _NORMALIZED_CACHE:
+                self._normalized.popitem(last=False)
+        return hit  # type: ignore[return-value]
+
+    @staticmethod
+    def _compute(
+        workload: Workload, accounts: DeviceAccounts
+    ) -> tuple[DeviceRequest, _Rules] | InvalidDeviceRequest | None:
+        types = tuple(accounts.types)
+        if not any(device_resource(name, types) for name in workload.requests):
+            return None
+        try:
+            dreq = normalize_device_request(workload.requests, device_types=types, joint=workload.device_joint_allocate)
+        except InvalidDeviceRequest as exc:
+            return exc
+        if not dreq.types:
+            return None
+        items = []
+        for kind, tr in dreq.types.items():
+            acc = accounts.types.get(kind)
+            items.append((tr, None if acc is None else compile_rule(tr, acc.dims)))
+        return dreq, _Rules(tuple(items))
+
+    def pre_filter(self, cycle: CycleState, request: ScheduleRequest, nodes: NodeBatch) -> Status:
+        """Normalize once per distinct request (memoized); a bad request is the user's error (ERROR)."""
+        prepared = self._prepare(request.workload)
+        if prepared is None:
+            return SKIP
+        if isinstance(prepared, InvalidDeviceRequest):
+            return Status.error(str(prepared))
+        cycle.write(DEVICE_REQUEST, prepared[0])
+        cycle.write(_RULES, prepared[1])
+        return SUCCESS
+
+    def filter(self, cycle: CycleState, request: ScheduleRequest, nodes: NodeBatch) -> FilterResult:
+        """Every requested type has `count` healthy devices that fit one instance (and the joint scope holds).
+
+        A full batch reads the accounts' per-node cache (refreshed where nodes changed); a subset
+        batch (the NODE_LOCAL memo's changed nodes) is evaluated directly on its few rows.
+        """
+        accounts, everyone, index = self._acc(), nodes.state.n, nodes.index
+        rules = cycle.read(_RULES)
+        mask = np.ones(nodes.n, dtype=bool)
+        for tr, rule in rules.items:
+            if rule is None:
+                mask[:] = False
+            elif index is None:
+                mask &= accounts.fit_counts(tr.type, rule, partial(fit_mask, rule), everyone)[0] >= tr.count
+            else:  # a few changed nodes: evaluate them directly
+                acc = accounts.types[tr.type]
+                fits = fit_mask(rule, acc.free[:, index], acc.total[:, index], acc.healthy[index])
+                mask &= fits.sum(axis=1) >= tr.count
+        joint = cycle.read(DEVICE_REQUEST).joint
+        if joint is not None:
+            mask &= self._joint_ok(rules, joint.types, joint.scope, everyone, index)
+        return FilterResult(mask, lambda: self._explain(cycle, nodes, mask))
+
+    def _joint_ok(
+        self, rules: _Rules, types: tuple[str, ...], scope: str, n: int, index: np.ndarray | None
+    ) -> BoolArray:
+        """[batch] nodes where the joint scope can hold (all n nodes cached like the fit counts, or `index`).
+
+        Exact for one first-type device: some fitting first-type device has, on its PCIe switch
+        (NUMA node), enough fitting devices of every other type. For several first-type devices
+        it over-approximates (the other types' fitting devices on scopes of any fitting first-type
+        device suffice); the exact allocator decides.
+        """
+        accounts = self._acc()
+        by_type = {tr.type: (tr, rule) for tr, rule in rules.items}
+        if any(by_type[t][1] is None for t in types):
+            return np.zeros(n if index is None else len(index), dtype=bool)
+
+        def compute(rows: Any) -> tuple[np.ndarray, ...]:
+            fits, scopes = {}, {}
+            for kind in types:
+                acc, rule = accounts.types[kind], by_type[kind][1]
+                assert rule is not None
+                fits[kind] = fit_mask(rule, acc.free[:, rows], acc.total[:, rows], acc.healthy[rows])
+                scopes[kind] = (acc.pcie if scope == "SamePCIe" else acc.numa)[rows]
+            first = types[0]
+            scope_p = scopes[first]
+            fit_p = fits[first] & (scope_p >= 0)
+            if by_type[first][0].count == 1:
+                ok_p = fit_p.copy()
+                for kind in types[1:]:
+                    same = (scopes[kind][:, None, :] == scope_p[:, :, None]) & fits[kind][:, None, :]
+                    ok_p &= same.sum(axis=2) >= by_type[kind][0].count
+                return (ok_p.any(axis=1),)
+            ok = np.ones(fit_p.shape[0], dtype=bool)
+            for kind in types[1:]:
+                near = ((scopes[kind][:, None, :] == scope_p[:, :, None]) & fit_p[:, :, None]).any(axis=1)
+                ok &= (near & fits[kind]).sum(axis=1) >= by_type[kind][0].count
+            return (ok,)
+
+        if index is not None:
+            return compute(index)[0]
+        key = ("joint", types, scope, tuple(by_type[t] for t in types))
+        return accounts.cached(key, compute, n)[0]
+
+    def _explain(self, cycle: CycleState, nodes: NodeBatch, mask: BoolArray) -> Explanation:
+        accounts, n = self._acc(), nodes.n
+        rows = slice(0, nodes.state.n) if nodes.index is None else nodes.index
+        out: dict[str, tuple[BoolArray, Code]] = {}
+        per_type_ok = np.ones(n, dtype=bool)
+        for tr, rule in cycle.read(_RULES).items:
+            acc = accounts.types.get(tr.type)
+            if acc is None or rule is None:
+                out[f"node has no {tr.type}"] = (np.ones(n, dtype=bool), Code.UNRESOLVABLE)
+                per_type_ok[:] = False
+                continue
+            free, total, healthy = acc.free[:, rows], acc.total[:, rows], acc.healthy[rows]
+            out.update(explain_type(tr.type, rule, tr.count, acc.dims, free, total, healthy, acc.valid[rows]))
+            per_type_ok &= fit_mask(rule, free, total, healthy).sum(axis=1) >= tr.count
+        joint = cycle.read(DEVICE_REQUEST).joint
+        if joint is not None:
+            where = "PCIe switch" if joint.scope == "SamePCIe" else "NUMA node"
+            reason = f"no free {joint.types[0]} shares a {where} with enough free {', '.join(joint.types[1:])}"
+            out[reason] = (per_type_ok & ~mask, Code.UNSCHEDULABLE)
+        return out
+
+    # Score ------------------------------------------------------------------------------------------
+    def pre_score(self, cycle: CycleState, request: ScheduleRequest, nodes: NodeBatch) -> Status:
+        rules = cycle.get(_RULES)
+        if rules is None:
+            return SUCCESS
+        shares = device_shares(self._acc(), [tr for tr, _ in rules.items], nodes)
+        for share in shares:
+            add_shares(cycle, share)
+        cycle.write(DEVICE_SHARES, DeviceShares(tuple(shares)))
+        return SUCCESS
+
+    # Reserve / PreBind ------------------------------------------------------------------------------
+    def reserve(self, cycle: CycleState, request: ScheduleRequest, node: int) -> Status:
+        dreq = cycle.get(DEVICE_REQUEST)
+        if dreq is None or not dreq.types:
+            return SUCCESS
+        accounts = self._acc()
+        offers = cycle.get(DEVICE_OFFERS)
+        if offers is None:
+            offers = DeviceOffers()
+            cycle.write(DEVICE_OFFERS, offers)
+        affinity = cycle.get(NUMA_AFFINITY)
+        if affinity is not None and affinity.node != node:
+            affinity = None
+        chooser = cycle.get(DEVICE_CHOOSER)
+        choose = None if chooser is None else partial(chooser.choose, node)
+        strategy = request.workload.device_allocate_strategy or accounts.strategy_of(node) or self.strategy
+        devices = {kind: accounts.node_devices(node, kind, copy=False) for kind in dreq.types}
+        try:
+            offer = allocate_devices(devices, dreq, strategy=strategy, affinity=affinity, chooser=choose)
+        except InsufficientDevices as exc:
+            return Status.unschedulable(exc.reason)
+        except ValueError as exc:  # a DeviceChooser answered outside the fitting devices: a plugin bug
+            return Status.error(str(exc))
+        offers.by_node[node] = offer
+        return SUCCESS
+
+    def unreserve(self, cycle: CycleState, request: ScheduleRequest, node: int) -> None:
+        offers = cycle.get(DEVICE_OFFERS)
+        if offers is not None:
+            offers.by_node.pop(node, None)
+
+    def pre_bind(self, cycle: CycleState, request: ScheduleRequest, node: int, binding: Binding) -> Binding:
+        dreq = cycle.get(DEVICE_REQUEST)
+        if dreq is None or not dreq.types:
+            return binding
+        offers = cycle.get(DEVICE_OFFERS)
+        offer = None if offers is None else offers.by_node.get(node)
+        if offer is None:
+            raise MissingState(f"DeviceShare/offers: no offer for node {node}; did reserve run?")
+        devices = offer.binding_devices()
+        annotations = {**binding.annotations, DEVICE_ALLOCATED: format_device_allocated(devices)}
+        return binding.model_copy(update={"devices": devices, "annotations": annotations})

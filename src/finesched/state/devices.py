@@ -1,0 +1,749 @@
+"""DeviceAccounts: every device's total and free amount per dimension, as numpy arrays over nodes.
+
+Seeds S0.1-S0.3 (2-D resource classes, checked per device), S1.4-S1.6 (device inventory and
+accounts, rebuilt from bindings) and S0.2 (the encoded wire form). One `DeviceTypeAccounts` per
+device type found in the node manifests, so a new type needs no code (S1.4). For a type with
+dimensions ``dims`` (gpu: gpu-core %, gpu-memory bytes, gpu-memory-ratio %; rdma: rdma %) it
+holds, over node slots i and device slots d (devices of a node sorted by minor, packed from 0):
+
+* ``total[k, i, d]``, ``free[k, i, d]``, ``foreign[k, i, d]`` (int64): dimension k's amount;
+  ``total - free == foreign + sum of the grants of bindings on that device`` (the invariant);
+  foreign = use outside finesched (manifest ``foreignAllocations``, agents' encoded reports);
+* ``valid[i, d]`` (the slot holds a device), ``healthy[i, d]`` (valid and healthy);
+* ``minor``, ``numa``, ``pcie`` (int64, -1 when unknown; pcie ids interned to ints);
+* ``links[i]``: a ``[d, d]`` int64 matrix of link classes (bandwidth in bytes/s, 1 for a link
+  without bandwidth, 0 for none) or None;
+* ``htotal[k, i]``, ``hfree[k, i]``, ``used_share[k, i]``: per-node sums over healthy devices
+  (node shares for S0.4 scoring, DRF totals).
+
+`node_devices(i, type)` gives one node's devices (numa, pcie, health, free and total per
+dimension, links) to the exact allocator and to NUMA hint providers.
+
+Health: unhealthy devices never take a *new* grant (`assume` refuses them). A binding that already
+held the device keeps it across a manifest update (its grants are re-applied by
+`ClusterState.update_node`) and across a rebuild through `attach_device_accounts`, so an agent
+reporting a failed GPU never makes the state unbuildable.
+
+Speed: the vectorized filter asks `fit_counts` how many devices of each node fit one instance of
+a request, and scoring asks `share_after`. Answers are cached per key (`cached`) and brought up
+to date from a log of changed nodes, so a full evaluation costs O(N) plus O(changed nodes · D),
+not O(N · D) (DESIGN.md "Performance model").
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from finesched.codec import CodecError, EncodedVector, bits_for, decode_many, encode
+from finesched.model.binding import Binding
+from finesched.model.node import Device, Node
+from finesched.model.resources import GPU, GPU_CORE, GPU_MEMORY, GPU_MEMORY_RATIO
+from finesched.state.cluster import ClusterState, StateError
+
+Int64Array = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+#: evaluate(free [K, rows, D], total [K, rows, D], healthy [rows, D]) -> [rows, D] "one instance fits here".
+FitEvaluator = Callable[[Int64Array, Int64Array, BoolArray], BoolArray]
+
+NO_SCOPE = -1
+#: Node label naming the card-level strategy when the manifest's policies do not.
+STRATEGY_LABEL = "finesched.io/device-allocate-strategy"
+STRATEGIES = ("LeastAllocated", "MostAllocated")
+_CACHE_SIZE = 96
+_LOG_MIN = 4096
+
+
+def fill_gpu_amounts(amounts: Mapping[str, int], memory_total: int) -> dict[str, int]:
+    """Koordinator's fill after allocation: the missing one of gpu-memory / gpu-memory-ratio.
+
+    bytes = ratio · total / 100 (floored); ratio = ⌊bytes · 100 / total⌋. A card without a memory
+    figure (total 0) keeps only the ratio. E.g. ratio 50 on an 80Gi card -> 40Gi; 20Gi -> ratio 25.
+    """
+    out = dict(amounts)
+    if memory_total <= 0:
+        out.pop(GPU_MEMORY, None)
+    elif GPU_MEMORY_RATIO in out and GPU_MEMORY not in out:
+        out[GPU_MEMORY] = out[GPU_MEMORY_RATIO] * memory_total // 100
+    elif GPU_MEMORY in out and GPU_MEMORY_RATIO not in out:
+        out[GPU_MEMORY_RATIO] = out[GPU_MEMORY] * 100 // memory_total
+    return out
+
+
+def _device_totals(device: Device) -> dict[str, int]:
+    totals = dict(device.resources)
+    if device.type == GPU:  # a GPU is one whole GPU unless the manifest says otherwise
+        totals.setdefault(GPU_CORE, 100)
+        totals.setdefault(GPU_MEMORY_RATIO, 100)
+    return totals
+
+
+def _resized(a: np.ndarray, shape: tuple[int, ...], fill: Any) -> np.ndarray:
+    out = np.full(shape, fill, dtype=a.dtype)
+    common = tuple(slice(0, min(x, y)) for x, y in zip(a.shape, shape, strict=True))
+    out[common] = a[common]
+    return out
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class NodeDevices:
+    """One node's devices of one type (copies, slot order = minor order): what the exact allocator
+    and NUMA hint providers read. ``total``/``free`` are ``[len(dims), d]``; ``links`` ``[d, d]``."""
+
+    type: str
+    dims: tuple[str, ...]
+    minors: Int64Array
+    healthy: BoolArray
+    numa: Int64Array
+    pcie: Int64Array
+    total: Int64Array
+    free: Int64Array
+    links: Int64Array | None = None
+
+    def __len__(self) -> int:
+        return len(self.minors)
+
+    def dim(self, name: str) -> int | None:
+        return self.dims.index(name) if name in self.dims else None
+
+    def free_of(self, name: str) -> Int64Array:
+        """[d] free amount of dimension `name` per device (zeros when the type lacks it)."""
+        k = self.dim(name)
+        return np.zeros(len(self), dtype=np.int64) if k is None else self.free[k]
+
+
+class DeviceTypeAccounts:
+    """The arrays of one device type over node slots (see the module docstring)."""
+
+    def __init__(self, name: str, capacity: int):
+        self.name = name
+        self.dims: list[str] = []
+        self.dim_index: dict[str, int] = {}
+        self.dmax = 0
+        self.capacity = capacity
+        self.total = np.zeros((0, capacity, 0), dtype=np.int64)
+        self.free = np.zeros_like(self.total)
+        self.foreign = np.zeros_like(self.total)
+        self.valid = np.zeros((capacity, 0), dtype=bool)
+        self.healthy = np.zeros_like(self.valid)
+        self.minor = np.full((capacity, 0), -1, dtype=np.int64)
+        self.numa = np.full((capacity, 0), NO_SCOPE, dtype=np.int64)
+        self.pcie = np.full((capacity, 0), NO_SCOPE, dtype=np.int64)
+        self.count = np.zeros(capacity, dtype=np.int64)
+        self.links: list[Int64Array | None] = [None] * capacity
+        self.htotal = np.zeros((0, capacity), dtype=np.int64)
+        self.hfree = np.zeros_like(self.htotal)
+        self.inv_htotal = np.zeros((0, capacity), dtype=np.float64)
+        self.used_share = np.zeros((0, capacity), dtype=np.float64)
+
+    # Shape changes ------------------------------------------------------------------------------
+    def reshape(self, ndim: int, capacity: int, dmax: int) -> None:
+        k, c, d = ndim, capacity, dmax
+        self.total = _resized(self.total, (k, c, d), 0)
+        self.free = _resized(self.free, (k, c, d), 0)
+        self.foreign = _resized(self.foreign, (k, c, d), 0)
+        self.valid = _resized(self.valid, (c, d), False)
+        self.healthy = _resized(self.healthy, (c, d), False)
+        self.minor = _resized(self.minor, (c, d), -1)
+        self.numa = _resized(self.numa, (c, d), NO_SCOPE)
+        self.pcie = _resized(self.pcie, (c, d), NO_SCOPE)
+        self.count = _resized(self.count, (c,), 0)
+        self.links = (self.links + [None] * c)[:c]
+        self.htotal = _resized(self.htotal, (k, c), 0)
+        self.hfree = _resized(self.hfree, (k, c), 0)
+        self.inv_htotal = _resized(self.inv_htotal, (k, c), 0.0)
+        self.used_share = _resized(self.used_share, (k, c), 0.0)
+        self.capacity, self.dmax = c, d
+
+    def add_dims(self, names: Sequence[str]) -> bool:
+        new = [n for n in dict.fromkeys(names) if n not in self.dim_index]
+        for name in new:
+            self.dim_index[name] = len(self.dims)
+            self.dims.append(name)
+        if new:
+            self.reshape(len(self.dims), self.capacity, self.dmax)
+        return bool(new)
+
+    # Per-node rows --------------------------------------------------------------------------------
+    def clear(self, i: int) -> None:
+        for a in (self.total, self.free, self.foreign):
+            a[:, i] = 0
+        self.valid[i] = self.healthy[i] = False
+        self.minor[i] = self.numa[i] = self.pcie[i] = NO_SCOPE
+        self.count[i] = 0
+        self.links[i] = None
+        self.htotal[:, i] = self.hfree[:, i] = 0
+        self.inv_htotal[:, i] = self.used_share[:, i] = 0.0
+
+    def move(self, src: int, dst: int) -> None:
+        for a in (self.total, self.free, self.foreign, self.htotal, self.hfree, self.inv_htotal, self.used_share):
+            a[:, dst] = a[:, src]
+        for a in (self.valid, self.healthy, self.minor, self.numa, self.pcie, self.count):
+            a[dst] = a[src]
+        self.links[dst] = self.links[src]
+
+    def refresh_sums(self, i: int) -> None:
+        h = self.healthy[i]
+        self.htotal[:, i] = (self.total[:, i] * h).sum(axis=1)
+        self.hfree[:, i] = (self.free[:, i] * h).sum(axis=1)
+        t = self.htotal[:, i]
+        self.inv_htotal[:, i] = np.where(t > 0, 1.0 / np.maximum(t, 1), 0.0)
+        self.used_share[:, i] = (t - self.hfree[:, i]) * self.inv_htotal[:, i]
+
+    def take(self, i: int, k: int, slot: int, amount: int) -> None:
+        """free -= amount on one device (amount < 0 gives back), keeping the node sums in step."""
+        self.free[k, i, slot] -= amount
+        if self.healthy[i, slot]:
+            hfree = int(self.hfree[k, i]) - amount
+            self.hfree[k, i] = hfree
+            self.used_share[k, i] = (int(self.htotal[k, i]) - hfree) * float(self.inv_htotal[k, i])
+
+    def slot_of(self, i: int, minor: int) -> int | None:
+        d = int(self.count[i])
+        if minor < d and self.minor[i, minor] == minor:  # the usual case: minors 0..d-1
+            return minor
+        hits = np.flatnonzero(self.minor[i, :d] == minor)
+        return int(hits[0]) if hits.size else None
+
+    def node_devices(self, i: int, copy: bool = True) -> NodeDevices:
+        d = int(self.count[i])
+        links = self.links[i]
+        if not copy:  # views for a caller that reads them at once (the allocator in reserve)
+            return NodeDevices(
+                self.name, tuple(self.dims), self.minor[i, :d], self.healthy[i, :d], self.numa[i, :d],
+                self.pcie[i, :d], self.total[:, i, :d], self.free[:, i, :d], links,
+            )  # fmt: skip
+        return NodeDevices(
+            type=self.name,
+            dims=tuple(self.dims),
+            minors=self.minor[i, :d].copy(),
+            healthy=self.healthy[i, :d].copy(),
+            numa=self.numa[i, :d].copy(),
+            pcie=self.pcie[i, :d].copy(),
+            total=self.total[:, i, :d].copy(),
+            free=self.free[:, i, :d].copy(),
+            links=None if links is None else links.copy(),
+        )
+
+
+class _CacheEntry:
+    __slots__ = ("arrays", "epoch", "pos")
+
+    def __init__(self, epoch: int, pos: int, arrays: tuple[np.ndarray, ...]):
+        self.epoch, self.pos, self.arrays = epoch, pos, arrays
+
+
+#: compute(rows) -> per-node arrays for `rows` (a slice or an index array), first axis over rows.
+RowCompute = Callable[[Any], tuple[np.ndarray, ...]]
+
+
+class EncodedUpdateError(ValueError):
+    """An encoded device update that cannot be applied; `reasons` lists every problem (nothing changed)."""
+
+    def __init__(self, reasons: Sequence[str]):
+        self.reasons = list(reasons)
+        super().__init__("; ".join(self.reasons))
+
+
+EncodedInput = EncodedVector | tuple[int, int, int]
+
+
+class DeviceAccounts:
+    """The `NodeExtra` named "devices": per-type device arrays kept in step with ClusterState."""
+
+    name = "devices"
+
+    def __init__(self) -> None:
+        self.types: dict[str, DeviceTypeAccounts] = {}
+        self.capacity = 0
+        #: While True (set by `attach_device_accounts`), grants on unhealthy devices are tolerated.
+        self.rebuilding = False
+        self._names: list[str | None] = []
+        self._held: list[dict[str, Binding]] = []
+        self._replay: list[set[str]] = []
+        self._tolerated: list[set[str]] = []
+        self._strategy = np.zeros(0, dtype=np.int8)
+        self._pcie_codes: dict[str, int] = {}
+        self._log: list[int] = []
+        self._log_base = 0
+        self._epoch = 0
+        self._cache: OrderedDict[Hashable, _CacheEntry] = OrderedDict()
+
+    # NodeExtra ----------------------------------------------------------------------------------
+    def resize(self, capacity: int) -> None:
+        self.capacity = capacity
+        for acc in self.types.values():
+            acc.reshape(len(acc.dims), capacity, acc.dmax)
+        self._names = (self._names + [None] * capacity)[:capacity]
+        for lst, make in ((self._held, dict), (self._replay, set), (self._tolerated, set)):
+            del lst[capacity:]
+            lst.extend(make() for _ in range(capacity - len(lst)))
+        self._strategy = _resized(self._strategy, (capacity,), 0)
+        self._structural_change()
+
+    def set_node(self, index: int, node: Node) -> None:
+        i = index
+        self._names[i] = node.name
+        self._replay[i] |= set(self._held[i])  # re-applied by update_node right after
+        self._held[i] = {}
+        self._tolerated[i] = set()
+        label = node.labels.get(STRATEGY_LABEL)
+        strategy = node.policies.device_allocate_strategy or (label if label in STRATEGIES else None)
+        self._strategy[i] = STRATEGIES.index(strategy) + 1 if strategy else 0
+        for acc in self.types.values():
+            acc.clear(i)
+        by_type: dict[str, list[Device]] = {}
+        for device in node.devices:
+            by_type.setdefault(device.type, []).append(device)
+        for kind, devices in by_type.items():
+            self._write_type(i, node, kind, sorted(devices, key=lambda d: d.minor))
+        for acc in self.types.values():
+            acc.refresh_sums(i)
+        self._changed(i)
+
+    def _write_type(self, i: int, node: Node, kind: str, devices: list[Device]) -> None:
+        acc = self.types.get(kind)
+        if acc is None:
+            acc = self.types[kind] = DeviceTypeAccounts(kind, self.capacity)
+            self._structural_change()
+        totals = [_device_totals(d) for d in devices]
+        if acc.add_dims([name for t in totals for name in t]):
+            self._structural_change()
+        if len(devices) > acc.dmax:
+            acc.reshape(len(acc.dims), self.capacity, len(devices))
+            self._structural_change()
+        slot_of_minor = {}
+        for slot, (device, amounts) in enumerate(zip(devices, totals, strict=True)):
+            slot_of_minor[device.minor] = slot
+            for name, amount in amounts.items():
+                acc.total[acc.dim_index[name], i, slot] = amount
+            acc.valid[i, slot] = True
+            acc.healthy[i, slot] = device.health
+            acc.minor[i, slot] = device.minor
+            acc.numa[i, slot] = NO_SCOPE if device.numa is None else device.numa
+            acc.pcie[i, slot] = (
+                NO_SCOPE if device.pcie is None else self._pcie_codes.setdefault(device.pcie, len(self._pcie_codes))
+            )
+        acc.count[i] = len(devices)
+        mem = acc.dim_index.get(GPU_MEMORY)
+        for alloc in node.foreign_allocations:
+            if alloc.type != kind:
+                continue
+            slot = slot_of_minor[alloc.minor]
+            amounts = dict(alloc.resources)
+            if kind == GPU:
+                amounts = fill_gpu_amounts(amounts, int(acc.total[mem, i, slot]) if mem is not None else 0)
+            for name, amount in amounts.items():
+                k = acc.dim_index.get(name)
+                if k is not None:  # dimensions the device lacks cannot be used by anyone
+                    acc.foreign[k, i, slot] = min(int(acc.total[k, i, slot]), acc.foreign[k, i, slot] + amount)
+        acc.free[:, i] = acc.total[:, i] - acc.foreign[:, i]
+        acc.links[i] = self._link_matrix(node, kind, slot_of_minor)
+
+    @staticmethod
+    def _link_matrix(node: Node, kind: str, slot_of_minor: dict[int, int]) -> Int64Array | None:
+        links = [link for link in node.links if link.type == kind]
+        if not links:
+            return None
+        matrix = np.zeros((len(slot_of_minor), len(slot_of_minor)), dtype=np.int64)
+        for link in links:
+            a, b = slot_of_minor[link.a], slot_of_minor[link.b]
+            value = max(int(matrix[a, b]), link.bandwidth or 1)
+            matrix[a, b] = matrix[b, a] = value
+        return matrix
+
+    def move(self, src: int, dst: int) -> None:
+        for acc in self.types.values():
+            acc.move(src, dst)
+        self._names[dst] = self._names[src]
+        self._held[dst], self._replay[dst], self._tolerated[dst] = (
+            self._held[src],
+            self._replay[src],
+            self._tolerated[src],
+        )
+        self._strategy[dst] = self._strategy[src]
+        self._changed(src)
+        self._changed(dst)
+
+    def clear(self, index: int) -> None:
+        for acc in self.types.values():
+            acc.clear(index)
+        self._names[index] = None
+        self._held[index], self._replay[index], self._tolerated[index] = {}, set(), set()
+        self._strategy[index] = 0
+        self._changed(index)
+
+    def assume(self, index: int, binding: Binding) -> None:
+        """Take the binding's device grants; raise StateError and change nothing if one does not fit."""
+        i, key = index, binding.workload
+        if not binding.devices:
+            return
+        where = f"{self._names[i]}"
+        replay = key in self._replay[i] or self.rebuilding
+        plan: list[tuple[DeviceTypeAccounts, int, int, int]] = []
+        on_unhealthy = False
+        for kind, grants in binding.devices.items():
+            acc = self.types.get(kind)
+            seen: set[int] = set()
+            for grant in grants:
+                slot = None if acc is None else acc.slot_of(i, grant.minor)
+                if acc is None or slot is None:
+                    raise StateError(f"binding {key}: {where} has no {kind} with minor {grant.minor}")
+                if slot in seen:
+                    raise StateError(f"binding {key}: {kind} {grant.minor} granted twice")
+                seen.add(slot)
+                if not acc.healthy[i, slot]:
+                    if not replay:
+                        raise StateError(f"binding {key}: {kind} {grant.minor} on {where} is unhealthy")
+                    on_unhealthy = True
+                for name, amount in grant.resources.items():
+                    k = acc.dim_index.get(name)
+                    if k is None or amount < 0:
+                        raise StateError(f"binding {key}: {kind} {grant.minor} has no {name} dimension")
+                    have = int(acc.free[k, i, slot])
+                    if amount > have:
+                        raise StateError(
+                            f"binding {key} does not fit on {where}: {kind} {grant.minor} {name} "
+                            f"(asks {amount}, {have} free)"
+                        )
+                    plan.append((acc, k, slot, amount))
+        for acc, k, slot, amount in plan:
+            acc.take(i, k, slot, amount)
+        self._held[i][key] = binding
+        self._replay[i].discard(key)
+        if on_unhealthy:
+            self._tolerated[i].add(key)
+        self._changed(i)
+
+    def forget(self, index: int, binding: Binding) -> None:
+        """Give back exactly what `assume` took for this workload (nothing if it holds nothing here)."""
+        i = index
+        held = self._held[i].pop(binding.workload, None)
+        self._tolerated[i].discard(binding.workload)
+        if held is None:
+            return
+        for kind, grants in held.devices.items():
+            acc = self.types[kind]
+            for grant in grants:
+                slot = acc.slot_of(i, grant.minor)
+                assert slot is not None, (binding.workload, kind, grant.minor)
+                for name, amount in grant.resources.items():
+                    acc.take(i, acc.dim_index[name], slot, -amount)
+        self._changed(i)
+
+    def snapshot(self) -> object:
+        types = {}
+        for kind, acc in self.types.items():
+            copy = DeviceTypeAccounts(kind, 0)
+            for attr, value in vars(acc).items():
+                setattr(copy, attr, value.copy() if isinstance(value, (np.ndarray, list, dict)) else value)
+            types[kind] = copy
+        return (
+            types,
+            list(self._names),
+            [dict(h) for h in self._held],
+            [set(r) for r in self._replay],
+            [set(t) for t in self._tolerated],
+            self._strategy.copy(),
+            dict(self._pcie_codes),
+        )
+
+    def restore(self, snapshot: object) -> None:
+        types, names, held, replay, tolerated, strategy, codes = snapshot  # type: ignore[misc]
+        capacity = self.capacity
+        self.types = {}
+        for kind, saved in types.items():
+            acc = DeviceTypeAccounts(kind, 0)
+            for attr, value in vars(saved).items():
+                setattr(acc, attr, value.copy() if isinstance(value, (np.ndarray, list, dict)) else value)
+            self.types[kind] = acc
+        self._names, self._held = list(names), [dict(h) for h in held]
+        self._replay, self._tolerated = [set(r) for r in replay], [set(t) for t in tolerated]
+        self._strategy, self._pcie_codes = strategy.copy(), dict(codes)
+        self.resize(capacity)
+
+    # Queries -------------------------------------------------------------------------------------
+    def node_devices(self, index: int, kind: str, copy: bool = True) -> NodeDevices | None:
+        """Node `index`'s devices of type `kind` (None when the node has none).
+
+        `copy=False` gives views of the live arrays: read them before the state changes.
+        """
+        acc = self.types.get(kind)
+        if acc is None or acc.count[index] == 0:
+            return None
+        return acc.node_devices(index, copy)
+
+    def all_node_devices(self, index: int) -> dict[str, NodeDevices]:
+        """Every device type on node `index`: what a NUMA hint provider reads (numa, health, free)."""
+        return {k: acc.node_devices(index) for k, acc in self.types.items() if acc.count[index] > 0}
+
+    def strategy_of(self, index: int) -> str | None:
+        """The node's card-level strategy (policies.deviceAllocateStrategy, else its label), or None."""
+        code = int(self._strategy[index])
+        return STRATEGIES[code - 1] if code else None
+
+    def held(self, index: int) -> Mapping[str, Binding]:
+        """Bindings holding device grants on node `index`, by workload key."""
+        return self._held[index]
+
+    def totals(self) -> dict[str, int]:
+        """Cluster total per device dimension over healthy devices (DRF capacity; S1.1 node sums)."""
+        out: dict[str, int] = {}
+        for acc in self.types.values():
+            for k, name in enumerate(acc.dims):
+                out[name] = out.get(name, 0) + int(acc.htotal[k].sum())
+        return out
+
+    def fit_counts(self, kind: str, key: Hashable, evaluate: FitEvaluator, n: int) -> tuple[Int64Array, BoolArray]:
+        """Per node, how many devices of `kind` fit one instance of a request ([n]), and where ([n, D]).
+
+        `key` identifies `evaluate` (a compiled fit rule); see `cached`. Read-only views.
+        """
+        acc = self.types[kind]
+
+        def compute(rows: Any) -> tuple[np.ndarray, ...]:
+            fits = evaluate(acc.free[:, rows], acc.total[:, rows], acc.healthy[rows])
+            return fits.sum(axis=1), fits
+
+        counts, where = self.cached(("fit", kind, key), compute, n)
+        return counts, where
+
+    def share_after(self, kind: str, dim: str, amount: int, n: int) -> npt.NDArray[np.float64]:
+        """[n] share of `dim` used on each node after `amount` more (over healthy devices; read-only).
+
+        ``(used + amount) / total``, 0 where the node has none of `dim`; cached like `fit_counts`.
+        """
+        acc = self.types[kind]
+        k = acc.dim_index[dim]
+
+        def compute(rows: Any) -> tuple[np.ndarray, ...]:
+            return (acc.used_share[k, rows] + acc.inv_htotal[k, rows] * float(amount),)
+
+        return self.cached(("share", kind, dim, amount), compute, n)[0]
+
+    def cached(self, key: Hashable, compute: RowCompute, n: int) -> tuple[np.ndarray, ...]:
+        """Per-node arrays that depend only on each node's own device state, kept up to date.
+
+        The first call computes all n rows; later calls recompute only the nodes changed since
+        (from the change log), or everything after a layout change or when many changed. Keep
+        `key` stable for the same `compute`. The least recently used of 96 entries is dropped.
+        The returned arrays are read-only views.
+        """
+        end = self._log_base + len(self._log)
+        entry = self._cache.get(key)
+        dirty: Sequence[int] = ()
+        if entry is not None and entry.epoch == self._epoch and entry.pos >= self._log_base:
+            dirty = self._log[entry.pos - self._log_base :]
+        else:
+            entry = None
+        if entry is None or len(dirty) > max(64, n // 8):
+            parts = compute(slice(0, n))
+            arrays = tuple(np.zeros((self.capacity, *p.shape[1:]), dtype=p.dtype) for p in parts)
+            for array, part in zip(arrays, parts, strict=True):
+                array[:n] = part
+            entry = self._cache[key] = _CacheEntry(self._epoch, end, arrays)
+        elif dirty:
+            rows = np.fromiter(set(dirty), dtype=np.intp)
+            for array, part in zip(entry.arrays, compute(rows), strict=True):
+                array[rows] = part
+            entry.pos = end
+        self._cache.move_to_end(key)
+        if len(self._cache) > _CACHE_SIZE:
+            self._cache.popitem(last=False)
+        out = []
+        for array in entry.arrays:
+            view = array[:n]
+            view.flags.writeable = False  # consumers share the cached array: no in-place changes
+            out.append(view)
+        return tuple(out)
+
+    def _changed(self, i: int) -> None:
+        """Log that node i's device state changed (caches refresh it); trim a long log."""
+        self._log.append(i)
+        if len(self._log) > max(_LOG_MIN, 2 * self.capacity):
+            drop = len(self._log) // 2
+            del self._log[:drop]
+            self._log_base += drop
+
+    @property
+    def epoch(self) -> int:
+        """Changes whenever the layout (types, dimensions, device slots, capacity) changes."""
+        return self._epoch
+
+    def _structural_change(self) -> None:
+        self._epoch += 1
+        self._cache.clear()
+
+    # Encoded device state (S0.2) -----------------------------------------------------------------
+    def export_encoded(self, index: int) -> dict[str, dict[str, EncodedVector]]:
+        """Node `index`'s free amount per device, per type and dimension, as (k, count, bits).
+
+        Devices are in minor order (device 1 = lowest minor); bits hold the largest *total* of the
+        dimension on this node, so every free value the agent may report fits.
+        """
+        out: dict[str, dict[str, EncodedVector]] = {}
+        for kind, acc in self.types.items():
+            d = int(acc.count[index])
+            if d == 0:
+                continue
+            out[kind] = {}
+            for k, name in enumerate(acc.dims):
+                bits = bits_for(int(acc.total[k, index, :d].max()))
+                values = [int(v) for v in acc.free[k, index, :d]]
+                out[kind][name] = EncodedVector(encode(values, bits), d, bits)
+        return out
+
+    def apply_encoded(self, updates: Mapping[int, Mapping[str, Mapping[str, EncodedInput]]]) -> None:
+        """Apply agents' encoded free vectors ``{node index: {type: {dim: (k, count, bits)}}}``.
+
+        Groups of equal (type, dim, count, bits) are decoded together with `decode_many`. What the
+        agent reports below the scheduler's own free is use outside finesched: it becomes foreign.
+        All-or-nothing: a mismatched count or bits, a value above what bindings leave, an unknown
+        node, type or dimension raises `EncodedUpdateError` listing every problem, changing nothing.
+        """
+        problems: list[str] = []
+        groups: dict[tuple[str, str, int, int], list[tuple[int, int]]] = {}
+        for i, by_type in updates.items():
+            where = self._names[i] if 0 <= i < self.capacity else None
+            if where is None:
+                problems.append(f"node index {i}: no such node")
+                continue
+            for kind, by_dim in by_type.items():
+                acc = self.types.get(kind)
+                d = 0 if acc is None else int(acc.count[i])
+                for dim, raw in by_dim.items():
+                    what = f"{where} {kind} {dim}"
+                    if acc is None or d == 0 or dim not in acc.dim_index:
+                        problems.append(f"{what}: the node has no such device dimension")
+                        continue
+                    try:
+                        ev = raw if isinstance(raw, EncodedVector) else EncodedVector(*raw)
+                    except (CodecError, TypeError) as exc:
+                        problems.append(f"{what}: {exc}")
+                        continue
+                    want_bits = bits_for(int(acc.total[acc.dim_index[dim], i, :d].max()))
+                    if ev.count != d:
+                        problems.append(f"{what}: count {ev.count} but the node has {d} {kind} devices")
+                    elif ev.bits != want_bits:
+                        problems.append(f"{what}: bits {ev.bits} but the node's {dim} totals need {want_bits}")
+                    else:
+                        groups.setdefault((kind, dim, d, ev.bits), []).append((i, ev.k))
+        decoded: list[tuple[DeviceTypeAccounts, int, int, Int64Array]] = []
+        for (kind, dim, count, bits), items in groups.items():
+            acc = self.types[kind]
+            k = acc.dim_index[dim]
+            values = decode_many([kk for _, kk in items], count, bits)
+            for (i, _), row in zip(items, values, strict=True):
+                row = np.asarray(row, dtype=object).astype(np.int64) if values.dtype == object else row
+                ceiling = acc.total[k, i, :count] - self._granted(acc, k, i, count)
+                over = np.flatnonzero(row > ceiling)
+                for slot in over.tolist():
+                    minor = int(acc.minor[i, slot])
+                    problems.append(
+                        f"{self._names[i]} {kind} {dim}: minor {minor} reports {int(row[slot])} free but "
+                        f"bindings leave at most {int(ceiling[slot])}"
+                    )
+                decoded.append((acc, k, i, row))
+        if problems:
+            raise EncodedUpdateError(problems)
+        for acc, k, i, row in decoded:
+            d = len(row)
+            acc.free[k, i, :d] = row
+            acc.foreign[k, i, :d] = acc.total[k, i, :d] - row - self._granted(acc, k, i, d)
+            acc.refresh_sums(i)
+            self._changed(i)
+
+    def _granted(self, acc: DeviceTypeAccounts, k: int, i: int, d: int) -> Int64Array:
+        """[d] amount of dimension k held by bindings on node i's devices of this type."""
+        out = np.zeros(d, dtype=np.int64)
+        name = acc.dims[k]
+        for binding in self._held[i].values():
+            for grant in binding.devices.get(acc.name, ()):
+                amount = grant.resources.get(name)
+                slot = acc.slot_of(i, grant.minor)
+                if amount and slot is not None:
+                    out[slot] += amount
+        return out
+
+    # Invariants ----------------------------------------------------------------------------------
+    def violations(self) -> list[str]:
+        """No device above 100% (0 <= free <= total), held == foreign + grants, no new grant on an
+        unhealthy device, node sums in step with the arrays."""
+        out: list[str] = []
+        present = [i for i, name in enumerate(self._names) if name is not None]
+        for kind, acc in self.types.items():
+            expected = acc.foreign.copy()
+            for i in present:
+                for key, binding in self._held[i].items():
+                    for grant in binding.devices.get(kind, ()):
+                        slot = acc.slot_of(i, grant.minor)
+                        if slot is None:
+                            out.append(f"{self._names[i]}: {key} holds missing {kind} {grant.minor}")
+                            continue
+                        if not acc.healthy[i, slot] and key not in self._tolerated[i]:
+                            out.append(f"{self._names[i]}: {key} got a new grant on unhealthy {kind} {grant.minor}")
+                        for name, amount in grant.resources.items():
+                            expected[acc.dim_index[name], i, slot] += amount
+            for k, i, slot in zip(*np.nonzero(acc.free < 0), strict=True):
+                out.append(f"{self._names[i]}: {kind} slot {slot} {acc.dims[k]} free {acc.free[k, i, slot]} < 0")
+            for k, i, slot in zip(*np.nonzero(acc.free > acc.total), strict=True):
+                out.append(f"{self._names[i]}: {kind} slot {slot} {acc.dims[k]} free above total")
+            for k, i, slot in zip(*np.nonzero(acc.total - acc.free != expected), strict=True):
+                held = int(acc.total[k, i, slot] - acc.free[k, i, slot])
+                out.append(
+                    f"{self._names[i]}: {kind} {int(acc.minor[i, slot])} {acc.dims[k]} held {held} "
+                    f"!= foreign + grants {int(expected[k, i, slot])}"
+                )
+            h = acc.healthy
+            if not np.array_equal(acc.htotal, (acc.total * h).sum(axis=2)) or not np.array_equal(
+                acc.hfree, (acc.free * h).sum(axis=2)
+            ):
+                out.append(f"{kind}: per-node sums out of step with the device arrays")
+        return out
+
+
+def attach_device_accounts(state: ClusterState) -> DeviceAccounts:
+    """The state's DeviceAccounts, attached (and rebuilt from its bindings) on first use.
+
+    During the rebuild, grants on devices that have since become unhealthy are kept: they exist.
+    """
+    existing = state.extras.get(DeviceAccounts.name)
+    if isinstance(existing, DeviceAccounts):
+        return existing
+    return state.attach(DeviceAccounts())
+
+
+def node_devices_from_manifest(node: Node) -> dict[str, NodeDevices]:
+    """A node manifest's devices per type (foreign allocations counted as used), for tests and tools."""
+    accounts = DeviceAccounts()
+    accounts.resize(1)
+    accounts.set_node(0, node)
+    return accounts.all_node_devices(0)
+
+
+def encode_node_devices(node: Node) -> dict[str, dict[str, EncodedVector]]:
+    """A node manifest's encoded free vectors per type and dimension (what its agent would send)."""
+    accounts = DeviceAccounts()
+    accounts.resize(1)
+    accounts.set_node(0, node)
+    return accounts.export_encoded(0)
+
+
+def apply_encoded_updates(state: ClusterState, updates: Mapping[str, Mapping[str, Mapping[str, EncodedInput]]]) -> None:
+    """`DeviceAccounts.apply_encoded` keyed by node name (unknown names are rejected, nothing changes).
+
+    Drivers should use this rather than the accounts' method: it also tells the state which
+    nodes changed, so per-shape memos (sched/memo.py) and retry logic see the new free amounts.
+    """
+    accounts = attach_device_accounts(state)
+    unknown = [name for name in updates if name not in state.index]
+    if unknown:
+        raise EncodedUpdateError([f"no node named {name!r}" for name in unknown])
+    accounts.apply_encoded({state.index[name]: by_type for name, by_type in updates.items()})
+    for name in updates:
+        state.mark_changed(state.index[name])
