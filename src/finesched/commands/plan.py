@@ -17,9 +17,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from finesched.commands.devices import format_grants
 from finesched.model.binding import Binding
 from finesched.model.manifest import Manifests
-from finesched.commands.devices import format_grants
 from finesched.sched.diagnosis import QuotaWait
 from finesched.sched.profile import Profile
 from finesched.sched.scheduler import Result, Scheduler, binding_amounts

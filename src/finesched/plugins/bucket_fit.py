@@ -160,9 +160,7 @@ class BucketFit:
         assert isinstance(index, BucketIndex), type(index)
         return index
 
-    def select(
-        self, cycle: CycleState, request: ScheduleRequest, nodes: NodeBatch, total: ScoreArray
-    ) -> Iterator[int]:
+    def select(self, cycle: CycleState, request: ScheduleRequest, nodes: NodeBatch, total: ScoreArray) -> Iterator[int]:
         """Feasible nodes in S4 order, lazily; lowest index first when nothing is requested.
 
         The order is read live from the index, so consume it before changing the state (the
@@ -182,9 +180,7 @@ class BucketFit:
                 yield i
 
 
-def _to_spec(
-    name: str, args: _SpecArgs, where: tuple[str, ...], problems: list[ErrorDetail]
-) -> BucketSpec | None:
+def _to_spec(name: str, args: _SpecArgs, where: tuple[str, ...], problems: list[ErrorDetail]) -> BucketSpec | None:
     """The BucketSpec `args` describe, with quantities read in `name`'s unit; problems appended."""
     kind = resource_kind(name)
     before = len(problems)
