@@ -13,13 +13,8 @@ from finesched.model.binding import Binding, DeviceGrant
 from finesched.plugins.deviceshare.request import compile_rule, fit_mask
 from finesched.plugins.deviceshare.request import normalize_device_request as norm
 from finesched.state.cluster import ClusterState, StateError
-from finesched.state.devices import (
-    STRATEGY_LABEL,
-    DeviceAccounts,
-    EncodedUpdateError,
-    apply_encoded_updates,
-    attach_device_accounts,
-)
+from finesched.state.device_wire import EncodedUpdateError, apply_encoded_updates
+from finesched.state.devices import STRATEGY_LABEL, DeviceAccounts, attach_device_accounts
 
 GI = 2**30
 

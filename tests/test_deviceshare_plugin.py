@@ -411,7 +411,7 @@ def test_agent_updates_reach_the_memoized_scheduler():
     """An encoded update (agent report) changes free amounts outside bindings; the per-shape memo
     must see it, or the same shape would be sent to a node whose GPUs are now taken."""
     from finesched.codec import encode
-    from finesched.state.devices import apply_encoded_updates
+    from finesched.state.device_wire import apply_encoded_updates
 
     # one reserve attempt: a stale memo would send the second workload to the full node and fail
     names = "abcdefgh"  # enough nodes that one changed node is patched, not a full re-evaluation

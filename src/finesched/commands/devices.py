@@ -17,7 +17,7 @@ from finesched.model.binding import Binding
 from finesched.model.manifest import load_manifests
 from finesched.model.resources import GPU, GPU_CORE, GPU_MEMORY, GPU_MEMORY_RATIO
 from finesched.quantity import format_quantity
-from finesched.state.devices import encode_node_devices
+from finesched.state.device_wire import encode_node_devices
 
 
 def encode_node(path: str | Path, node: str | None = None) -> str:

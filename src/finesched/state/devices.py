@@ -34,201 +34,40 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from finesched.codec import CodecError, EncodedVector, bits_for, decode_many, encode
+from finesched.codec import EncodedVector
 from finesched.model.binding import Binding
 from finesched.model.node import Device, Node
-from finesched.model.resources import GPU, GPU_CORE, GPU_MEMORY, GPU_MEMORY_RATIO
+from finesched.model.resources import GPU, GPU_MEMORY
 from finesched.state.cluster import ClusterState, StateError
+from finesched.state.device_types import (
+    NO_SCOPE,
+    DeviceTypeAccounts,
+    NodeDevices,
+    device_totals,
+    fill_gpu_amounts,
+    resized,
+)
+from finesched.state.device_wire import (
+    EncodedInput,
+    apply_encoded,
+    export_encoded,
+)
 
 Int64Array = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 #: evaluate(free [K, rows, D], total [K, rows, D], healthy [rows, D]) -> [rows, D] "one instance fits here".
 FitEvaluator = Callable[[Int64Array, Int64Array, BoolArray], BoolArray]
 
-NO_SCOPE = -1
 #: Node label naming the card-level strategy when the manifest's policies do not.
 STRATEGY_LABEL = "finesched.io/device-allocate-strategy"
 STRATEGIES = ("LeastAllocated", "MostAllocated")
 _CACHE_SIZE = 96
 _LOG_MIN = 4096
-
-
-def fill_gpu_amounts(amounts: Mapping[str, int], memory_total: int) -> dict[str, int]:
-    """Koordinator's fill after allocation: the missing one of gpu-memory / gpu-memory-ratio.
-
-    bytes = ratio · total / 100 (floored); ratio = ⌊bytes · 100 / total⌋. A card without a memory
-    figure (total 0) keeps only the ratio. E.g. ratio 50 on an 80Gi card -> 40Gi; 20Gi -> ratio 25.
-    """
-    out = dict(amounts)
-    if memory_total <= 0:
-        out.pop(GPU_MEMORY, None)
-    elif GPU_MEMORY_RATIO in out and GPU_MEMORY not in out:
-        out[GPU_MEMORY] = out[GPU_MEMORY_RATIO] * memory_total // 100
-    elif GPU_MEMORY in out and GPU_MEMORY_RATIO not in out:
-        out[GPU_MEMORY_RATIO] = out[GPU_MEMORY] * 100 // memory_total
-    return out
-
-
-def _device_totals(device: Device) -> dict[str, int]:
-    totals = dict(device.resources)
-    if device.type == GPU:  # a GPU is one whole GPU unless the manifest says otherwise
-        totals.setdefault(GPU_CORE, 100)
-        totals.setdefault(GPU_MEMORY_RATIO, 100)
-    return totals
-
-
-def _resized(a: np.ndarray, shape: tuple[int, ...], fill: Any) -> np.ndarray:
-    out = np.full(shape, fill, dtype=a.dtype)
-    common = tuple(slice(0, min(x, y)) for x, y in zip(a.shape, shape, strict=True))
-    out[common] = a[common]
-    return out
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class NodeDevices:
-    """One node's devices of one type (copies, slot order = minor order): what the exact allocator
-    and NUMA hint providers read. ``total``/``free`` are ``[len(dims), d]``; ``links`` ``[d, d]``."""
-
-    type: str
-    dims: tuple[str, ...]
-    minors: Int64Array
-    healthy: BoolArray
-    numa: Int64Array
-    pcie: Int64Array
-    total: Int64Array
-    free: Int64Array
-    links: Int64Array | None = None
-
-    def __len__(self) -> int:
-        return len(self.minors)
-
-    def dim(self, name: str) -> int | None:
-        return self.dims.index(name) if name in self.dims else None
-
-    def free_of(self, name: str) -> Int64Array:
-        """[d] free amount of dimension `name` per device (zeros when the type lacks it)."""
-        k = self.dim(name)
-        return np.zeros(len(self), dtype=np.int64) if k is None else self.free[k]
-
-
-class DeviceTypeAccounts:
-    """The arrays of one device type over node slots (see the module docstring)."""
-
-    def __init__(self, name: str, capacity: int):
-        self.name = name
-        self.dims: list[str] = []
-        self.dim_index: dict[str, int] = {}
-        self.dmax = 0
-        self.capacity = capacity
-        self.total = np.zeros((0, capacity, 0), dtype=np.int64)
-        self.free = np.zeros_like(self.total)
-        self.foreign = np.zeros_like(self.total)
-        self.valid = np.zeros((capacity, 0), dtype=bool)
-        self.healthy = np.zeros_like(self.valid)
-        self.minor = np.full((capacity, 0), -1, dtype=np.int64)
-        self.numa = np.full((capacity, 0), NO_SCOPE, dtype=np.int64)
-        self.pcie = np.full((capacity, 0), NO_SCOPE, dtype=np.int64)
-        self.count = np.zeros(capacity, dtype=np.int64)
-        self.links: list[Int64Array | None] = [None] * capacity
-        self.htotal = np.zeros((0, capacity), dtype=np.int64)
-        self.hfree = np.zeros_like(self.htotal)
-        self.inv_htotal = np.zeros((0, capacity), dtype=np.float64)
-        self.used_share = np.zeros((0, capacity), dtype=np.float64)
-
-    # Shape changes ------------------------------------------------------------------------------
-    def reshape(self, ndim: int, capacity: int, dmax: int) -> None:
-        k, c, d = ndim, capacity, dmax
-        self.total = _resized(self.total, (k, c, d), 0)
-        self.free = _resized(self.free, (k, c, d), 0)
-        self.foreign = _resized(self.foreign, (k, c, d), 0)
-        self.valid = _resized(self.valid, (c, d), False)
-        self.healthy = _resized(self.healthy, (c, d), False)
-        self.minor = _resized(self.minor, (c, d), -1)
-        self.numa = _resized(self.numa, (c, d), NO_SCOPE)
-        self.pcie = _resized(self.pcie, (c, d), NO_SCOPE)
-        self.count = _resized(self.count, (c,), 0)
-        self.links = (self.links + [None] * c)[:c]
-        self.htotal = _resized(self.htotal, (k, c), 0)
-        self.hfree = _resized(self.hfree, (k, c), 0)
-        self.inv_htotal = _resized(self.inv_htotal, (k, c), 0.0)
-        self.used_share = _resized(self.used_share, (k, c), 0.0)
-        self.capacity, self.dmax = c, d
-
-    def add_dims(self, names: Sequence[str]) -> bool:
-        new = [n for n in dict.fromkeys(names) if n not in self.dim_index]
-        for name in new:
-            self.dim_index[name] = len(self.dims)
-            self.dims.append(name)
-        if new:
-            self.reshape(len(self.dims), self.capacity, self.dmax)
-        return bool(new)
-
-    # Per-node rows --------------------------------------------------------------------------------
-    def clear(self, i: int) -> None:
-        for a in (self.total, self.free, self.foreign):
-            a[:, i] = 0
-        self.valid[i] = self.healthy[i] = False
-        self.minor[i] = self.numa[i] = self.pcie[i] = NO_SCOPE
-        self.count[i] = 0
-        self.links[i] = None
-        self.htotal[:, i] = self.hfree[:, i] = 0
-        self.inv_htotal[:, i] = self.used_share[:, i] = 0.0
-
-    def move(self, src: int, dst: int) -> None:
-        for a in (self.total, self.free, self.foreign, self.htotal, self.hfree, self.inv_htotal, self.used_share):
-            a[:, dst] = a[:, src]
-        for a in (self.valid, self.healthy, self.minor, self.numa, self.pcie, self.count):
-            a[dst] = a[src]
-        self.links[dst] = self.links[src]
-
-    def refresh_sums(self, i: int) -> None:
-        h = self.healthy[i]
-        self.htotal[:, i] = (self.total[:, i] * h).sum(axis=1)
-        self.hfree[:, i] = (self.free[:, i] * h).sum(axis=1)
-        t = self.htotal[:, i]
-        self.inv_htotal[:, i] = np.where(t > 0, 1.0 / np.maximum(t, 1), 0.0)
-        self.used_share[:, i] = (t - self.hfree[:, i]) * self.inv_htotal[:, i]
-
-    def take(self, i: int, k: int, slot: int, amount: int) -> None:
-        """free -= amount on one device (amount < 0 gives back), keeping the node sums in step."""
-        self.free[k, i, slot] -= amount
-        if self.healthy[i, slot]:
-            hfree = int(self.hfree[k, i]) - amount
-            self.hfree[k, i] = hfree
-            self.used_share[k, i] = (int(self.htotal[k, i]) - hfree) * float(self.inv_htotal[k, i])
-
-    def slot_of(self, i: int, minor: int) -> int | None:
-        d = int(self.count[i])
-        if minor < d and self.minor[i, minor] == minor:  # the usual case: minors 0..d-1
-            return minor
-        hits = np.flatnonzero(self.minor[i, :d] == minor)
-        return int(hits[0]) if hits.size else None
-
-    def node_devices(self, i: int, copy: bool = True) -> NodeDevices:
-        d = int(self.count[i])
-        links = self.links[i]
-        if not copy:  # views for a caller that reads them at once (the allocator in reserve)
-            return NodeDevices(
-                self.name, tuple(self.dims), self.minor[i, :d], self.healthy[i, :d], self.numa[i, :d],
-                self.pcie[i, :d], self.total[:, i, :d], self.free[:, i, :d], links,
-            )  # fmt: skip
-        return NodeDevices(
-            type=self.name,
-            dims=tuple(self.dims),
-            minors=self.minor[i, :d].copy(),
-            healthy=self.healthy[i, :d].copy(),
-            numa=self.numa[i, :d].copy(),
-            pcie=self.pcie[i, :d].copy(),
-            total=self.total[:, i, :d].copy(),
-            free=self.free[:, i, :d].copy(),
-            links=None if links is None else links.copy(),
-        )
 
 
 class _CacheEntry:
@@ -240,17 +79,6 @@ class _CacheEntry:
 
 #: compute(rows) -> per-node arrays for `rows` (a slice or an index array), first axis over rows.
 RowCompute = Callable[[Any], tuple[np.ndarray, ...]]
-
-
-class EncodedUpdateError(ValueError):
-    """An encoded device update that cannot be applied; `reasons` lists every problem (nothing changed)."""
-
-    def __init__(self, reasons: Sequence[str]):
-        self.reasons = list(reasons)
-        super().__init__("; ".join(self.reasons))
-
-
-EncodedInput = EncodedVector | tuple[int, int, int]
 
 
 class DeviceAccounts:
@@ -283,7 +111,7 @@ class DeviceAccounts:
         for lst, make in ((self._held, dict), (self._replay, set), (self._tolerated, set)):
             del lst[capacity:]
             lst.extend(make() for _ in range(capacity - len(lst)))
-        self._strategy = _resized(self._strategy, (capacity,), 0)
+        self._strategy = resized(self._strategy, (capacity,), 0)
         self._structural_change()
 
     def set_node(self, index: int, node: Node) -> None:
@@ -304,14 +132,14 @@ class DeviceAccounts:
             self._write_type(i, node, kind, sorted(devices, key=lambda d: d.minor))
         for acc in self.types.values():
             acc.refresh_sums(i)
-        self._changed(i)
+        self.note_changed(i)
 
     def _write_type(self, i: int, node: Node, kind: str, devices: list[Device]) -> None:
         acc = self.types.get(kind)
         if acc is None:
             acc = self.types[kind] = DeviceTypeAccounts(kind, self.capacity)
             self._structural_change()
-        totals = [_device_totals(d) for d in devices]
+        totals = [device_totals(d) for d in devices]
         if acc.add_dims([name for t in totals for name in t]):
             self._structural_change()
         if len(devices) > acc.dmax:
@@ -367,8 +195,8 @@ class DeviceAccounts:
             self._tolerated[src],
         )
         self._strategy[dst] = self._strategy[src]
-        self._changed(src)
-        self._changed(dst)
+        self.note_changed(src)
+        self.note_changed(dst)
 
     def clear(self, index: int) -> None:
         for acc in self.types.values():
@@ -376,7 +204,7 @@ class DeviceAccounts:
         self._names[index] = None
         self._held[index], self._replay[index], self._tolerated[index] = {}, set(), set()
         self._strategy[index] = 0
-        self._changed(index)
+        self.note_changed(index)
 
     def assume(self, index: int, binding: Binding) -> None:
         """Take the binding's device grants; raise StateError and change nothing if one does not fit."""
@@ -418,7 +246,7 @@ class DeviceAccounts:
         self._replay[i].discard(key)
         if on_unhealthy:
             self._tolerated[i].add(key)
-        self._changed(i)
+        self.note_changed(i)
 
     def forget(self, index: int, binding: Binding) -> None:
         """Give back exactly what `assume` took for this workload (nothing if it holds nothing here)."""
@@ -434,7 +262,7 @@ class DeviceAccounts:
                 assert slot is not None, (binding.workload, kind, grant.minor)
                 for name, amount in grant.resources.items():
                     acc.take(i, acc.dim_index[name], slot, -amount)
-        self._changed(i)
+        self.note_changed(i)
 
     def snapshot(self) -> object:
         types = {}
@@ -562,7 +390,7 @@ class DeviceAccounts:
             out.append(view)
         return tuple(out)
 
-    def _changed(self, i: int) -> None:
+    def note_changed(self, i: int) -> None:
         """Log that node i's device state changed (caches refresh it); trim a long log."""
         self._log.append(i)
         if len(self._log) > max(_LOG_MIN, 2 * self.capacity):
@@ -579,86 +407,20 @@ class DeviceAccounts:
         self._epoch += 1
         self._cache.clear()
 
-    # Encoded device state (S0.2) -----------------------------------------------------------------
+    # Encoded device state (S0.2): the wire form lives in state/device_wire.py ----------------------
     def export_encoded(self, index: int) -> dict[str, dict[str, EncodedVector]]:
-        """Node `index`'s free amount per device, per type and dimension, as (k, count, bits).
-
-        Devices are in minor order (device 1 = lowest minor); bits hold the largest *total* of the
-        dimension on this node, so every free value the agent may report fits.
-        """
-        out: dict[str, dict[str, EncodedVector]] = {}
-        for kind, acc in self.types.items():
-            d = int(acc.count[index])
-            if d == 0:
-                continue
-            out[kind] = {}
-            for k, name in enumerate(acc.dims):
-                bits = bits_for(int(acc.total[k, index, :d].max()))
-                values = [int(v) for v in acc.free[k, index, :d]]
-                out[kind][name] = EncodedVector(encode(values, bits), d, bits)
-        return out
+        """Node `index`'s free amount per device, per type and dimension, as (k, count, bits)."""
+        return export_encoded(self, index)
 
     def apply_encoded(self, updates: Mapping[int, Mapping[str, Mapping[str, EncodedInput]]]) -> None:
-        """Apply agents' encoded free vectors ``{node index: {type: {dim: (k, count, bits)}}}``.
+        """Apply agents' encoded free vectors ``{node index: {type: {dim: (k, count, bits)}}}`` (all or nothing)."""
+        apply_encoded(self, updates)
 
-        Groups of equal (type, dim, count, bits) are decoded together with `decode_many`. What the
-        agent reports below the scheduler's own free is use outside finesched: it becomes foreign.
-        All-or-nothing: a mismatched count or bits, a value above what bindings leave, an unknown
-        node, type or dimension raises `EncodedUpdateError` listing every problem, changing nothing.
-        """
-        problems: list[str] = []
-        groups: dict[tuple[str, str, int, int], list[tuple[int, int]]] = {}
-        for i, by_type in updates.items():
-            where = self._names[i] if 0 <= i < self.capacity else None
-            if where is None:
-                problems.append(f"node index {i}: no such node")
-                continue
-            for kind, by_dim in by_type.items():
-                acc = self.types.get(kind)
-                d = 0 if acc is None else int(acc.count[i])
-                for dim, raw in by_dim.items():
-                    what = f"{where} {kind} {dim}"
-                    if acc is None or d == 0 or dim not in acc.dim_index:
-                        problems.append(f"{what}: the node has no such device dimension")
-                        continue
-                    try:
-                        ev = raw if isinstance(raw, EncodedVector) else EncodedVector(*raw)
-                    except (CodecError, TypeError) as exc:
-                        problems.append(f"{what}: {exc}")
-                        continue
-                    want_bits = bits_for(int(acc.total[acc.dim_index[dim], i, :d].max()))
-                    if ev.count != d:
-                        problems.append(f"{what}: count {ev.count} but the node has {d} {kind} devices")
-                    elif ev.bits != want_bits:
-                        problems.append(f"{what}: bits {ev.bits} but the node's {dim} totals need {want_bits}")
-                    else:
-                        groups.setdefault((kind, dim, d, ev.bits), []).append((i, ev.k))
-        decoded: list[tuple[DeviceTypeAccounts, int, int, Int64Array]] = []
-        for (kind, dim, count, bits), items in groups.items():
-            acc = self.types[kind]
-            k = acc.dim_index[dim]
-            values = decode_many([kk for _, kk in items], count, bits)
-            for (i, _), row in zip(items, values, strict=True):
-                row = np.asarray(row, dtype=object).astype(np.int64) if values.dtype == object else row
-                ceiling = acc.total[k, i, :count] - self._granted(acc, k, i, count)
-                over = np.flatnonzero(row > ceiling)
-                for slot in over.tolist():
-                    minor = int(acc.minor[i, slot])
-                    problems.append(
-                        f"{self._names[i]} {kind} {dim}: minor {minor} reports {int(row[slot])} free but "
-                        f"bindings leave at most {int(ceiling[slot])}"
-                    )
-                decoded.append((acc, k, i, row))
-        if problems:
-            raise EncodedUpdateError(problems)
-        for acc, k, i, row in decoded:
-            d = len(row)
-            acc.free[k, i, :d] = row
-            acc.foreign[k, i, :d] = acc.total[k, i, :d] - row - self._granted(acc, k, i, d)
-            acc.refresh_sums(i)
-            self._changed(i)
+    def slot_name(self, index: int) -> str | None:
+        """The name of the node in slot `index` (None for an empty or out-of-range slot)."""
+        return self._names[index] if 0 <= index < self.capacity else None
 
-    def _granted(self, acc: DeviceTypeAccounts, k: int, i: int, d: int) -> Int64Array:
+    def granted(self, acc: DeviceTypeAccounts, k: int, i: int, d: int) -> Int64Array:
         """[d] amount of dimension k held by bindings on node i's devices of this type."""
         out = np.zeros(d, dtype=np.int64)
         name = acc.dims[k]
@@ -724,26 +486,3 @@ def node_devices_from_manifest(node: Node) -> dict[str, NodeDevices]:
     accounts.resize(1)
     accounts.set_node(0, node)
     return accounts.all_node_devices(0)
-
-
-def encode_node_devices(node: Node) -> dict[str, dict[str, EncodedVector]]:
-    """A node manifest's encoded free vectors per type and dimension (what its agent would send)."""
-    accounts = DeviceAccounts()
-    accounts.resize(1)
-    accounts.set_node(0, node)
-    return accounts.export_encoded(0)
-
-
-def apply_encoded_updates(state: ClusterState, updates: Mapping[str, Mapping[str, Mapping[str, EncodedInput]]]) -> None:
-    """`DeviceAccounts.apply_encoded` keyed by node name (unknown names are rejected, nothing changes).
-
-    Drivers should use this rather than the accounts' method: it also tells the state which
-    nodes changed, so per-shape memos (sched/memo.py) and retry logic see the new free amounts.
-    """
-    accounts = attach_device_accounts(state)
-    unknown = [name for name in updates if name not in state.index]
-    if unknown:
-        raise EncodedUpdateError([f"no node named {name!r}" for name in unknown])
-    accounts.apply_encoded({state.index[name]: by_type for name, by_type in updates.items()})
-    for name in updates:
-        state.mark_changed(state.index[name])

@@ -50,7 +50,8 @@ from finesched.plugins.deviceshare.request import (
     fit_mask,
 )
 from finesched.plugins.shared_keys import NUMAAffinity
-from finesched.state.devices import STRATEGIES, NodeDevices, fill_gpu_amounts
+from finesched.state.device_types import NodeDevices, fill_gpu_amounts
+from finesched.state.devices import STRATEGIES
 
 Int64Array = npt.NDArray[np.int64]
 #: chooser(device type, fitting minors ascending, count) -> chosen minors, or None to decide here.
