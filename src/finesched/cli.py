@@ -138,6 +138,9 @@ def plan(
         str, typer.Option("--profile", "-p", help="Built-in profile name or a profile YAML file.")
     ] = "default",
     output: Annotated[str, typer.Option("--output", "-o", help="table, json or yaml.")] = "table",
+    show_nodes: Annotated[
+        bool, typer.Option("--show-nodes", help="Also show each node's NUMA zones, CPU allocations and pools.")
+    ] = False,
 ) -> None:
     """Schedule the workloads of FILES onto their nodes (queue, priority, DRF) and show every decision."""
     from finesched.commands.plan import OUTPUTS, render, run_plan
@@ -152,7 +155,7 @@ def plan(
         for detail in exc.errors:
             err.print(f"[bold red]error:[/] {escape(str(detail))}", soft_wrap=True)
         raise typer.Exit(1) from None
-    render(outcome, manifests, output, out)
+    render(outcome, manifests, output, out, show_nodes=show_nodes)
 
 
 def main() -> None:

@@ -192,6 +192,8 @@ def _wrap(ids: frozenset[int]) -> CPUSet:
 
 
 def _check_id(cpu: object, index: int) -> int:
+    if type(cpu) is int and 0 <= cpu <= MAX_CPU_ID:  # the common case, without the ABC check
+        return cpu
     if isinstance(cpu, bool) or not isinstance(cpu, numbers.Integral):
         raise ValueError(f"CPU id at index {index} is {cpu!r} ({type(cpu).__name__}); CPU ids are ints")
     value = int(cpu)

@@ -20,6 +20,7 @@ from rich.table import Table
 from finesched.commands.devices import format_grants
 from finesched.model.binding import Binding
 from finesched.model.manifest import Manifests
+from finesched.plugins.resource_status import node_report, render_node_reports
 from finesched.sched.diagnosis import QuotaWait
 from finesched.sched.profile import Profile
 from finesched.sched.scheduler import Result, Scheduler, binding_amounts
@@ -94,15 +95,24 @@ def summary(outcome: PlanOutcome) -> dict[str, Any]:
     }
 
 
-def render(outcome: PlanOutcome, manifests: Manifests, output: str, console: Console) -> None:
+def render(
+    outcome: PlanOutcome, manifests: Manifests, output: str, console: Console, *, show_nodes: bool = False
+) -> None:
     workloads = {w.key: w for w in manifests.workloads}
     if output in ("json", "yaml"):
-        doc = {"results": [result_record(r, workloads) for r in outcome.results], "summary": summary(outcome)}
+        doc: dict[str, Any] = {
+            "results": [result_record(r, workloads) for r in outcome.results],
+            "summary": summary(outcome),
+        }
+        if show_nodes:
+            doc["nodes"] = [node_report(outcome.state, name) for name in outcome.state.names]
         text = json.dumps(doc, indent=2) if output == "json" else yaml.safe_dump(doc, sort_keys=False)
         console.print(text, markup=False, highlight=False, soft_wrap=True)
         return
     console.print(decision_table(outcome.results, workloads))
     console.print(summary_table(outcome))
+    if show_nodes:
+        console.print(render_node_reports(outcome.state))
 
 
 def decision_table(results: Sequence[Result], workloads: dict[str, Any]) -> Table:

@@ -280,6 +280,10 @@ class Node(Model):
                 )
                 problems.append((("devices", i, "numa"), rule, device.numa))
         if self.cpu_topology is not None:
+            logical = len(self.cpu_topology.cpus)
+            if self.allocatable.get(CPU, 0) > 1000 * logical:
+                rule = f"exceeds the {logical} logical CPUs of cpuTopology"
+                problems.append((("allocatable", CPU), rule, self.allocatable.to_quantities()[CPU]))
             stray = sorted(set(self.kubelet.reserved_cpus) - set(self.cpu_topology.all_cpus))
             if stray:
                 problems.append(

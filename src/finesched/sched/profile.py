@@ -70,7 +70,9 @@ def _profile(name: str, *plugins: tuple[str, int] | str, **extra: Any) -> Profil
     return Profile.model_validate({"name": name, "plugins": configs, **extra})
 
 
-_FILTERS = ("NodeSelector", "ResourcesFit", "DeviceShare")
+#: Reserve runs in profile order: NUMAAlign writes the NUMA affinity that CPUOrchestration and
+#: DeviceShare then allocate under.
+_FILTERS = ("NodeSelector", "ResourcesFit", "NUMAAlign", "CPUOrchestration", "DeviceShare")
 
 #: Built-in profiles. "default" spreads like kube-scheduler's default (least requested + balanced,
 #: device classes included); "binpack" packs nodes and their devices (DeviceScore MostAllocated).

@@ -48,9 +48,11 @@ class Registry:
 def default_registry() -> Registry:
     """Every built-in plugin."""
     from finesched.plugins.bucket_fit import BucketFit
+    from finesched.plugins.cpu_orchestration import CPUOrchestration
     from finesched.plugins.deviceshare import DeviceShare
     from finesched.plugins.deviceshare.scoring import DeviceScore
     from finesched.plugins.node_selector import NodeSelector
+    from finesched.plugins.numa import NUMAAlign
     from finesched.plugins.resources_fit import ResourcesFit
     from finesched.plugins.scoring import LeastRequested, MostAllocated, MostBalanced
 
@@ -64,5 +66,7 @@ def default_registry() -> Registry:
             "BucketFit": BucketFit.from_args,
             "DeviceShare": DeviceShare.from_args,
             "DeviceScore": DeviceScore.from_args,
+            "NUMAAlign": NUMAAlign.from_args,
+            "CPUOrchestration": CPUOrchestration.from_args,
         }
     )

@@ -1,0 +1,292 @@
+"""`finesched sim`: replay the Alibaba GPU trace (v2023) through the scheduler core.
+
+* ``sim fill``: the FGD paper's protocol (shuffle, inflate to ``--inflation`` x capacity, place one
+  pod at a time, never depart) for each policy and seed; prints the allocation rate at 90-130 %
+  arrived demand (table or ``-o json``) and with ``--out DIR`` writes CSV, JSON, PNG plots and an
+  HTML report.
+* ``sim replay``: pods arrive and leave by their trace timestamps (``--time-scale`` compresses
+  arrivals), waiting in the scheduler's DRF queue; reports utilization and queueing delay.
+
+Errors are one line on stderr: exit 1 for unusable input files, 2 for bad options.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from finesched.sim import metrics
+from finesched.sim.policies import BASELINES, BEST, POLICIES, PUBLISHED_130, resolve_policy
+from finesched.sim.trace import TraceError
+
+_DATA = Path("data") / "alibaba-gpu-v2023"
+_REPO_DATA = Path(__file__).resolve().parents[3] / _DATA
+DATA_DIR = _REPO_DATA if _REPO_DATA.is_dir() else _DATA
+DEFAULT_NODES = DATA_DIR / "openb_node_list_gpu_node.csv"
+DEFAULT_PODS = DATA_DIR / "openb_pod_list_default.csv"
+OUTPUTS = ("table", "json")
+
+sim_app = typer.Typer(
+    name="sim",
+    help="Replay the Alibaba GPU trace (v2023) under the FGD protocol; compare placement policies.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+out = Console(highlight=False)
+err = Console(stderr=True, highlight=False)
+
+
+class _Fail(Exception):
+    def __init__(self, message: str, code: int):
+        super().__init__(message)
+        self.code = code
+
+
+def _fail(message: str, code: int) -> typer.Exit:
+    err.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
+    return typer.Exit(code)
+
+
+def parse_policies(text: str) -> list[str]:
+    """``FGD,BestFit``, ``best`` (ours), ``baselines`` (the paper's six) or ``all``; ValueError when unknown."""
+    names: list[str] = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        if part.lower() == "all":
+            names += [*BASELINES, BEST]
+        elif part.lower() == "baselines":
+            names += list(BASELINES)
+        else:
+            names.append(resolve_policy(part))
+    if not names:
+        raise ValueError(f"no policy given; valid: {', '.join(POLICIES)}, best, baselines, all")
+    return list(dict.fromkeys(names))
+
+
+def _check_file(path: Path, what: str) -> str:
+    if not path.is_file():
+        raise _Fail(f"{what} file not found: {path}", 1)
+    return str(path)
+
+
+def _preflight(nodes: Path, pods: Path, need_times: bool = False) -> tuple[str, str]:
+    """Load both files once in this process so a bad CSV fails here, with its line, before any worker runs."""
+    from finesched.sim.runner import _nodes, _pods
+
+    node_path, pod_path = _check_file(nodes, "--nodes"), _check_file(pods, "--pods")
+    try:
+        _nodes(node_path)
+        table = _pods(pod_path)
+    except TraceError as exc:
+        raise _Fail(str(exc), 1) from None
+    if need_times and not table.has_times:
+        raise _Fail(f"{pods} has no creation/deletion times, which replay needs", 1)
+    return node_path, pod_path
+
+
+def _run_with_progress(specs: list[Any], jobs: int, label: str) -> list[dict[str, Any]]:
+    from finesched.sim.runner import run_all
+
+    columns = (
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed:.1f}/{task.total:.0f} runs"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+    )
+    with Progress(*columns, console=err, transient=True, disable=not err.is_terminal) as progress:
+        task = progress.add_task(label, total=len(specs))
+        return run_all(specs, jobs, lambda done: progress.update(task, completed=done))
+
+
+def _meta(command: str, nodes: str, pods: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "command": command,
+        "nodes": nodes,
+        "pods": pods,
+        **extra,
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+
+
+@sim_app.command()
+def fill(
+    nodes: Annotated[Path, typer.Option("--nodes", help="Node list CSV.")] = DEFAULT_NODES,
+    pods: Annotated[Path, typer.Option("--pods", help="Pod list CSV.")] = DEFAULT_PODS,
+    policy: Annotated[
+        str, typer.Option("--policy", help=f"NAME[,NAME...]: {', '.join(POLICIES)}, best, baselines, all.")
+    ] = "FGD",
+    inflation: Annotated[float, typer.Option("--inflation", help="Arrivals up to this x GPU capacity.")] = 1.3,
+    seeds: Annotated[str, typer.Option("--seeds", help="Seeds: N, N-M or a comma list.")] = "42-51",
+    jobs: Annotated[int, typer.Option("--jobs", "-j", help="Parallel worker processes.")] = 1,
+    out_dir: Annotated[Path | None, typer.Option("--out", help="Write CSV, JSON, PNG and HTML here.")] = None,
+    output: Annotated[str, typer.Option("--output", "-o", help="table or json.")] = "table",
+    lp: Annotated[
+        bool | None, typer.Option("--lp-bound/--no-lp-bound", help="Compute the LP upper bound (default: with --out).")
+    ] = None,
+) -> None:
+    """Fill protocol of the FGD paper: allocation rate at 90-130 % arrived GPU demand, per policy and seed."""
+    try:
+        if output not in OUTPUTS:
+            raise _Fail(f"--output must be one of {', '.join(OUTPUTS)}, got {output!r}", 2)
+        if not 0 < inflation <= 10:
+            raise _Fail(f"--inflation must be in (0, 10], got {inflation}", 2)
+        if jobs < 1:
+            raise _Fail(f"--jobs must be >= 1, got {jobs}", 2)
+        try:
+            names, seed_list = parse_policies(policy), _seeds(seeds)
+        except ValueError as exc:
+            raise _Fail(str(exc), 2) from None
+        node_path, pod_path = _preflight(nodes, pods)
+        from finesched.sim.runner import RunSpec, bounds
+
+        specs = [RunSpec("fill", node_path, pod_path, p, s, inflation) for p in names for s in seed_list]
+        started = time.perf_counter()
+        runs = _run_with_progress(specs, jobs, "sim fill")
+        wall = time.perf_counter() - started
+        want_lp = lp if lp is not None else out_dir is not None
+        bound = bounds(node_path, pod_path, seed_list, inflation) if want_lp else None
+        records = [r["record"] for r in runs]
+        if out_dir is not None:
+            from finesched.sim.report import write_fill
+
+            meta = _meta(
+                "finesched sim " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["sim"] else "finesched sim fill",
+                node_path,
+                pod_path,
+                inflation=inflation,
+                jobs=jobs,
+                wall_s=round(wall, 1),
+            )
+            written = write_fill(out_dir, runs, meta, bound)
+            err.print(f"wrote {', '.join(str(p) for p in written)}", soft_wrap=True)
+    except _Fail as exc:
+        raise _fail(str(exc), exc.code) from None
+    except OSError as exc:
+        raise _fail(f"cannot write the report: {exc}", 1) from None
+    if output == "json":
+        from finesched.sim.report import json_view
+
+        payload = json_view(records)
+        if bound is not None:
+            payload["lp_bound"] = bound
+        out.print_json(json.dumps(payload))
+        return
+    _fill_table(records, bound, wall, jobs)
+
+
+def _seeds(text: str) -> list[int]:
+    from finesched.sim.runner import parse_seeds
+
+    return parse_seeds(text)
+
+
+def _fill_table(
+    records: list[dict[str, Any]], bound: dict[str, dict[str, float]] | None, wall: float, jobs: int
+) -> None:
+    from finesched.sim.report import fill_summary
+
+    summary = fill_summary(records)
+    points = metrics.REPORT_POINTS
+    table = Table(title=f"GPU allocation rate (%) by arrived demand: mean over seeds ({wall:.1f} s, {jobs} job(s))")
+    table.add_column("policy")
+    table.add_column("seeds", justify="right")
+    for p in points:
+        table.add_column(f"@{p}", justify="right")
+    for column in ("± std @130", "published @130", "unalloc @130", "frag @130", "failed", "wall s"):
+        table.add_column(column, justify="right")
+    for policy, s in summary.items():
+        published = PUBLISHED_130.get(policy)
+        table.add_row(
+            policy,
+            str(s["seeds"]),
+            *(f"{s[f'mean_{p}']:.2f}" for p in points),
+            f"{s['std_130']:.2f}",
+            "" if published is None else f"{published:.2f}",
+            f"{100 - s['mean_130']:.2f}",
+            f"{s['frag_amount_130']:.2f}",
+            f"{s['failed_mean']:.0f}",
+            f"{s['wall_s_mean']:.1f}",
+        )
+    if bound:
+        values = [[v[str(p)] for v in bound.values() if str(p) in v] for p in points]
+        cells = [f"{sum(v) / len(v):.2f}" if v else "" for v in values]
+        table.add_row("LP bound", str(len(bound)), *cells, "", "", "", "", "", "", style="dim")
+    out.print(table)
+
+
+@sim_app.command()
+def replay(
+    nodes: Annotated[Path, typer.Option("--nodes", help="Node list CSV.")] = DEFAULT_NODES,
+    pods: Annotated[Path, typer.Option("--pods", help="Pod list CSV (with creation/deletion times).")] = DEFAULT_PODS,
+    policy: Annotated[str, typer.Option("--policy", help=f"NAME[,NAME...]: {', '.join(POLICIES)}, best.")] = "FGD",
+    time_scale: Annotated[
+        float, typer.Option("--time-scale", help="Divide arrival times by this (> 1 raises the load).")
+    ] = 1.0,
+    seeds: Annotated[str, typer.Option("--seeds", help="Tie-break seeds: N, N-M or a comma list.")] = "42",
+    jobs: Annotated[int, typer.Option("--jobs", "-j", help="Parallel worker processes.")] = 1,
+    out_dir: Annotated[Path | None, typer.Option("--out", help="Write CSV, JSON, PNG and HTML here.")] = None,
+    output: Annotated[str, typer.Option("--output", "-o", help="table or json.")] = "table",
+) -> None:
+    """Replay pods by their timestamps (arrive, run, leave; waiting pods queue with DRF by QoS class)."""
+    try:
+        if output not in OUTPUTS:
+            raise _Fail(f"--output must be one of {', '.join(OUTPUTS)}, got {output!r}", 2)
+        if time_scale <= 0:
+            raise _Fail(f"--time-scale must be > 0, got {time_scale}", 2)
+        if jobs < 1:
+            raise _Fail(f"--jobs must be >= 1, got {jobs}", 2)
+        try:
+            names, seed_list = parse_policies(policy), _seeds(seeds)
+        except ValueError as exc:
+            raise _Fail(str(exc), 2) from None
+        node_path, pod_path = _preflight(nodes, pods, need_times=True)
+        from finesched.sim.report import replay_summary, write_replay
+        from finesched.sim.runner import RunSpec
+
+        specs = [RunSpec("replay", node_path, pod_path, p, s, time_scale=time_scale) for p in names for s in seed_list]
+        started = time.perf_counter()
+        runs = _run_with_progress(specs, jobs, "sim replay")
+        wall = time.perf_counter() - started
+        records = [r["record"] for r in runs]
+        if out_dir is not None:
+            meta = _meta("finesched sim replay", node_path, pod_path, time_scale=time_scale, wall_s=round(wall, 1))
+            written = write_replay(out_dir, runs, meta)
+            err.print(f"wrote {', '.join(str(p) for p in written)}", soft_wrap=True)
+    except _Fail as exc:
+        raise _fail(str(exc), exc.code) from None
+    except OSError as exc:
+        raise _fail(f"cannot write the report: {exc}", 1) from None
+    summary = replay_summary(records)
+    if output == "json":
+        out.print_json(json.dumps({"results": records, "summary": summary}))
+        return
+    table = Table(title=f"Replay (time scale {time_scale:g}; {wall:.1f} s)")
+    for column in ("policy", "seeds", "GPU alloc mean %", "peak %", "delay mean s", "delay p95 s", "unplaced"):
+        table.add_column(column, justify="right" if column != "policy" else "left")
+    for p, s in summary.items():
+        table.add_row(
+            p,
+            str(s["seeds"]),
+            f"{s['alloc_mean']:.2f}",
+            f"{s['alloc_peak']:.2f}",
+            f"{s['delay_mean_s']:.1f}",
+            f"{s['delay_p95_s']:.1f}",
+            f"{s['unplaced']:.0f}",
+        )
+    out.print(table)

@@ -1,0 +1,385 @@
+"""NUMAAlign: NUMA topology alignment decided in the scheduler, for CPUs, memory and devices (seed S3.7).
+
+Koordinator's topologymanager, itself the kubelet's Topology Manager moved into the scheduler:
+
+1. **Hint providers** say, per resource, which sets of NUMA nodes could hold the request
+   (`generate_hints`): every non-empty set whose *available* amount covers the request is a
+   hint; it is *preferred* when it is as small as the smallest set whose *capacity* covers it.
+   Providers here: cpu (exclusive requests count the CPUs their bind policy may use on each NUMA
+   node: whole free cores under required FullPCPUs, one CPU per core under required
+   SpreadByPCPUs; other requests count millicores left by NUMA-bound workloads), memory
+   (per-NUMA bytes from the node's NUMA zones), and devices (per type: devices on the NUMA
+   nodes where one instance of the DeviceShare request fits, against all healthy devices there;
+   devices without a NUMA node count nowhere).
+2. **A policy merges them** (`merge_hints`, the kubelet's mergeFilteredHints): every
+   combination of one hint per resource is ANDed; preferred beats non-preferred, then the
+   narrower mask wins (fewer nodes, then lower ids). None admits without alignment; BestEffort
+   admits with the best hint; Restricted admits only a preferred hint; SingleNUMANode considers
+   only single-node (or don't-care) preferred hints and admits only a preferred single node.
+3. **Each provider allocates under the merged hint**: `NUMA_AFFINITY` (required for
+   Restricted / SingleNUMANode) is read by CPUOrchestration and DeviceShare, which run after
+   this plugin in the reserve order; memory (and cpu of workloads without a cpuset) is split
+   over the chosen nodes here (`split_by_numa`) and recorded as the binding's NUMA grants.
+
+Policy: the workload's (``numaTopologyPolicy`` or the numa-topology-spec annotation), else the
+node's (label ``node.koordinator.sh/numa-topology-policy``, the older
+``...-alignment-policy``, or ``policies.numaTopologyPolicy``). When both are set and differ the
+node is filtered out ("node(s) NUMA Topology policy not match", Koordinator's rule). BE
+workloads run in the BE pool across NUMA nodes and are not aligned.
+
+The filter is vectorized: for SingleNUMANode it keeps only nodes where one NUMA node covers cpu,
+memory and every requested device type at once (per-NUMA arrays of state/cpus.py and the device
+accounts), a necessary condition of the exact merge; Restricted is decided exactly in reserve.
+
+Choices where the peers leave room (documented here, pinned by tests/test_numa.py):
+* Among equally good hints the kubelet's tie-break applies (the narrower mask, then lower NUMA
+  ids); the NUMA allocate strategy orders CPUs *within* the chosen nodes, not the choice itself.
+* BestEffort: when the merged hint cannot hold the split (it is a preference), the workload is
+  placed without per-NUMA grants; a preferred "any NUMA node" hint does not constrain the cpuset.
+* Restricted / SingleNUMANode on a node that reports no NUMA nodes: filtered out.
+* Exclusive workloads get their per-NUMA cpu grants from CPUOrchestration's cpuset; without that
+  plugin in the profile only their memory is granted per NUMA node.
+* Profile order: NUMAAlign before CPUOrchestration and DeviceShare (reserve runs in profile order).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, ClassVar
+
+import numpy as np
+
+from finesched.errors import ValidationError
+from finesched.model.binding import Binding
+from finesched.model.resources import CPU, MEMORY
+from finesched.plugins.cpu.config import NUMA_POLICIES
+from finesched.plugins.cpu.koordinator import split_by_numa
+from finesched.plugins.cpu.prefilter import NO_NUMA, POLICY_MISMATCH, DeviceFits, numa_checks, usable_cpus_of
+from finesched.plugins.cpu.request import CPU_OFFER, NUMA_OFFER, CPURequest, NUMAOffer, cpu_request
+from finesched.plugins.cpu.topology import InsufficientCPUs
+from finesched.plugins.resource_status import merge_numa_grants, with_resource_status
+from finesched.plugins.shared_keys import NUMA_AFFINITY, NUMAAffinity
+from finesched.sched.cycle_state import CycleState, MissingState
+from finesched.sched.framework import SKIP, SUCCESS, FilterResult, NodeBatch, Status
+from finesched.sched.request import ScheduleRequest
+from finesched.state.cluster import ClusterState
+from finesched.state.cpus import CPUAccounts
+
+
+@dataclass(frozen=True, slots=True)
+class TopologyHint:
+    """A set of NUMA ids that could hold a request (None: any node, no preference) and whether it is preferred."""
+
+    affinity: frozenset[int] | None
+    preferred: bool
+
+
+#: resource -> its hints; None = no preference (don't care), [] = no NUMA set can hold it.
+Hints = Mapping[str, Sequence[TopologyHint] | None]
+
+
+# Hints and merging -----------------------------------------------------------------------------------------
+
+
+@lru_cache(maxsize=256)
+def _masks(numa_ids: tuple[int, ...]) -> tuple[frozenset[int], ...]:
+    """Every non-empty set of NUMA ids, smallest first (the kubelet's IterateBitMasks order)."""
+    ids = sorted(numa_ids)
+    return tuple(frozenset(combo) for k in range(1, len(ids) + 1) for combo in itertools.combinations(ids, k))
+
+
+def generate_hints(
+    numa_ids: Sequence[int],
+    request: int,
+    available: Mapping[int, int],
+    capacity: Mapping[int, int],
+    single_only: bool = False,
+) -> list[TopologyHint]:
+    """Koordinator's generateResourceHints / the kubelet's generateCPUTopologyHints for one resource.
+
+    A set is a hint when its available amount covers `request`; it is preferred when its size
+    equals the smallest size whose capacity covers the request. E.g. 2 nodes with 8 CPUs each,
+    available {0: 2, 1: 6}, request 4 -> hints {1} (preferred), {0, 1} (not preferred).
+
+    `single_only` (for SingleNUMANode, which keeps nothing else) yields the single-node hints
+    only: a single node is preferred iff some single node's capacity covers the request, which
+    is what comparing with the smallest size over all sets gives.
+    """
+    min_size = len(numa_ids)
+    hints = []
+    masks = _masks(tuple(numa_ids))
+    if single_only:
+        masks = masks[: len(numa_ids)]
+        min_size = 1 if any(capacity.get(n, 0) >= request for n in numa_ids) else len(numa_ids) + 1
+    for mask in masks:
+        if sum(capacity.get(n, 0) for n in mask) >= request and len(mask) < min_size:
+            min_size = len(mask)
+        if sum(available.get(n, 0) for n in mask) >= request:
+            hints.append(mask)
+    return [TopologyHint(mask, len(mask) == min_size) for mask in hints]
+
+
+def _narrower(a: frozenset[int], b: frozenset[int]) -> bool:
+    """The kubelet's IsNarrowerThan: fewer nodes, or as many with a lower bitmask value."""
+    if len(a) != len(b):
+        return len(a) < len(b)
+    return sum(1 << n for n in a) < sum(1 << n for n in b)
+
+
+def merge_hints(policy: str, numa_ids: Sequence[int], providers: Iterable[Hints]) -> tuple[TopologyHint, bool]:
+    """Merge every provider's hints under `policy`; return (best hint, admit)."""
+    if policy not in NUMA_POLICIES:
+        raise ValueError(f"unknown NUMA topology policy {policy!r}; valid: {', '.join(NUMA_POLICIES)}")
+    everything = frozenset(numa_ids)
+    per_resource: list[list[TopologyHint]] = []
+    for hints in providers:
+        for resource_hints in hints.values():
+            if resource_hints is None:
+                per_resource.append([TopologyHint(None, True)])
+            elif not resource_hints:
+                per_resource.append([TopologyHint(None, False)])
+            else:
+                per_resource.append(list(resource_hints))
+    if policy == "SingleNUMANode":
+        per_resource = [
+            [h for h in hints if h.preferred and (h.affinity is None or len(h.affinity) == 1)] for hints in per_resource
+        ]
+    best = TopologyHint(everything, False)
+    for permutation in itertools.product(*per_resource):
+        merged = _merge_permutation(everything, permutation)
+        if not merged.affinity:
+            continue
+        better = merged.preferred and not best.preferred
+        if better or (merged.preferred == best.preferred and _narrower(merged.affinity, best.affinity or everything)):
+            best = merged
+    if policy == "SingleNUMANode" and best.affinity == everything:
+        best = TopologyHint(None, best.preferred)
+    return best, policy in ("None", "BestEffort") or best.preferred
+
+
+def _merge_permutation(everything: frozenset[int], permutation: Sequence[TopologyHint]) -> TopologyHint:
+    preferred = True
+    affinity = everything
+    first: frozenset[int] | None = None
+    for hint in permutation:
+        if hint.affinity is not None:
+            first = hint.affinity if first is None else first
+            if hint.affinity != first:
+                preferred = False
+            affinity = affinity & hint.affinity
+        if not hint.preferred:
+            preferred = False
+    return TopologyHint(affinity, preferred)
+
+
+# The plugin ---------------------------------------------------------------------------------------------------
+
+
+class NUMAAlign:
+    """PreFilter, Filter, Reserve and PreBind for NUMA alignment (see the module docstring).
+
+    Profile order: NUMAAlign before CPUOrchestration and DeviceShare, so their reserve sees the
+    affinity it writes.
+    """
+
+    NAME: ClassVar[str] = "NUMAAlign"
+    #: The filter's verdict on a node depends only on the workload and that node (memoizable).
+    NODE_LOCAL: ClassVar[bool] = True
+
+    def __init__(self) -> None:
+        self.state: ClusterState | None = None
+        self._accounts: CPUAccounts | None = None
+
+    @classmethod
+    def from_args(cls, args: Mapping[str, Any]) -> NUMAAlign:
+        if args:
+            raise ValidationError("NUMAAlign takes no args", path="plugins.NUMAAlign.args", value=dict(args))
+        return cls()
+
+    def attach(self, state: ClusterState) -> None:
+        """Remember the state; the CPU accounts are taken on first use, so that CPUOrchestration
+        (which comes later in the profile but owns ``maxRefCount``) attaches them first."""
+        self.state, self._accounts = state, None
+
+    @property
+    def accounts(self) -> CPUAccounts:
+        if self._accounts is None:
+            if self.state is None:
+                raise MissingState("NUMAAlign: not attached to a ClusterState")
+            existing = self.state.extras.get(CPUAccounts.name)
+            self._accounts = existing if isinstance(existing, CPUAccounts) else self.state.attach(CPUAccounts())
+        return self._accounts
+
+    def pre_filter(self, cycle: CycleState, request: ScheduleRequest, nodes: NodeBatch) -> Status:
+        try:
+            req = cpu_request(cycle, request.workload)
+        except ValueError as exc:
+            return Status.error(str(exc))
+        if req.qos == "BE":
+            return SKIP
+        return SUCCESS
+
+    def filter(self, cycle: CycleState, request: ScheduleRequest, nodes: NodeBatch) -> FilterResult:
+        req = cpu_request(cycle, request.workload)
+        checks = numa_checks(self.accounts, req, nodes, _device_fits(cycle, self.state, nodes))
+        mask = np.ones(nodes.n, dtype=bool)
+        for failed, _ in checks.values():
+            mask &= ~failed
+        return FilterResult(mask, lambda: dict(checks))
+
+    def reserve(self, cycle: CycleState, request: ScheduleRequest, node: int) -> Status:
+        req = cpu_request(cycle, request.workload)
+        acc = self.accounts
+        policy = effective_policy(req, acc.config[node].numa_policy)
+        if req.qos == "BE" or policy in ("None", ""):
+            return SUCCESS
+        if policy == "mismatch":
+            return Status.unschedulable(POLICY_MISMATCH)
+        numa_ids = acc.numa_ids[node]
+        if not numa_ids:
+            return SUCCESS if policy == "BestEffort" else Status.unschedulable(NO_NUMA)
+        single = policy == "SingleNUMANode"
+        providers: list[Hints] = [self.hints(req, node, single), self.device_hints(cycle, node, single)]
+        best, admit = merge_hints(policy, numa_ids, providers)
+        if not admit:
+            wanted = [r for hints in providers for r, h in hints.items() if h is not None]
+            return Status.unschedulable(f"node(s) cannot align {', '.join(wanted)} under NUMA policy {policy}")
+        chosen = best.affinity if best.affinity is not None else frozenset(numa_ids)
+        required = policy in ("Restricted", "SingleNUMANode")
+        affinity = NUMAAffinity(node, chosen, required)
+        try:
+            grants = self._grants(req, node, chosen)
+        except InsufficientCPUs as exc:
+            if required:
+                return Status.unschedulable(str(exc))
+            grants = {}
+        cycle.write(NUMA_AFFINITY, affinity)
+        packed = tuple((n, tuple(sorted(g.items()))) for n, g in sorted(grants.items()))
+        cycle.write(NUMA_OFFER, NUMAOffer(node, packed))
+        return SUCCESS
+
+    def unreserve(self, cycle: CycleState, request: ScheduleRequest, node: int) -> None:
+        affinity = cycle.get(NUMA_AFFINITY)
+        if affinity is not None and affinity.node == node:
+            cycle.delete(NUMA_AFFINITY)
+        offer = cycle.get(NUMA_OFFER)
+        if offer is not None and offer.node == node:
+            cycle.delete(NUMA_OFFER)
+
+    def pre_bind(self, cycle: CycleState, request: ScheduleRequest, node: int, binding: Binding) -> Binding:
+        offer = cycle.get(NUMA_OFFER)
+        if offer is None or offer.node != node or not offer.grants:
+            return binding
+        cpu_offer = cycle.get(CPU_OFFER)
+        if cpu_offer is not None and cpu_offer.node == node:
+            return binding  # CPUOrchestration.pre_bind applies these grants with its own, in one copy
+        return with_resource_status(binding, numa=merge_numa_grants(binding.numa, offer.as_dict()))
+
+    # Providers -------------------------------------------------------------------------------------------------
+    def hints(self, req: CPURequest, node: int, single_only: bool = False) -> dict[str, list[TopologyHint] | None]:
+        """The cpu and memory providers' hints on `node` (single-node hints only under SingleNUMANode)."""
+        acc = self.accounts
+        view = acc.view(node)
+        out: dict[str, list[TopologyHint] | None] = {}
+        if req.cpu_milli > 0 and acc.topo[node] is not None:
+            available, capacity = self.cpu_free(req, node)
+            out[CPU] = generate_hints(view.numa_ids, req.cpu_milli, available, capacity, single_only)
+        if req.memory > 0 and view.mem_free is not None and view.mem_cap is not None:
+            free = dict(zip(view.numa_ids, view.mem_free, strict=True))
+            capacity = dict(zip(view.numa_ids, view.mem_cap, strict=True))
+            out[MEMORY] = generate_hints(view.numa_ids, req.memory, free, capacity, single_only)
+        return out
+
+    def device_hints(
+        self, cycle: CycleState, node: int, single_only: bool = False
+    ) -> dict[str, list[TopologyHint] | None]:
+        """The device provider's hints on `node`, one entry per requested device type."""
+        found = _device_request(cycle, self.state)
+        if found is None:
+            return {}
+        dreq, devices = found
+        numa_ids = self.accounts.numa_ids[node]
+        out: dict[str, list[TopologyHint] | None] = {}
+        for kind, tr in dreq.types.items():
+            nd = devices.node_devices(node, kind, copy=False)
+            if nd is None:
+                out[kind] = []
+                continue
+            fits = _fit_mask(tr, nd.dims, nd.free, nd.total, nd.healthy)
+            available = {n: int((fits & (nd.numa == n)).sum()) for n in numa_ids}
+            capacity = {n: int((nd.healthy & (nd.numa == n)).sum()) for n in numa_ids}
+            out[kind] = generate_hints(numa_ids, tr.count, available, capacity, single_only)
+        return out
+
+    def cpu_free(self, req: CPURequest, node: int) -> tuple[dict[int, int], dict[int, int]]:
+        """(available, capacity) millicores per NUMA id for `req` on `node` (see the module docstring)."""
+        acc = self.accounts
+        view = acc.view(node)
+        capacity = dict(zip(view.numa_ids, view.cpu_cap, strict=True))
+        free = view.cpu_free
+        if req.exclusive_on(acc.config[node].kubelet_static):
+            free = tuple(min(f, 1000 * u) for f, u in zip(free, usable_cpus_of(acc, req, node), strict=True))
+        return dict(zip(view.numa_ids, free, strict=True)), capacity
+
+    def _grants(self, req: CPURequest, node: int, chosen: frozenset[int]) -> dict[int, dict[str, int]]:
+        """Memory (and cpu, for workloads without a cpuset) split over the chosen NUMA nodes."""
+        acc = self.accounts
+        grants: dict[int, dict[str, int]] = {}
+        cpu_free, mem_free = acc.numa_free(node)
+        if req.cpu_milli > 0 and not req.exclusive_on(acc.config[node].kubelet_static):
+            for n, amount in split_by_numa(req.cpu_milli, cpu_free, chosen, what="cpu").items():
+                grants.setdefault(n, {})[CPU] = amount
+        if req.memory > 0 and mem_free:
+            for n, amount in split_by_numa(req.memory, mem_free, chosen, what="memory").items():
+                grants.setdefault(n, {})[MEMORY] = amount
+        return grants
+
+
+def effective_policy(req: CPURequest, node_policy: str) -> str:
+    """The workload's policy, else the node's; "mismatch" when both are set and differ."""
+    node_set = node_policy not in ("", "None")
+    if req.numa_policy and node_set and req.numa_policy != node_policy:
+        return "mismatch"
+    return req.numa_policy or node_policy or "None"
+
+
+def _device_request(cycle: CycleState, state: ClusterState | None) -> tuple[Any, Any] | None:
+    """(DeviceShare's normalized request, the device accounts) when this cycle asks for devices."""
+    if state is None or "devices" not in state.extras:
+        return None
+    from finesched.plugins.deviceshare.plugin import DEVICE_REQUEST
+
+    dreq = cycle.get(DEVICE_REQUEST)
+    if dreq is None or not dreq.types:
+        return None
+    return dreq, state.extras["devices"]
+
+
+def _fit_mask(tr: Any, dims: Sequence[str], free: np.ndarray, total: np.ndarray, healthy: np.ndarray) -> np.ndarray:
+    from finesched.plugins.deviceshare.request import compile_rule, fit_mask
+
+    return fit_mask(compile_rule(tr, dims), free, total, healthy)
+
+
+def _device_fits(cycle: CycleState, state: ClusterState | None, nodes: NodeBatch) -> DeviceFits:
+    found = _device_request(cycle, state)
+    if found is None or state is None:
+        return []
+    from functools import partial
+
+    from finesched.plugins.deviceshare.request import compile_rule, fit_mask
+
+    dreq, devices = found
+    out: list[tuple[int, np.ndarray, np.ndarray]] = []
+    for kind, tr in dreq.types.items():
+        acc = devices.types.get(kind)
+        if acc is None:
+            out.append((tr.count, np.zeros((nodes.n, 0), dtype=bool), np.zeros((nodes.n, 0), dtype=np.int64)))
+            continue
+        rule = compile_rule(tr, acc.dims)
+        _, where = devices.fit_counts(kind, rule, partial(fit_mask, rule), state.n)
+        out.append((tr.count, nodes.take(where), nodes.take(acc.numa)))
+    return out
