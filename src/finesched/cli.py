@@ -158,6 +158,15 @@ def plan(
     render(outcome, manifests, output, out, show_nodes=show_nodes)
 
 
+def _add_sim() -> None:
+    from finesched.commands.sim import sim_app
+
+    app.add_typer(sim_app, name="sim", help="Replay GPU traces through the scheduler (FGD protocol) and report.")
+
+
+_add_sim()
+
+
 def main() -> None:
     """Console entry point."""
     try:

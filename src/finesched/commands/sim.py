@@ -27,7 +27,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, Ti
 from rich.table import Table
 
 from finesched.sim import metrics
-from finesched.sim.policies import BASELINES, BEST, POLICIES, PUBLISHED_130, resolve_policy
+from finesched.sim.policies import BASELINES, BEST, POLICIES, resolve_policy
 from finesched.sim.trace import TraceError
 
 _DATA = Path("data") / "alibaba-gpu-v2023"
@@ -107,9 +107,12 @@ def _run_with_progress(specs: list[Any], jobs: int, label: str) -> list[dict[str
         TimeElapsedColumn(),
         TimeRemainingColumn(),
     )
-    with Progress(*columns, console=err, transient=True, disable=not err.is_terminal) as progress:
-        task = progress.add_task(label, total=len(specs))
-        return run_all(specs, jobs, lambda done: progress.update(task, completed=done))
+    progress = Progress(*columns, console=err, transient=True, disable=not err.is_terminal)
+    task = progress.add_task(label, total=len(specs))
+    try:  # the bar's refresh thread starts only after the worker processes are forked
+        return run_all(specs, jobs, lambda done: progress.update(task, completed=done), progress.start)
+    finally:
+        progress.stop()
 
 
 def _meta(command: str, nodes: str, pods: str, **extra: Any) -> dict[str, Any]:
@@ -183,7 +186,7 @@ def fill(
         from finesched.sim.report import json_view
 
         payload = json_view(records)
-        if bound is not None:
+        if lp and bound is not None:  # only when asked for: the default shape is exactly results + summary
             payload["lp_bound"] = bound
         out.print_json(json.dumps(payload))
         return
@@ -211,7 +214,7 @@ def _fill_table(
     for column in ("± std @130", "published @130", "unalloc @130", "frag @130", "failed", "wall s"):
         table.add_column(column, justify="right")
     for policy, s in summary.items():
-        published = PUBLISHED_130.get(policy)
+        published = s.get("published_130")
         table.add_row(
             policy,
             str(s["seeds"]),
@@ -227,7 +230,12 @@ def _fill_table(
         values = [[v[str(p)] for v in bound.values() if str(p) in v] for p in points]
         cells = [f"{sum(v) / len(v):.2f}" if v else "" for v in values]
         table.add_row("LP bound", str(len(bound)), *cells, "", "", "", "", "", "", style="dim")
-    out.print(table)
+    _print_table(table)
+
+
+def _print_table(table: Table) -> None:
+    """Print a wide table whole: a terminal wraps it to its width; pipes and files get 160 columns."""
+    (out if out.is_terminal else Console(highlight=False, width=160)).print(table)
 
 
 @sim_app.command()
@@ -277,7 +285,18 @@ def replay(
         out.print_json(json.dumps({"results": records, "summary": summary}))
         return
     table = Table(title=f"Replay (time scale {time_scale:g}; {wall:.1f} s)")
-    for column in ("policy", "seeds", "GPU alloc mean %", "peak %", "delay mean s", "delay p95 s", "unplaced"):
+    columns = (
+        "policy",
+        "seeds",
+        "GPU alloc mean %",
+        "peak %",
+        "queue peak",
+        "waited",
+        "delay mean s",
+        "max s",
+        "unplaced",
+    )
+    for column in columns:
         table.add_column(column, justify="right" if column != "policy" else "left")
     for p, s in summary.items():
         table.add_row(
@@ -285,8 +304,10 @@ def replay(
             str(s["seeds"]),
             f"{s['alloc_mean']:.2f}",
             f"{s['alloc_peak']:.2f}",
-            f"{s['delay_mean_s']:.1f}",
-            f"{s['delay_p95_s']:.1f}",
+            f"{s['queue_peak']:.0f}",
+            f"{s['waited']:.0f}",
+            f"{s['delay_mean_s']:.3f}",
+            f"{s['delay_max_s']:.1f}",
             f"{s['unplaced']:.0f}",
         )
-    out.print(table)
+    _print_table(table)

@@ -51,6 +51,7 @@ def default_registry() -> Registry:
     from finesched.plugins.cpu_orchestration import CPUOrchestration
     from finesched.plugins.deviceshare import DeviceShare
     from finesched.plugins.deviceshare.scoring import DeviceScore
+    from finesched.plugins.fragmentation import FGDScore
     from finesched.plugins.node_selector import NodeSelector
     from finesched.plugins.numa import NUMAAlign
     from finesched.plugins.resources_fit import ResourcesFit
@@ -66,6 +67,7 @@ def default_registry() -> Registry:
             "BucketFit": BucketFit.from_args,
             "DeviceShare": DeviceShare.from_args,
             "DeviceScore": DeviceScore.from_args,
+            "FGD": FGDScore.from_args,
             "NUMAAlign": NUMAAlign.from_args,
             "CPUOrchestration": CPUOrchestration.from_args,
         }
