@@ -84,7 +84,7 @@ def synthetic_nodes(count: int, seed: int = 0, *, devices: bool = True, gpu_shar
             fields["labels"]["gpu-model"] = ("A100-40G", "A100-80G", "A100-mixed")[gpu_kind[i]]
             if devices:
                 fields["devices"] = gpu_devices(cards)
-        fields["allocatable"] = {"cpu": 1000 * len(topo.cpus), "memory": f"{memory}Gi", "pods": 110}
+        fields["allocatable"] = {"cpu": len(topo.cpus), "memory": f"{memory}Gi", "pods": 110}
         fields["cpu_topology"] = topo
         nodes.append(Node(**fields))
     return nodes

@@ -81,14 +81,20 @@ def test_s4_2_best_fit_in_bucket_k(cpus: list[str], demand: str, want: list[str]
         pytest.param(["9.5", "9", "1"], ask("4.5"), ["n1", "n0"], id="K-and-K+1-empty"),
         # K holds n0 (5) but its zone fails the node selector: skipped, upward to n1 (7)
         pytest.param(
-            [make_node("n0").cpu("5").memory("64Gi").label("zone", "b").obj(),
-             make_node("n1").cpu("7").memory("64Gi").label("zone", "a").obj()],
-            ask("4.5", zone="a"), ["n1"], id="K-node-fails-selector",
+            [
+                make_node("n0").cpu("5").memory("64Gi").label("zone", "b").obj(),
+                make_node("n1").cpu("7").memory("64Gi").label("zone", "a").obj(),
+            ],
+            ask("4.5", zone="a"),
+            ["n1"],
+            id="K-node-fails-selector",
         ),
         # K holds n0 (5 cpu) but only 1Gi memory for a 2Gi request: skipped, upward to n1
         pytest.param(
             [make_node("n0").cpu("5").memory("1Gi").obj(), make_node("n1").cpu("7").memory("64Gi").obj()],
-            ask("4.5", memory="2Gi"), ["n1"], id="K-node-short-of-another-resource",
+            ask("4.5", memory="2Gi"),
+            ["n1"],
+            id="K-node-short-of-another-resource",
         ),
     ],
 )
@@ -147,11 +153,25 @@ def test_s4_4_dominant_resource_chooses_the_buckets() -> None:
 
 def test_s4_4_every_resource_bucket_updated_after_placement() -> None:
     state = multi()
-    scheduler = Scheduler(state, {"name": "b", "plugins": [
-        {"name": "NodeSelector"}, {"name": "ResourcesFit"},
-        {"name": "BucketFit", "args": {"resources": {"cpu": {"width": "2", "count": 4},
-                                                     "memory": {"edges": [0, "8Gi", "16Gi", "24Gi"]}}}},
-    ]})
+    scheduler = Scheduler(
+        state,
+        {
+            "name": "b",
+            "plugins": [
+                {"name": "NodeSelector"},
+                {"name": "ResourcesFit"},
+                {
+                    "name": "BucketFit",
+                    "args": {
+                        "resources": {
+                            "cpu": {"width": "2", "count": 4},
+                            "memory": {"edges": [0, "8Gi", "16Gi", "24Gi"]},
+                        }
+                    },
+                },
+            ],
+        },
+    )
     index = state.extras["buckets"]
     assert isinstance(index, BucketIndex)
     assert index.members("cpu", 3) == [(6000, 2), (8000, 0)] and index.members("memory", 1) == [(12 * GI, 2)]
@@ -242,11 +262,13 @@ def test_select_matches_reference(cpus, mask_bits, edges, demand, max_up) -> Non
 
 # End to end through the "buckets" profile ----------------------------------------------------------------
 def test_end_to_end_buckets_profile_packs_best_fit() -> None:
-    state = ClusterState.from_nodes([
-        Node(name="n0", allocatable={"cpu": "8", "memory": "16Gi"}, labels={"zone": "a"}),
-        Node(name="n1", allocatable={"cpu": "8", "memory": "16Gi"}, labels={"zone": "a"}),
-        Node(name="n2", allocatable={"cpu": "8", "memory": "16Gi"}, labels={"zone": "b"}),
-    ])
+    state = ClusterState.from_nodes(
+        [
+            Node(name="n0", allocatable={"cpu": "8", "memory": "16Gi"}, labels={"zone": "a"}),
+            Node(name="n1", allocatable={"cpu": "8", "memory": "16Gi"}, labels={"zone": "a"}),
+            Node(name="n2", allocatable={"cpu": "8", "memory": "16Gi"}, labels={"zone": "b"}),
+        ]
+    )
     scheduler = Scheduler(state, profile="buckets")  # default specs: cpu width 500m, memory width 1Gi
     placed = [
         # 3 cpu / 24 = 1/8 > 1Gi / 48Gi: cpu; K = [3000,3500) empty; all nodes in the last bucket -> n0
@@ -292,8 +314,10 @@ def test_second_plugin_with_other_specs_refused() -> None:
 # Args -----------------------------------------------------------------------------------------------------
 def test_args_parse_quantities() -> None:
     plugin = BucketFit.from_args(
-        {"resources": {"cpu": {"lower": "500m", "width": 1, "count": 3}, "memory": {"edges": [0, "4Gi", "16Gi"]}},
-         "maxUp": 2}
+        {
+            "resources": {"cpu": {"lower": "500m", "width": 1, "count": 3}, "memory": {"edges": [0, "4Gi", "16Gi"]}},
+            "maxUp": 2,
+        }
     )
     # cpu in millicores: 500, 1500, 2500; memory in bytes
     assert plugin.specs == {"cpu": BucketSpec((500, 1500, 2500)), "memory": BucketSpec((0, 4 * GI, 16 * GI))}
@@ -307,14 +331,19 @@ def test_args_parse_quantities() -> None:
     ("args", "path"),
     [
         pytest.param({"resources": {"cpu": {"width": 0, "count": 4}}}, "args.resources.cpu.width", id="zero-width"),
-        pytest.param({"resources": {"cpu": {"width": "2x", "count": 4}}}, "args.resources.cpu.width",
-                     id="bad-quantity"),
+        pytest.param(
+            {"resources": {"cpu": {"width": "2x", "count": 4}}}, "args.resources.cpu.width", id="bad-quantity"
+        ),
         pytest.param({"resources": {"cpu": {"width": "1"}}}, "args.resources.cpu.count", id="missing-count"),
         pytest.param({"resources": {"cpu": {"width": "1", "count": 0}}}, "args.resources.cpu.count", id="zero-count"),
-        pytest.param({"resources": {"cpu": {"lower": "-1", "width": "1", "count": 2}}}, "args.resources.cpu.lower",
-                     id="negative-lower"),
-        pytest.param({"resources": {"memory": {"edges": ["4Gi", "1Gi"]}}}, "args.resources.memory.edges.1",
-                     id="edges-descending"),
+        pytest.param(
+            {"resources": {"cpu": {"lower": "-1", "width": "1", "count": 2}}},
+            "args.resources.cpu.lower",
+            id="negative-lower",
+        ),
+        pytest.param(
+            {"resources": {"memory": {"edges": ["4Gi", "1Gi"]}}}, "args.resources.memory.edges.1", id="edges-descending"
+        ),
         pytest.param({"resources": {"memory": {"edges": []}}}, "args.resources.memory.edges", id="edges-empty"),
         pytest.param({"resources": {"cpu": {"edges": [0], "width": 1}}}, "args.resources.cpu", id="both-forms"),
         pytest.param({"resources": {"cpu": {"step": 1}}}, "args.resources.cpu.step", id="unknown-field"),

@@ -203,9 +203,7 @@ def test_default_spec_grows_with_the_largest_node() -> None:
 
 
 def test_attach_after_bindings_and_snapshot_restore() -> None:
-    state = ClusterState.from_nodes(
-        [make_node("n0").cpu("8").memory("16Gi").obj()], [bind("w", "n0", cpu=5000)]
-    )
+    state = ClusterState.from_nodes([make_node("n0").cpu("8").memory("16Gi").obj()], [bind("w", "n0", cpu=5000)])
     index = state.attach(BucketIndex(state, {"cpu": EQUAL}))
     assert layout(index, "cpu") == [[], [(3000, 0)], [], []]
     snap = state.snapshot()

@@ -174,3 +174,19 @@ def test_fast_construct_equals_model_construct() -> None:
     slow = Binding.model_construct(**values)
     assert fast == slow and fast.model_dump() == slow.model_dump()
     assert Binding.model_validate(fast.model_dump(mode="json")) == fast
+
+
+def test_fast_copy_equals_model_copy() -> None:
+    from finesched.cpuset import CPUSet
+    from finesched.model.base import fast_copy
+
+    for binding in (
+        Binding(workload="ns/w", node="a", requests=ResourceVector({"cpu": 1000})),  # only some fields set
+        Binding.model_construct(workload="ns/w", node="a"),
+    ):
+        update = {"cpuset": CPUSet([0, 1]), "annotations": {"k": "v"}}
+        fast, slow = fast_copy(binding, update), binding.model_copy(update=update)
+        assert fast == slow and fast.model_dump() == slow.model_dump()
+        assert fast.model_fields_set == slow.model_fields_set
+        assert (fast.__pydantic_extra__, fast.__pydantic_private__) == (slow.__pydantic_extra__, None)
+        assert binding.cpuset == CPUSet()  # the original is untouched

@@ -71,3 +71,26 @@ def test_every_scorer_stays_in_range(classes: list[np.ndarray]) -> None:
         scores = scorer(classes, 4)
         assert scores.dtype == np.int64 and scores.shape == (4,)
         assert ((scores >= 0) & (scores <= MAX_SCORE)).all()
+
+
+@given(
+    st.integers(1, 64).flatmap(
+        lambda n: st.lists(
+            st.lists(st.floats(0, 3, allow_nan=False), min_size=n, max_size=n).map(np.array), min_size=3, max_size=8
+        )
+    )
+)
+def test_stacked_mean_and_variance_equal_the_class_by_class_sums_bit_for_bit(classes: list[np.ndarray]) -> None:
+    from finesched.plugins.shares import Shares
+
+    total = classes[0] + classes[1]  # the reference: one class after another, in order
+    for a in classes[2:]:
+        total += a
+    total *= 1.0 / len(classes)
+    var = np.zeros(len(total))
+    for a in classes:
+        d = a - total
+        var += d * d
+    var *= 1.0 / len(classes)
+    shares = Shares(len(total), classes)
+    assert shares.mean().tobytes() == total.tobytes() and shares.variance().tobytes() == var.tobytes()

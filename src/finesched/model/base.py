@@ -7,7 +7,7 @@ Python code uses snake_case.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TypeVar
 
 import pydantic_core
@@ -62,6 +62,23 @@ def fast_construct(cls: type[M], values: dict[str, object]) -> M:
     instance = cls.__new__(cls)
     _set(instance, "__dict__", values)
     _set(instance, "__pydantic_fields_set__", set(values))
+    _set(instance, "__pydantic_extra__", None)
+    _set(instance, "__pydantic_private__", None)
+    return instance
+
+
+def fast_copy(model: M, update: Mapping[str, object]) -> M:
+    """`model.model_copy(update=update)` for a model of this package, without pydantic's generic copy.
+
+    pre_bind plugins complete the hot path's Binding with one copy each; `model_copy` goes
+    through `__copy__` (four attribute copies, a private-attribute check) and then the update.
+    Valid for models whose config forbids extra fields and that have no private attributes
+    (every `Model` here): the result equals what `model_copy` gives (checked in the tests).
+    """
+    cls = type(model)
+    instance = cls.__new__(cls)
+    _set(instance, "__dict__", {**model.__dict__, **update})
+    _set(instance, "__pydantic_fields_set__", model.__pydantic_fields_set__ | update.keys())
     _set(instance, "__pydantic_extra__", None)
     _set(instance, "__pydantic_private__", None)
     return instance

@@ -18,7 +18,7 @@ the device plugin, not here.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import ItemsView, Iterator, KeysView, Mapping, ValuesView
 from typing import Annotated, Any, Literal
 
 import pydantic_core
@@ -148,6 +148,23 @@ class ResourceVector(Mapping[str, int]):
 
     def __len__(self) -> int:
         return len(self._data)
+
+    # The dict's own views and lookups: the Mapping mixins would route every item through
+    # __getitem__ in Python, and vectors are read item by item on the scheduling hot path.
+    def items(self) -> ItemsView[str, int]:
+        return self._data.items()
+
+    def keys(self) -> KeysView[str]:
+        return self._data.keys()
+
+    def values(self) -> ValuesView[int]:
+        return self._data.values()
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self._data.get(name, default)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._data
 
     def __hash__(self) -> int:
         if self._hash is None:

@@ -42,6 +42,7 @@ import numpy as np
 
 from finesched.cpuset import CPUSet
 from finesched.errors import ValidationError
+from finesched.model.base import fast_copy
 from finesched.model.binding import Binding
 from finesched.model.node import CPUTopology
 from finesched.plugins.cpu.koordinator import allocate_cpus, filter_required, satisfies_required, take_cpus
@@ -68,7 +69,12 @@ from finesched.plugins.cpu.topology import (
     UnknownPolicy,
     check_choice,
 )
-from finesched.plugins.resource_status import SharedPool, merge_numa_grants, with_resource_status
+from finesched.plugins.resource_status import (
+    ANNOTATION_RESOURCE_STATUS,
+    SharedPool,
+    merge_numa_grants,
+    with_resource_status,
+)
 from finesched.plugins.shared_keys import NUMA_AFFINITY, NUMAAffinity
 from finesched.sched.cycle_state import CycleState
 from finesched.sched.framework import SKIP, SUCCESS, FilterResult, NodeBatch, Status
@@ -93,6 +99,8 @@ __all__ = [
 ]
 
 _ARGS = ("defaultBindPolicy", "defaultExclusivePolicy", "numaAllocateStrategy", "maxRefCount")
+#: Bound on the memo of exclusive allocations (cleared when full).
+_EXCLUSIVE_LIMIT = 4096
 
 
 class CPUOrchestration:
@@ -118,6 +126,8 @@ class CPUOrchestration:
             raise ValueError(f"maxRefCount must be an int >= 1, got {max_ref_count!r}")
         self.max_ref_count = max_ref_count
         self.accounts = CPUAccounts(max_ref_count)
+        self._exclusive: dict[tuple[Any, ...], Any] = {}  # see `reserve`
+        self._bound: dict[tuple[Any, ...], Any] = {}  # see `pre_bind`
 
     @classmethod
     def from_args(cls, args: Mapping[str, Any]) -> CPUOrchestration:
@@ -140,11 +150,12 @@ class CPUOrchestration:
         """Attach the CPU accounts with this plugin's maxRefCount (re-counted if already attached)."""
         self.accounts = state.attach(CPUAccounts(self.max_ref_count))
         self.accounts.set_max_ref_count(self.max_ref_count)
+        self._exclusive = {}
 
     # PreFilter / Filter ----------------------------------------------------------------------------------
     def pre_filter(self, cycle: CycleState, request: ScheduleRequest, nodes: NodeBatch) -> Status:
         try:
-            req = cpu_request(cycle, request.workload)
+            req = cpu_request(cycle, request.workload, request.shape)
         except ValueError as exc:
             return Status.error(str(exc))
         return SUCCESS if req.exclusive or req.static_exclusive or req.constrained_burst else SKIP
@@ -159,24 +170,34 @@ class CPUOrchestration:
 
     # Reserve -------------------------------------------------------------------------------------------------
     def reserve(self, cycle: CycleState, request: ScheduleRequest, node: int) -> Status:
-        req = cpu_request(cycle, request.workload)
+        req = cpu_request(cycle, request.workload, request.shape)
         acc = self.accounts
         affinity = cycle.get(NUMA_AFFINITY)
         if affinity is not None and affinity.node != node:
             affinity = None
-        if req.exclusive_on(acc.config[node].kubelet_static):
-            try:
-                cpuset = self._allocate(req, node, affinity)
-            except CPUAllocationError as exc:
-                return Status.unschedulable(str(exc))
-            topo = acc.topo[node]
-            assert topo is not None
-            per_numa: dict[int, int] = {}
-            for cpu in cpuset:
-                nid = topo.numa_ids[topo.numa_of[cpu]]
-                per_numa[nid] = per_numa.get(nid, 0) + 1000
-            policy = req.exclusive_policy or self.default_exclusive
-            cycle.write(CPU_OFFER, CPUOffer(node, cpuset, policy, tuple(sorted(per_numa.items())), ()))
+        cfg = acc.config[node]
+        if req.exclusive_on(cfg.kubelet_static):
+            # The cpuset is a pure function of these (see `_allocate`); nodes of one shape pass
+            # through the same free sets again and again, so decisions are memoized.
+            key = (
+                req,
+                cfg,
+                acc.topo[node],
+                acc.available(node),
+                acc.reserved[node],
+                acc.allocated(node, relevant_only=True),
+                acc.max_ref_count,
+                acc.view(node),
+                None if affinity is None else (affinity.numa, affinity.required),
+            )
+            outcome = self._exclusive.get(key)
+            if outcome is None:
+                if len(self._exclusive) >= _EXCLUSIVE_LIMIT:
+                    self._exclusive.clear()
+                outcome = self._exclusive[key] = self._exclusive_offer(req, node, affinity)
+            if isinstance(outcome, Status):
+                return outcome
+            cycle.write(CPU_OFFER, CPUOffer(node, *outcome))
             return SUCCESS
         if req.qos == "LS" and (req.constrained_burst or (affinity is not None and affinity.required)):
             pools = self._shared_pools(req, node, affinity)
@@ -186,6 +207,23 @@ class CPUOrchestration:
             return SUCCESS
         cycle.delete(CPU_OFFER)
         return SUCCESS
+
+    def _exclusive_offer(
+        self, req: CPURequest, node: int, affinity: NUMAAffinity | None
+    ) -> Status | tuple[CPUSet, str, tuple[tuple[int, int], ...], tuple[SharedPool, ...]]:
+        """An exclusive workload's CPUOffer fields on `node` (all but the node), or why there is none."""
+        try:
+            cpuset = self._allocate(req, node, affinity)
+        except CPUAllocationError as exc:
+            return Status.unschedulable(str(exc))
+        topo = self.accounts.topo[node]
+        assert topo is not None
+        per_numa: dict[int, int] = {}
+        for cpu in cpuset:
+            nid = topo.numa_ids[topo.numa_of[cpu]]
+            per_numa[nid] = per_numa.get(nid, 0) + 1000
+        policy = req.exclusive_policy or self.default_exclusive
+        return cpuset, policy, tuple(sorted(per_numa.items())), ()
 
     def unreserve(self, cycle: CycleState, request: ScheduleRequest, node: int) -> None:
         offer = cycle.get(CPU_OFFER)
@@ -302,13 +340,38 @@ class CPUOrchestration:
         offer = cycle.get(CPU_OFFER)
         if offer is None or offer.node != node:
             return binding
-        pools = offer.shared_pools if offer.shared_pools else None
         # NUMAAlign leaves its grants to this pre_bind when both have an offer here (one copy).
         numa_offer = cycle.get(NUMA_OFFER)
-        grants = numa_offer.as_dict() if numa_offer is not None and numa_offer.node == node else {}
+        numa_grants = numa_offer.grants if numa_offer is not None and numa_offer.node == node else None
+        status = binding.annotations.get(ANNOTATION_RESOURCE_STATUS)
+        # What the binding gains is a pure function of the offers and of the fields it reads;
+        # the same cpusets and grants recur (see `reserve`), and rendering them costs more
+        # than this key: memoized as (updated fields, resource-status annotation).
+        key = (offer.cpuset, offer.exclusive_policy, offer.numa_cpu, offer.shared_pools, numa_grants)
+        key += (binding.numa, binding.cpuset, binding.cpu_exclusive_policy, status)
+        hit = self._bound.get(key)
+        if hit is None:
+            pools = offer.shared_pools if offer.shared_pools else None
+            update = self._update(binding, offer, numa_grants)
+            done = with_resource_status(binding, pools, **update)
+            if len(self._bound) >= _EXCLUSIVE_LIMIT:
+                self._bound.clear()
+            self._bound[key] = (update, done.annotations.get(ANNOTATION_RESOURCE_STATUS))
+            return done
+        # What with_resource_status does, from the remembered fields and annotation.
+        update, status = hit
+        annotations = {k: v for k, v in binding.annotations.items() if k != ANNOTATION_RESOURCE_STATUS}
+        if status is not None:
+            annotations[ANNOTATION_RESOURCE_STATUS] = status
+        return fast_copy(binding, {**update, "annotations": annotations})
+
+    @staticmethod
+    def _update(binding: Binding, offer: CPUOffer, numa_grants: Any) -> dict[str, Any]:
+        """The binding fields the offers set: cpuset and exclusive policy, NUMA grants (cpu and NUMAAlign's)."""
+        grants = {n: dict(g) for n, g in numa_grants} if numa_grants is not None else {}
         for n, milli in offer.numa_cpu:
             grants.setdefault(n, {})["cpu"] = grants.get(n, {}).get("cpu", 0) + milli
         update: dict[str, Any] = {"numa": merge_numa_grants(binding.numa, grants)} if grants else {}
         if offer.cpuset:
             update |= {"cpuset": offer.cpuset, "cpu_exclusive_policy": offer.exclusive_policy}
-        return with_resource_status(binding, pools, **update)
+        return update

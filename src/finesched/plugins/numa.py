@@ -30,6 +30,8 @@ workloads run in the BE pool across NUMA nodes and are not aligned.
 The filter is vectorized: for SingleNUMANode it keeps only nodes where one NUMA node covers cpu,
 memory and every requested device type at once (per-NUMA arrays of state/cpus.py and the device
 accounts), a necessary condition of the exact merge; Restricted is decided exactly in reserve.
+A workload without a policy of its own skips the filter while no node has a strict one (it
+could reject nothing).
 
 Choices where the peers leave room (documented here, pinned by tests/test_numa.py):
 * Among equally good hints the kubelet's tie-break applies (the narrower mask, then lower NUMA
@@ -46,7 +48,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, ClassVar
 
@@ -57,7 +59,16 @@ from finesched.model.binding import Binding
 from finesched.model.resources import CPU, MEMORY
 from finesched.plugins.cpu.config import NUMA_POLICIES
 from finesched.plugins.cpu.koordinator import split_by_numa
-from finesched.plugins.cpu.prefilter import NO_NUMA, POLICY_MISMATCH, DeviceFits, numa_checks, usable_cpus_of
+from finesched.plugins.cpu.prefilter import (
+    NO_NUMA,
+    POLICY_MISMATCH,
+    RESTRICTED,
+    SINGLE,
+    DeviceFits,
+    numa_checks,
+    numa_inputs,
+    usable_cpus_of,
+)
 from finesched.plugins.cpu.request import CPU_OFFER, NUMA_OFFER, CPURequest, NUMAOffer, cpu_request
 from finesched.plugins.cpu.topology import InsufficientCPUs
 from finesched.plugins.resource_status import merge_numa_grants, with_resource_status
@@ -75,6 +86,29 @@ class TopologyHint:
 
     affinity: frozenset[int] | None
     preferred: bool
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash((self.affinity, self.preferred)))  # merge memo keys hash hints
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (TopologyHint, (self.affinity, self.preferred))  # rehashed where unpickled
+
+
+_HINTS: dict[tuple[frozenset[int] | None, bool], TopologyHint] = {}
+
+
+def _hint(affinity: frozenset[int] | None, preferred: bool) -> TopologyHint:
+    """The shared TopologyHint of these values (hints are values; sharing saves building them)."""
+    hint = _HINTS.get((affinity, preferred))
+    if hint is None:
+        if len(_HINTS) >= 4096:
+            _HINTS.clear()
+        hint = _HINTS[affinity, preferred] = TopologyHint(affinity, preferred)
+    return hint
 
 
 #: resource -> its hints; None = no preference (don't care), [] = no NUMA set can hold it.
@@ -112,14 +146,28 @@ def generate_hints(
     hints = []
     masks = _masks(tuple(numa_ids))
     if single_only:
-        masks = masks[: len(numa_ids)]
-        min_size = 1 if any(capacity.get(n, 0) >= request for n in numa_ids) else len(numa_ids) + 1
+        # The single-node masks come first, one per id ascending; a sum over one node is that
+        # node's amount, and every single hint shares one preferred flag (see above).
+        preferred = any(capacity.get(n, 0) >= request for n in numa_ids)
+        return [
+            _hint(mask, preferred)
+            for mask, n in zip(masks, sorted(numa_ids), strict=False)
+            if available.get(n, 0) >= request
+        ]
     for mask in masks:
         if sum(capacity.get(n, 0) for n in mask) >= request and len(mask) < min_size:
             min_size = len(mask)
         if sum(available.get(n, 0) for n in mask) >= request:
             hints.append(mask)
-    return [TopologyHint(mask, len(mask) == min_size) for mask in hints]
+    return [_hint(mask, len(mask) == min_size) for mask in hints]
+
+
+def _single_hints(
+    numa_ids: tuple[int, ...], request: int, available: Sequence[int], capacity: Sequence[int]
+) -> list[TopologyHint]:
+    """`generate_hints(..., single_only=True)` for per-slot sequences aligned with `numa_ids` (ascending)."""
+    preferred = any(c >= request for c in capacity)
+    return [_hint(mask, preferred) for mask, a in zip(_masks(numa_ids), available, strict=False) if a >= request]
 
 
 def _narrower(a: frozenset[int], b: frozenset[int]) -> bool:
@@ -133,16 +181,25 @@ def merge_hints(policy: str, numa_ids: Sequence[int], providers: Iterable[Hints]
     """Merge every provider's hints under `policy`; return (best hint, admit)."""
     if policy not in NUMA_POLICIES:
         raise ValueError(f"unknown NUMA topology policy {policy!r}; valid: {', '.join(NUMA_POLICIES)}")
-    everything = frozenset(numa_ids)
-    per_resource: list[list[TopologyHint]] = []
+    per_resource: list[tuple[TopologyHint, ...]] = []
     for hints in providers:
         for resource_hints in hints.values():
             if resource_hints is None:
-                per_resource.append([TopologyHint(None, True)])
+                per_resource.append((_hint(None, True),))
             elif not resource_hints:
-                per_resource.append([TopologyHint(None, False)])
+                per_resource.append((_hint(None, False),))
             else:
-                per_resource.append(list(resource_hints))
+                per_resource.append(tuple(resource_hints))
+    return _merge(policy, tuple(numa_ids), tuple(per_resource))
+
+
+@lru_cache(maxsize=4096)
+def _merge(
+    policy: str, numa_ids: tuple[int, ...], resources: tuple[tuple[TopologyHint, ...], ...]
+) -> tuple[TopologyHint, bool]:
+    """`merge_hints` on hashable inputs (memoized: a node's hints take few distinct forms)."""
+    everything = frozenset(numa_ids)
+    per_resource: Sequence[Sequence[TopologyHint]] = resources
     if policy == "SingleNUMANode":
         per_resource = [
             [h for h in hints if h.preferred and (h.affinity is None or len(h.affinity) == 1)] for hints in per_resource
@@ -177,6 +234,9 @@ def _merge_permutation(everything: frozenset[int], permutation: Sequence[Topolog
 
 # The plugin ---------------------------------------------------------------------------------------------------
 
+#: Bound on NUMAAlign's memo of reserve decisions (cleared when full).
+_DECIDED_LIMIT = 4096
+
 
 class NUMAAlign:
     """PreFilter, Filter, Reserve and PreBind for NUMA alignment (see the module docstring).
@@ -192,6 +252,8 @@ class NUMAAlign:
     def __init__(self) -> None:
         self.state: ClusterState | None = None
         self._accounts: CPUAccounts | None = None
+        self._strict: tuple[int, bool] = (-1, True)  # (nodes_version, some node has a strict policy)
+        self._decided: dict[tuple[Any, ...], Any] = {}  # see `reserve`
 
     @classmethod
     def from_args(cls, args: Mapping[str, Any]) -> NUMAAlign:
@@ -202,7 +264,8 @@ class NUMAAlign:
     def attach(self, state: ClusterState) -> None:
         """Remember the state; the CPU accounts are taken on first use, so that CPUOrchestration
         (which comes later in the profile but owns ``maxRefCount``) attaches them first."""
-        self.state, self._accounts = state, None
+        self.state, self._accounts, self._strict = state, None, (-1, True)
+        self._decided = {}
 
     @property
     def accounts(self) -> CPUAccounts:
@@ -215,15 +278,33 @@ class NUMAAlign:
 
     def pre_filter(self, cycle: CycleState, request: ScheduleRequest, nodes: NodeBatch) -> Status:
         try:
-            req = cpu_request(cycle, request.workload)
+            req = cpu_request(cycle, request.workload, request.shape)
         except ValueError as exc:
             return Status.error(str(exc))
-        if req.qos == "BE":
+        if req.qos == "BE" or not (req.numa_policy or self._any_strict_node()):
             return SKIP
         return SUCCESS
 
+    def _any_strict_node(self) -> bool:
+        """Whether some node's own policy is Restricted or SingleNUMANode (cached per node set).
+
+        Without a workload policy only such nodes can fail the filter (no mismatch, no NUMA
+        requirement elsewhere), so a cluster without them needs no filter pass at all: it
+        would cost a full numpy pass per new shape and one per memo refresh, to pass every node.
+        Node policies change only with the node set, which `nodes_version` tracks.
+        """
+        state = self.state
+        if state is None:
+            return True
+        version, strict = self._strict
+        if version != state.nodes_version:
+            policy = self.accounts.numa_policy[: state.n]
+            strict = bool(np.count_nonzero((policy == RESTRICTED) | (policy == SINGLE)))
+            self._strict = (state.nodes_version, strict)
+        return strict
+
     def filter(self, cycle: CycleState, request: ScheduleRequest, nodes: NodeBatch) -> FilterResult:
-        req = cpu_request(cycle, request.workload)
+        req = cpu_request(cycle, request.workload, request.shape)
         checks = numa_checks(self.accounts, req, nodes, _device_fits(cycle, self.state, nodes))
         mask = np.ones(nodes.n, dtype=bool)
         for failed, _ in checks.values():
@@ -231,7 +312,7 @@ class NUMAAlign:
         return FilterResult(mask, lambda: dict(checks))
 
     def reserve(self, cycle: CycleState, request: ScheduleRequest, node: int) -> Status:
-        req = cpu_request(cycle, request.workload)
+        req = cpu_request(cycle, request.workload, request.shape)
         acc = self.accounts
         policy = effective_policy(req, acc.config[node].numa_policy)
         if req.qos == "BE" or policy in ("None", ""):
@@ -241,6 +322,29 @@ class NUMAAlign:
         numa_ids = acc.numa_ids[node]
         if not numa_ids:
             return SUCCESS if policy == "BestEffort" else Status.unschedulable(NO_NUMA)
+        if _device_request(cycle, self.state) is None:
+            # Without devices the decision reads only the request, the node's config and a few
+            # of its per-NUMA numbers (`numa_inputs`): memoized, since nodes of one shape pass
+            # through the same numbers again and again.
+            key = numa_inputs(acc, req, node)
+            outcome = self._decided.get(key)
+            if outcome is None:
+                if len(self._decided) >= _DECIDED_LIMIT:
+                    self._decided.clear()
+                outcome = self._decided[key] = self._decide(cycle, req, node, policy, numa_ids)
+        else:
+            outcome = self._decide(cycle, req, node, policy, numa_ids)
+        if isinstance(outcome, Status):
+            return outcome
+        chosen, required, packed = outcome
+        cycle.write(NUMA_AFFINITY, NUMAAffinity(node, chosen, required))
+        cycle.write(NUMA_OFFER, NUMAOffer(node, packed))
+        return SUCCESS
+
+    def _decide(
+        self, cycle: CycleState, req: CPURequest, node: int, policy: str, numa_ids: tuple[int, ...]
+    ) -> Status | tuple[frozenset[int], bool, tuple[tuple[int, tuple[tuple[str, int], ...]], ...]]:
+        """Merge the providers' hints on `node`: a failure Status, or (chosen NUMA ids, required, grants)."""
         single = policy == "SingleNUMANode"
         providers: list[Hints] = [self.hints(req, node, single), self.device_hints(cycle, node, single)]
         best, admit = merge_hints(policy, numa_ids, providers)
@@ -249,17 +353,13 @@ class NUMAAlign:
             return Status.unschedulable(f"node(s) cannot align {', '.join(wanted)} under NUMA policy {policy}")
         chosen = best.affinity if best.affinity is not None else frozenset(numa_ids)
         required = policy in ("Restricted", "SingleNUMANode")
-        affinity = NUMAAffinity(node, chosen, required)
         try:
             grants = self._grants(req, node, chosen)
         except InsufficientCPUs as exc:
             if required:
                 return Status.unschedulable(str(exc))
             grants = {}
-        cycle.write(NUMA_AFFINITY, affinity)
-        packed = tuple((n, tuple(sorted(g.items()))) for n, g in sorted(grants.items()))
-        cycle.write(NUMA_OFFER, NUMAOffer(node, packed))
-        return SUCCESS
+        return chosen, required, tuple((n, tuple(sorted(g.items()))) for n, g in sorted(grants.items()))
 
     def unreserve(self, cycle: CycleState, request: ScheduleRequest, node: int) -> None:
         affinity = cycle.get(NUMA_AFFINITY)
@@ -284,6 +384,12 @@ class NUMAAlign:
         acc = self.accounts
         view = acc.view(node)
         out: dict[str, list[TopologyHint] | None] = {}
+        if single_only:  # the same hints from the view's aligned tuples, without building dicts
+            if req.cpu_milli > 0 and acc.topo[node] is not None:
+                out[CPU] = _single_hints(view.numa_ids, req.cpu_milli, self._cpu_available(req, node), view.cpu_cap)
+            if req.memory > 0 and view.mem_free is not None and view.mem_cap is not None:
+                out[MEMORY] = _single_hints(view.numa_ids, req.memory, view.mem_free, view.mem_cap)
+            return out
         if req.cpu_milli > 0 and acc.topo[node] is not None:
             available, capacity = self.cpu_free(req, node)
             out[CPU] = generate_hints(view.numa_ids, req.cpu_milli, available, capacity, single_only)
@@ -309,20 +415,28 @@ class NUMAAlign:
                 out[kind] = []
                 continue
             fits = _fit_mask(tr, nd.dims, nd.free, nd.total, nd.healthy)
-            available = {n: int((fits & (nd.numa == n)).sum()) for n in numa_ids}
-            capacity = {n: int((nd.healthy & (nd.numa == n)).sum()) for n in numa_ids}
+            # Counted in Python over the node's few devices (numpy calls per NUMA id cost more).
+            available, capacity = dict.fromkeys(numa_ids, 0), dict.fromkeys(numa_ids, 0)
+            for fit, healthy, numa in zip(fits.tolist(), nd.healthy.tolist(), nd.numa.tolist(), strict=True):
+                if numa in capacity:
+                    available[numa] += fit
+                    capacity[numa] += healthy
             out[kind] = generate_hints(numa_ids, tr.count, available, capacity, single_only)
         return out
 
     def cpu_free(self, req: CPURequest, node: int) -> tuple[dict[int, int], dict[int, int]]:
         """(available, capacity) millicores per NUMA id for `req` on `node` (see the module docstring)."""
-        acc = self.accounts
-        view = acc.view(node)
+        view = self.accounts.view(node)
         capacity = dict(zip(view.numa_ids, view.cpu_cap, strict=True))
-        free = view.cpu_free
+        return dict(zip(view.numa_ids, self._cpu_available(req, node), strict=True)), capacity
+
+    def _cpu_available(self, req: CPURequest, node: int) -> tuple[int, ...]:
+        """`cpu_free`'s available millicores per NUMA slot (ids ascending)."""
+        acc = self.accounts
+        free = acc.view(node).cpu_free
         if req.exclusive_on(acc.config[node].kubelet_static):
             free = tuple(min(f, 1000 * u) for f, u in zip(free, usable_cpus_of(acc, req, node), strict=True))
-        return dict(zip(view.numa_ids, free, strict=True)), capacity
+        return free
 
     def _grants(self, req: CPURequest, node: int, chosen: frozenset[int]) -> dict[int, dict[str, int]]:
         """Memory (and cpu, for workloads without a cpuset) split over the chosen NUMA nodes."""
@@ -346,13 +460,20 @@ def effective_policy(req: CPURequest, node_policy: str) -> str:
     return req.numa_policy or node_policy or "None"
 
 
+#: DeviceShare's request key, imported on first use (deviceshare imports this package's modules).
+_DEVICE_REQUEST: Any = None
+
+
 def _device_request(cycle: CycleState, state: ClusterState | None) -> tuple[Any, Any] | None:
     """(DeviceShare's normalized request, the device accounts) when this cycle asks for devices."""
+    global _DEVICE_REQUEST
     if state is None or "devices" not in state.extras:
         return None
-    from finesched.plugins.deviceshare.plugin import DEVICE_REQUEST
+    if _DEVICE_REQUEST is None:
+        from finesched.plugins.deviceshare.plugin import DEVICE_REQUEST
 
-    dreq = cycle.get(DEVICE_REQUEST)
+        _DEVICE_REQUEST = DEVICE_REQUEST
+    dreq = cycle.get(_DEVICE_REQUEST)
     if dreq is None or not dreq.types:
         return None
     return dreq, state.extras["devices"]

@@ -18,6 +18,7 @@ from functools import lru_cache
 from typing import Any
 
 from finesched.cpuset import CPUSet
+from finesched.model.base import fast_construct, fast_copy
 from finesched.model.binding import Binding, NUMAGrant
 from finesched.model.resources import CPU, MEMORY, ResourceVector, koordinator_name
 from finesched.quantity import format_quantity
@@ -26,6 +27,8 @@ from finesched.state.cluster import ClusterState
 ANNOTATION_RESOURCE_STATUS = "scheduling.koordinator.sh/resource-status"
 
 SharedPool = tuple[int, int]  # (socket id, NUMA id)
+#: What ``json.dumps(obj, separators=(",", ":"))`` builds on every call, built once (same output).
+_COMPACT_JSON = json.JSONEncoder(separators=(",", ":"))
 
 
 def resource_status(
@@ -71,8 +74,8 @@ def with_resource_status(binding: Binding, shared_pools: Iterable[SharedPool] | 
     status = resource_status(updates.get("cpuset", binding.cpuset), updates.get("numa", binding.numa), pools)
     annotations = {k: v for k, v in binding.annotations.items() if k != ANNOTATION_RESOURCE_STATUS}
     if status:
-        annotations[ANNOTATION_RESOURCE_STATUS] = json.dumps(status, separators=(",", ":"))
-    return binding.model_copy(update={**updates, "annotations": annotations})
+        annotations[ANNOTATION_RESOURCE_STATUS] = _COMPACT_JSON.encode(status)
+    return fast_copy(binding, {**updates, "annotations": annotations})
 
 
 def merge_numa_grants(grants: Iterable[NUMAGrant], add: Mapping[int, Mapping[str, int]]) -> tuple[NUMAGrant, ...]:
@@ -85,8 +88,11 @@ def merge_numa_grants(grants: Iterable[NUMAGrant], add: Mapping[int, Mapping[str
         for name, amount in amounts.items():
             if amount:
                 slot[name] = slot.get(name, 0) + amount
+    # fast_construct: every field given, as model_construct(numa=..., resources=...) would set them.
     return tuple(
-        NUMAGrant.model_construct(numa=n, resources=ResourceVector(merged[n])) for n in sorted(merged) if merged[n]
+        fast_construct(NUMAGrant, {"numa": n, "resources": ResourceVector(merged[n])})
+        for n in sorted(merged)
+        if merged[n]
     )
 
 

@@ -25,8 +25,14 @@ class ResourcesFit:
 
     def filter(self, cycle: CycleState, request: ScheduleRequest, nodes: NodeBatch) -> FilterResult:
         free = nodes.state.free
+        floor = request.floor
         if request.unknown:
             mask = np.zeros(nodes.n, dtype=bool)
+        elif nodes.index is not None and floor is not None and len(floor) == len(free):
+            # A subset batch (the memo's changed nodes): gather every row of the few nodes at
+            # once and compare with the per-row floor (int64 min where nothing is asked): three
+            # numpy calls instead of three per requested resource.
+            mask = np.logical_and.reduce(nodes.state.free_at(nodes.index) >= floor, axis=0)
         else:
             pairs = request.pairs
             r, amount = pairs[0]
@@ -52,6 +58,16 @@ class ResourcesFit:
     def pre_score(self, cycle: CycleState, request: ScheduleRequest, nodes: NodeBatch) -> Status:
         state = nodes.state
         used, inv = state.used_float, state.inv_allocatable
+        add, index = request.share_add, nodes.index
+        if index is not None and add is not None and len(add) == len(used) and request.share_pairs:
+            # Subset batch: every row of the few nodes in one gather each; rows nobody asked for
+            # are computed and dropped. Each kept row gets the operations of the loop below.
+            block = state.used_float_at(index)
+            block += add
+            block *= state.inv_allocatable_at(index)
+            for r, _ in request.share_pairs:
+                add_shares(cycle, block[r])
+            return SUCCESS
         for r, amount in request.share_pairs:
             share = nodes.row(used, r) + float(amount)
             add_shares(cycle, np.multiply(share, nodes.row(inv, r), out=share))

@@ -8,7 +8,7 @@ pre_filter or stored the wrong thing gets a clear error, never a wrong answer.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar, cast
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -26,33 +26,37 @@ class StateKey(Generic[T]):
 
 
 class CycleState:
-    """Key -> value store for one scheduling cycle (one workload)."""
+    """Key -> value store for one scheduling cycle (one workload).
+
+    Values are stored under the key's name (names are unique, "<Plugin>/<what>"): a cycle reads
+    keys a few dozen times per decision, and a str hashes once and for all where the frozen
+    dataclass key would build and hash a tuple on every lookup. `write` checks the kind.
+    """
 
     __slots__ = ("_data",)
 
     def __init__(self) -> None:
-        self._data: dict[StateKey[Any], Any] = {}
+        self._data: dict[str, Any] = {}
 
     def write(self, key: StateKey[T], value: T) -> None:
         if not isinstance(value, key.kind):
             raise TypeError(f"{key.name}: expected {key.kind}, got {type(value).__name__}")
-        self._data[key] = value
+        self._data[key.name] = value
 
     def read(self, key: StateKey[T]) -> T:
         try:
-            value = self._data[key]
+            return self._data[key.name]  # type: ignore[no-any-return]  # (no runtime cast on the hot path)
         except KeyError:
             raise MissingState(f"{key.name}: nothing stored; did its pre_filter/pre_score run?") from None
-        return cast(T, value)
 
     def get(self, key: StateKey[T], default: T | None = None) -> T | None:
-        return cast("T | None", self._data.get(key, default))
+        return self._data.get(key.name, default)  # type: ignore[no-any-return]
 
     def delete(self, key: StateKey[Any]) -> None:
-        self._data.pop(key, None)
+        self._data.pop(key.name, None)
 
     def __contains__(self, key: StateKey[Any]) -> bool:
-        return key in self._data
+        return key.name in self._data
 
     def clone(self) -> CycleState:
         """A shallow copy: values are frozen or never mutated after writing."""

@@ -47,6 +47,9 @@ class Code(IntEnum):
     SKIP = 4  # the plugin has nothing to do for this workload
 
 
+_OK_CODES = (Code.SUCCESS, Code.SKIP)
+
+
 @dataclass(frozen=True, slots=True)
 class Status:
     code: Code = Code.SUCCESS
@@ -55,7 +58,7 @@ class Status:
 
     @property
     def ok(self) -> bool:
-        return self.code in (Code.SUCCESS, Code.SKIP)
+        return self.code in _OK_CODES
 
     @classmethod
     def unschedulable(cls, *reasons: str, plugin: str = "") -> Status:
@@ -109,13 +112,22 @@ class NodeBatch:
     def with_mask(self, mask: BoolArray) -> NodeBatch:
         return NodeBatch(self.state, mask, self.index)
 
+    # Gathers: a subset batch is usually a few dozen nodes, where numpy's per-call overhead is
+    # the whole cost. Mixed or multi-dimensional fancy indexing (``a[r, index]``, ``a2d[index]``)
+    # takes numpy's general path, 3-5x slower than the 1-D fast path (``a[r][index]``) or
+    # ``take(index, axis=0)``, with identical results. (`take` first copies a non-contiguous
+    # array whole, so it is used on contiguous ones only.)
     def row(self, array: npt.NDArray[Any], r: int) -> npt.NDArray[Any]:
         """Row `r` of a resource-major [R, n] state array, over this batch's nodes."""
-        return array[r] if self.index is None else array[r, self.index]
+        return array[r] if self.index is None else array[r][self.index]
 
     def take(self, array: npt.NDArray[Any]) -> npt.NDArray[Any]:
         """The batch's entries of a node-major array ([n, ...] indexed by node first)."""
-        return array[: self.state.n] if self.index is None else array[self.index]
+        if self.index is None:
+            return array[: self.state.n]
+        if array.ndim == 1 or not array.flags.c_contiguous:
+            return array[self.index]
+        return array.take(self.index, axis=0)
 
     def node(self, k: int) -> int:
         """The state index of the batch's k-th node."""

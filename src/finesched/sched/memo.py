@@ -55,17 +55,64 @@ class MemoEntry:
         self.position = position
 
 
-def request_shape(workload: Workload) -> Hashable:
+class RequestShape:
+    """A request shape (`request_shape`): the flattened fields, hashed once.
+
+    Shapes are dict keys several times per decision (request compiler, CPU request cache, score
+    memo); hashing the field tuple each time would hash and compare every field again. Shapes
+    are interned, so the later lookups of one decision find the very same object (a dict
+    compares identity before calling `__eq__`).
+    """
+
+    __slots__ = ("_hash", "fields")
+
+    def __init__(self, fields: tuple[Hashable, ...]):
+        self.fields = fields
+        self._hash = hash(fields)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if not isinstance(other, RequestShape):
+            return NotImplemented
+        return self._hash == other._hash and self.fields == other.fields
+
+    def __repr__(self) -> str:
+        return f"RequestShape{self.fields!r}"
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (RequestShape, (self.fields,))  # rehashed where it is unpickled (str hashes are per process)
+
+
+_INTERNED: dict[tuple[Hashable, ...], RequestShape] = {}
+_INTERN_LIMIT = 8192
+
+
+def request_shape(workload: Workload) -> RequestShape:
     """Everything about a workload that node-local plugins may read (identity and tenancy left out).
 
     Flattened to strings, ints and frozensets so that a lookup never runs pydantic equality.
     """
-    w = workload
+    fields = _shape_fields(workload)
+    shape = _INTERNED.get(fields)
+    if shape is None:
+        if len(_INTERNED) >= _INTERN_LIMIT:
+            _INTERNED.clear()  # equal shapes still compare equal, only the identity shortcut is lost
+        shape = _INTERNED[fields] = RequestShape(fields)
+    return shape
+
+
+def _shape_fields(w: Workload) -> tuple[Hashable, ...]:
     spec = w.resource_spec
     joint = w.device_joint_allocate
+    # Amounts as frozensets of items: each workload brings its own vectors, whose first hash
+    # builds this frozenset anyway, and frozenset equality runs in C (the vector's is Python).
     return (
-        w.requests,
-        w.limits,
+        frozenset(w.requests.items()),
+        frozenset(w.limits.items()),
         w.qos,
         frozenset(w.node_selector.items()) if w.node_selector else None,
         tuple((t.key, t.operator, t.values) for t in w.node_affinity),
@@ -96,8 +143,7 @@ class ScoreMemo:
         if changed is None or len(changed) > FULL_REFRESH_FRACTION * state.n:
             return None, None
         self._entries.move_to_end(shape)
-        dirty = np.array(sorted(set(changed)), dtype=np.intp)
-        return entry, dirty
+        return entry, state.distinct_changed(entry.position, changed)
 
     def store(self, shape: Hashable, entry: MemoEntry) -> None:
         self._entries[shape] = entry

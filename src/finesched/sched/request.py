@@ -7,7 +7,7 @@ numpy arrays (state rows and amounts), built once per workload and state layout.
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import numpy.typing as npt
@@ -35,6 +35,14 @@ class ScheduleRequest:
     #: The same rows and amounts as Python pairs, for per-row loops that must not pay .tolist().
     pairs: tuple[tuple[int, int], ...] = ()
     share_pairs: tuple[tuple[int, int], ...] = ()
+    #: The workload's request shape (sched/memo.py) when the scheduler computed it, else None;
+    #: plugins that cache per shape reuse it instead of flattening the workload again.
+    shape: Hashable | None = None
+    #: [R, 1] per state row (R = rows when compiled): the amount asked, int64 min where nothing
+    #: is asked, so one compare of a gathered [R, k] block of free amounts checks every row.
+    floor: npt.NDArray[np.int64] | None = None
+    #: [R, 1] float64 per state row: the amount added to `used` for share scoring (0 elsewhere).
+    share_add: npt.NDArray[np.float64] | None = None
 
     @property
     def key(self) -> str:
@@ -59,6 +67,10 @@ def compile_request(
         if name != PODS:
             share_rows.append(r)
             share_amounts.append(amount)
+    floor = np.full((len(state.resources), 1), np.iinfo(np.int64).min, dtype=np.int64)
+    floor[rows, 0] = amounts
+    share_add = np.zeros((len(state.resources), 1), dtype=np.float64)
+    share_add[share_rows, 0] = share_amounts
     return ScheduleRequest(
         workload=workload,
         scalar=ResourceVector(scalar),
@@ -69,6 +81,8 @@ def compile_request(
         share_amounts=np.asarray(share_amounts, dtype=np.int64),
         pairs=tuple(zip(rows, amounts, strict=True)),
         share_pairs=tuple(zip(share_rows, share_amounts, strict=True)),
+        floor=floor,
+        share_add=share_add,
     )
 
 
@@ -93,7 +107,7 @@ class RequestCompiler:
         if template is None:
             if len(self._cache) >= self._max:
                 self._cache.clear()
-            template = self._cache[key] = compile_request(workload, self._state, self._owns)
+            template = self._cache[key] = replace(compile_request(workload, self._state, self._owns), shape=shape)
             return template
         return ScheduleRequest(
             workload,
@@ -105,4 +119,7 @@ class RequestCompiler:
             template.share_amounts,
             template.pairs,
             template.share_pairs,
+            shape,
+            template.floor,
+            template.share_add,
         )

@@ -16,6 +16,7 @@ from finesched.model.binding import Binding
 from finesched.sched.cycle_state import CycleState
 from finesched.sched.framework import (
     MAX_SCORE,
+    SUCCESS,
     BoolArray,
     Code,
     ExtensionPoints,
@@ -150,19 +151,32 @@ class Framework:
                 raise PreFilterFailed(Status(status.code, status.reasons, plugin.NAME))
 
     def run_score(self, cycle: CycleState, request: ScheduleRequest, nodes: NodeBatch) -> ScoreArray:
-        """Weighted sum of every score plugin's checked scores ([n] int64; zeros without scorers)."""
+        """Weighted sum of every score plugin's checked scores ([n] int64; zeros without scorers).
+
+        The result is a fresh array (callers may keep it); plugins' own arrays are never written.
+        """
         total: ScoreArray | None = None
+        fresh = False  # whether `total` is our own array (else a plugin's, which we must not write)
+        normalizers = self._normalizers
         for plugin, weight in self.points.score:
             scores = plugin.score(cycle, request, nodes)
-            normalizer = self._normalizers.get(plugin.NAME)
-            if normalizer is not None:
-                scores = normalizer.normalize_score(cycle, request, nodes, scores)
+            if normalizers:
+                normalizer = normalizers.get(plugin.NAME)
+                if normalizer is not None:
+                    scores = normalizer.normalize_score(cycle, request, nodes, scores)
             _check_range(plugin, scores, nodes.n)
             if weight == 0:
                 continue
             weighted = scores if weight == 1 else scores * weight
-            total = weighted.copy() if total is None else np.add(total, weighted, out=total)
-        return np.zeros(nodes.n, dtype=np.int64) if total is None else total
+            if total is None:
+                total, fresh = weighted, weight != 1
+            elif fresh:
+                np.add(total, weighted, out=total)
+            else:
+                total, fresh = total + weighted, True
+        if total is None:
+            return np.zeros(nodes.n, dtype=np.int64)
+        return total if fresh else total.copy()
 
     def run_reserve(self, cycle: CycleState, request: ScheduleRequest, node: int) -> Status:
         """Reserve on `node` with every plugin; on the first failure unreserve all in reverse."""
@@ -171,7 +185,7 @@ class Framework:
             if not status.ok:
                 self.run_unreserve(cycle, request, node)
                 return Status(status.code, status.reasons, plugin.NAME)
-        return Status()
+        return SUCCESS
 
     def run_unreserve(self, cycle: CycleState, request: ScheduleRequest, node: int) -> None:
         for plugin in reversed(self.points.reserve):
@@ -189,15 +203,19 @@ class Framework:
         return (p.NAME for p in self.plugins)
 
 
+_INT64 = np.dtype(np.int64)  # comparing with a dtype instance skips converting the scalar type each time
+
+
 def _check_range(plugin: Plugin, scores: ScoreArray, n: int) -> None:
-    if not isinstance(scores, np.ndarray) or scores.dtype != np.int64 or scores.shape != (n,):
+    if not isinstance(scores, np.ndarray) or scores.dtype != _INT64 or scores.shape != (n,):
         shape = getattr(scores, "shape", None)
         dtype = getattr(scores, "dtype", type(scores).__name__)
         raise ScoreRangeError(
             f"plugin {plugin.NAME!r} returned scores of dtype {dtype} shape {shape}; want int64 [{n}]"
         )
-    # One pass checks both bounds: a negative int64 viewed as uint64 is huge.
-    if n and bool((scores.view(np.uint64) > MAX_SCORE).any()):
+    # One pass checks both bounds: a negative int64 viewed as uint64 is huge. (count_nonzero is a
+    # plain C call; ndarray.any goes through Python-level dispatch, which dominates on small batches.)
+    if n and np.count_nonzero(scores.view(np.uint64) > MAX_SCORE):
         raise ScoreRangeError(
             f"plugin {plugin.NAME!r} returned an invalid score in [{scores.min()}, {scores.max()}]; "
             f"scores must lie in [0, {MAX_SCORE}] after normalizing"

@@ -75,15 +75,17 @@ class Scheduler:
     def schedule_one(self, workload: Workload) -> Binding:
         """Place `workload` and return its binding (applied to the state), or raise FitError."""
         binding = self._place(workload)
-        self.queue.charge(binding.tenant, binding_amounts(binding))
+        # Without device grants a binding holds exactly its scalar requests (no dict to build).
+        self.queue.charge(binding.tenant, binding_amounts(binding) if binding.devices else binding.requests)
         return binding
 
     def _place(self, workload: Workload) -> Binding:
         state = self.state
-        if workload.key in state.bindings:
-            raise ValidationError(f"already bound to {state.bindings[workload.key].node}", path=workload.key)
+        workload_key = workload.key
+        if workload_key in state.bindings:
+            raise ValidationError(f"already bound to {state.bindings[workload_key].node}", path=workload_key)
         if state.n == 0:
-            raise FitError(workload.key, 0, {}, detail="0/0 nodes available: the cluster has no nodes")
+            raise FitError(workload_key, 0, {}, detail="0/0 nodes available: the cluster has no nodes")
         # 1. compile
         shape = request_shape(workload)
         request = self._compiler.compile(workload, shape)
@@ -92,14 +94,13 @@ class Scheduler:
         try:
             skipped = self.framework.run_pre_filter(cycle, request, NodeBatch(state))
         except PreFilterFailed as exc:
-            raise _prefilter_error(workload.key, state.n, exc) from None
+            raise _prefilter_error(workload_key, state.n, exc) from None
         # 3-4. filter and score every node (memoized per request shape where plugins allow)
         memo_shape = shape if self.memoize and self.framework.node_local else None
         feasible, key = self._evaluate(cycle, request, skipped, memo_shape)
         # 5. select and reserve
         failures: Counter[str] | None = None
-        nodes = NodeBatch(state, feasible)
-        for attempt, node in enumerate(self._candidates(cycle, request, nodes, key)):
+        for attempt, node in enumerate(self._candidates(cycle, request, feasible, key)):
             if attempt >= self.profile.max_reserve_attempts:
                 break
             status = self.framework.run_reserve(cycle, request, node)
@@ -122,7 +123,7 @@ class Scheduler:
             return binding
         _, results = self.framework.run_filter(cycle, request, NodeBatch(state), skipped)
         failures = failures or Counter()
-        error = diagnose(workload.key, state.n, results, failures)
+        error = diagnose(workload_key, state.n, results, failures)
         untried = int(feasible.sum()) - sum(failures.values())
         if untried > 0:
             error.reasons[f"not tried (limit of {self.profile.max_reserve_attempts} reserve attempts)"] = untried
@@ -195,21 +196,21 @@ class Scheduler:
         )
 
     def _candidates(
-        self, cycle: CycleState, request: ScheduleRequest, nodes: NodeBatch, key: ScoreArray
+        self, cycle: CycleState, request: ScheduleRequest, feasible: npt.NDArray[np.bool_], key: ScoreArray
     ) -> Iterator[int]:
         """Feasible nodes best first (the select plugin's order when the profile has one)."""
         select = self.framework.select()
         if select is not None:
-            yield from select.select(cycle, request, nodes, key)
+            yield from select.select(cycle, request, NodeBatch(self.state, feasible), key)
             return
-        best = int(np.argmax(key))  # the first maximum: the lowest index among equals
+        best = int(key.argmax())  # the first maximum: the lowest index among equals
         if key[best] < 0:
             return
         yield best
         key = key.copy()  # the key may be memoized: only the retry path pays for a copy
         while True:
             key[best] = -1
-            best = int(np.argmax(key))
+            best = int(key.argmax())
             if key[best] < 0:
                 return
             yield best

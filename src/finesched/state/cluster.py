@@ -98,17 +98,22 @@ class ClusterState:
         self._capacity = max(capacity, 1)
         self._alloc = np.zeros((len(self.resources), self._capacity), dtype=np.int64)
         self._free = np.zeros_like(self._alloc)
-        self._used = np.zeros_like(self._alloc)
-        # float64 mirror of _used: share math mixes it with 1/allocatable, and int->float
-        # conversion on every cycle would cost more than the arithmetic itself.
+        # Amounts held, as float64 (allocatable - free): share math mixes it with 1/allocatable,
+        # and int->float conversion on every cycle would cost more than the arithmetic itself.
+        # (The int form, `used`, is computed on demand: only checks read it.)
         self._used_f = np.zeros((len(self.resources), self._capacity), dtype=np.float64)
         self._inv_alloc = np.zeros((len(self.resources), self._capacity), dtype=np.float64)
         self.n = 0
         #: Node indices in the order their amounts changed (assume, forget, update); the score
         #: memo re-evaluates only nodes logged since it last looked. Positions are absolute:
         #: `change_base` counts entries trimmed from the front.
-        self.change_log: list[int] = []
+        #: (A numpy buffer, `_log[:_log_len]`: reading a stretch of it touches one contiguous
+        #: block, where a list would reach every entry's int object, cold in memory.)
+        self._log = np.empty(4096, dtype=np.intp)
+        self._log_len = 0
         self.change_base = 0
+        #: Per node slot, the absolute log position of its latest change (-1: none yet).
+        self._stamp = np.full(self._capacity, -1, dtype=np.int64)
         self.names: list[str] = []
         self.index: dict[str, int] = {}
         self.nodes: list[Node] = []
@@ -152,8 +157,8 @@ class ClusterState:
 
     @property
     def used(self) -> Int64Array:
-        """[R, n] amounts held by bindings (allocatable − free; a view; do not write)."""
-        return self._used[:, : self.n]
+        """[R, n] amounts held by bindings (allocatable − free; computed, a new array)."""
+        return self._alloc[:, : self.n] - self._free[:, : self.n]
 
     @property
     def used_float(self) -> npt.NDArray[np.float64]:
@@ -167,6 +172,21 @@ class ClusterState:
 
     def row(self, resource: str) -> int | None:
         return self.res_index.get(resource)
+
+    # Column gathers for a few nodes: [R, len(index)] copies, taken from the whole (contiguous)
+    # buffers. `take` on the [R, n] views above would first copy the entire array whenever the
+    # capacity exceeds n, and mixed fancy indexing (``free[:, index]``) takes numpy's slow path.
+    def free_at(self, index: npt.NDArray[np.intp]) -> Int64Array:
+        """[R, k] free amounts of the nodes `index`."""
+        return self._free.take(index, axis=1)
+
+    def used_float_at(self, index: npt.NDArray[np.intp]) -> npt.NDArray[np.float64]:
+        """[R, k] `used_float` of the nodes `index`."""
+        return self._used_f.take(index, axis=1)
+
+    def inv_allocatable_at(self, index: npt.NDArray[np.intp]) -> npt.NDArray[np.float64]:
+        """[R, k] `inv_allocatable` of the nodes `index`."""
+        return self._inv_alloc.take(index, axis=1)
 
     # Nodes ------------------------------------------------------------------------------------------
     def add_node(self, node: Node) -> int:
@@ -223,14 +243,14 @@ class ClusterState:
         last = self.n - 1
         moved = i != last
         if moved:
-            for array in (self._alloc, self._free, self._used, self._used_f, self._inv_alloc):
+            for array in (self._alloc, self._free, self._used_f, self._inv_alloc):
                 array[:, i] = array[:, last]
             self.names[i], self.nodes[i], self._on_node[i] = self.names[last], self.nodes[last], self._on_node[last]
             self.index[self.names[i]] = i
             self.labels.move(last, i)
             for extra in self.extras.values():
                 extra.move(last, i)
-        for array in (self._alloc, self._free, self._used, self._used_f, self._inv_alloc):
+        for array in (self._alloc, self._free, self._used_f, self._inv_alloc):
             array[:, last] = 0
         self.labels.clear(last)
         for extra in self.extras.values():
@@ -262,7 +282,6 @@ class ClusterState:
         for name, amount in node.allocatable.items():
             self._alloc[self.res_index[name], i] = amount
         self._free[:, i] = self._alloc[:, i]
-        self._used[:, i] = 0
         self._used_f[:, i] = 0
         column = self._alloc[:, i]
         with np.errstate(divide="ignore"):
@@ -279,7 +298,6 @@ class ClusterState:
         pad = np.zeros((len(new), self._capacity), dtype=np.int64)
         self._alloc = np.vstack([self._alloc, pad])
         self._free = np.vstack([self._free, pad])
-        self._used = np.vstack([self._used, pad])
         self._used_f = np.vstack([self._used_f, pad.astype(np.float64)])
         self._inv_alloc = np.vstack([self._inv_alloc, pad.astype(np.float64)])
 
@@ -289,8 +307,11 @@ class ClusterState:
             out[:, : self.n] = a[:, : self.n]
             return out
 
-        self._alloc, self._free, self._used = grown(self._alloc), grown(self._free), grown(self._used)
+        self._alloc, self._free = grown(self._alloc), grown(self._free)
         self._used_f, self._inv_alloc = grown(self._used_f), grown(self._inv_alloc)
+        stamp = np.full(capacity, -1, dtype=np.int64)
+        stamp[: self.n] = self._stamp[: self.n]
+        self._stamp = stamp
         self.labels.resize(capacity)
         for extra in self.extras.values():
             extra.resize(capacity)
@@ -350,24 +371,55 @@ class ClusterState:
         self.capacity_version += 1
 
     def _refresh(self, i: int) -> None:
-        self.change_log.append(i)
-        if len(self.change_log) > max(65536, 4 * self.n):
-            drop = len(self.change_log) // 2
-            del self.change_log[:drop]
-            self.change_base += drop
+        length = self._log_len
+        self._stamp[i] = self.change_base + length
+        if length == len(self._log):
+            limit = max(65536, 4 * self.n)
+            if length >= limit:  # trim the older half (memos that far behind re-evaluate fully)
+                drop = length // 2
+                self._log[: length - drop] = self._log[drop:length]
+                self.change_base += drop
+                length -= drop
+            else:
+                self._log = np.concatenate([self._log, np.empty(min(length, limit - length), dtype=np.intp)])
+        self._log[length] = i
+        self._log_len = length + 1
         for observer in self._observers:
             observer.refresh(i)
 
     @property
     def change_position(self) -> int:
         """The absolute position of the next change-log entry."""
-        return self.change_base + len(self.change_log)
+        return self.change_base + self._log_len
 
-    def changed_since(self, position: int) -> list[int] | None:
-        """Node indices changed since `position` (with repeats), or None if that part of the log was trimmed."""
+    @property
+    def change_log(self) -> list[int]:
+        """Node indices in the order their amounts changed, from position `change_base` on (a copy)."""
+        return self._log[: self._log_len].tolist()
+
+    def changed_since(self, position: int) -> npt.NDArray[np.intp] | None:
+        """Node indices changed since `position` (with repeats; a read-only view of the log), or
+        None if that part of the log was trimmed."""
         if position < self.change_base:
             return None
-        return self.change_log[position - self.change_base :]
+        view = self._log[position - self.change_base : self._log_len]
+        view.flags.writeable = False
+        return view
+
+    def distinct_changed(self, position: int, changed: Sequence[int]) -> npt.NDArray[np.intp]:
+        """The distinct nodes of `changed` (what `changed_since(position)` returned), ascending.
+
+        Each node is kept at its latest log entry (where its stamp points): a few numpy calls
+        whatever the length, where a Python set and sort grow with it.
+        """
+        if len(changed) <= 32:  # a few entries: Python's set and sort beat five numpy calls
+            few = sorted(set(changed.tolist() if isinstance(changed, np.ndarray) else changed))
+            return np.array(few, dtype=np.intp)
+        nodes = np.array(changed, dtype=np.intp)  # a copy: the log buffer is reused
+        latest = self._stamp[nodes] == np.arange(position, position + len(nodes))
+        nodes = nodes[latest]
+        nodes.sort()
+        return nodes
 
     def _rows_of(self, amounts: ResourceVector) -> tuple[list[tuple[int, int]], list[str]]:
         """(row, amount) pairs of a vector in this state, and names the state does not know.
@@ -386,22 +438,25 @@ class ClusterState:
 
     def _take(self, i: int, binding: Binding) -> None:
         pairs, unknown = self._rows_of(binding.requests)
-        free = self._free
-        if unknown or any(free[r, i] < a for r, a in pairs):
-            short = [f"{name} (asks {binding.requests[name]}, 0 free)" for name in unknown]
-            short += [f"{self.resources[r]} (asks {a}, {free[r, i]} free)" for r, a in pairs if free[r, i] < a]
-            raise StateError(f"binding {binding.workload} does not fit on {binding.node}: " + ", ".join(short))
+        free, used = self._free, self._used_f
+        short = bool(unknown)
+        for r, a in pairs:
+            if free[r, i] < a:
+                short = True
+        if short:
+            missing = [f"{name} (asks {binding.requests[name]}, 0 free)" for name in unknown]
+            missing += [f"{self.resources[r]} (asks {a}, {free[r, i]} free)" for r, a in pairs if free[r, i] < a]
+            raise StateError(f"binding {binding.workload} does not fit on {binding.node}: " + ", ".join(missing))
         for r, a in pairs:
             free[r, i] -= a
-            self._used[r, i] += a
-            self._used_f[r, i] += a
+            used[r, i] += a
 
     def _give(self, i: int, binding: Binding) -> None:
         pairs, _ = self._rows_of(binding.requests)
+        free, used = self._free, self._used_f
         for r, a in pairs:
-            self._free[r, i] += a
-            self._used[r, i] -= a
-            self._used_f[r, i] -= a
+            free[r, i] += a
+            used[r, i] -= a
 
     # Extras --------------------------------------------------------------------------------------------
     def attach(self, extra: E) -> E:
@@ -463,10 +518,10 @@ class ClusterState:
         self._free = np.zeros_like(self._alloc)
         self._alloc[:, : snap.n] = snap.allocatable
         self._free[:, : snap.n] = snap.free
-        self._used = self._alloc - self._free
-        self._used_f = self._used.astype(np.float64)
+        self._used_f = (self._alloc - self._free).astype(np.float64)
         with np.errstate(divide="ignore"):
             self._inv_alloc = np.where(self._alloc > 0, 1.0 / np.maximum(self._alloc, 1), 0.0)
+        self._stamp = np.full(self._capacity, -1, dtype=np.int64)  # memo entries die with nodes_version
         self.n = snap.n
         self.nodes = list(snap.nodes)
         self.names = [node.name for node in self.nodes]
@@ -516,4 +571,4 @@ class ClusterState:
     def used_of(self, name: str) -> Int64Array:
         """[n] amount of resource `name` held by bindings on each node."""
         r = self.res_index.get(name)
-        return np.zeros(self.n, dtype=np.int64) if r is None else self._used[r, : self.n]
+        return np.zeros(self.n, dtype=np.int64) if r is None else self._alloc[r, : self.n] - self._free[r, : self.n]

@@ -28,7 +28,8 @@ about 11 MB (measured with tracemalloc; about 1 KB a node).
 from __future__ import annotations
 
 from array import array
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
+from operator import attrgetter, sub
 from typing import Any
 
 import numpy as np
@@ -38,7 +39,7 @@ from finesched.model.binding import Binding
 from finesched.model.node import Node
 from finesched.model.resources import CPU, MEMORY
 from finesched.plugins.cpu.config import NUMA_POLICY_CODE, NodeCPUConfig, node_cpu_config, reserved_cpus
-from finesched.plugins.cpu.topology import AllocatedCPU, TopoInfo, topo_info
+from finesched.plugins.cpu.topology import AllocatedCPU, TopoInfo, topo_info, trusted_cpuset
 from finesched.state.cluster import StateError
 
 #: One value per node: name -> (dtype, fill).
@@ -68,6 +69,8 @@ _BLOCK: dict[str, int] = {
 }
 _FIELD = {name: f for f, name in enumerate(_BLOCK)}
 _AGGREGATES = [_FIELD[n] for n in ("numa_avail", "numa_whole", "numa_cores_free", "numa_shared")]
+_F_CPU_USED, _F_MEM_USED = _FIELD["numa_cpu_used"], _FIELD["numa_mem_used"]
+_F_CPU_CAP, _F_MEM_CAP = _FIELD["numa_cpu_cap"], _FIELD["numa_mem_cap"]
 _SOCKETS = ("sock_avail", "sock_whole")  # [nodes, 2, socket slots] block
 _BIND_CODE = {"": 0, "FullPCPUs": 1, "SpreadByPCPUs": 2}
 
@@ -104,6 +107,22 @@ class NodeView:
     cpu_free: tuple[int, ...]  # millicores not granted to NUMA-bound workloads
     mem_cap: tuple[int, ...] | None  # bytes; None when the node has no per-NUMA memory
     mem_free: tuple[int, ...] | None
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # A memo key (several lookups per decision): hash the fields once, not on every lookup.
+        object.__setattr__(self, "_hash", hash(_VIEW_FIELDS(self)))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # Rebuilt through __init__, so a copy in another process hashes with that process's seed.
+        return (type(self), _VIEW_FIELDS(self))
+
+
+#: The compared fields of `NodeView`, as one tuple (a C-level getter).
+_VIEW_FIELDS = attrgetter(*(f.name for f in fields(NodeView) if f.compare))
 
 
 @dataclass(frozen=True, slots=True)
@@ -276,35 +295,35 @@ class CPUAccounts:
         grants = tuple((g.numa, g.resources.get(CPU, 0), g.resources.get(MEMORY, 0)) for g in binding.numa)
         if not binding.cpuset and not grants:
             return None
-        where = f"binding {binding.workload} on {binding.node}"
         topo, ref = self.topo[index], self.ref[index]
         cpus = tuple(binding.cpuset)
         if cpus:
             if topo is None or ref is None:
-                raise StateError(f"{where} pins CPUs {binding.cpuset} but the node has no CPU topology")
-            stray = [c for c in cpus if c not in topo.all]
-            if stray:
-                raise StateError(f"{where}: CPUs {CPUSet(stray)} are not in the node's topology")
-            reserved = [c for c in cpus if c in self.reserved[index]]
-            if reserved:
-                raise StateError(f"{where}: CPUs {CPUSet(reserved)} are reserved by the kubelet")
-            full = [c for c in cpus if ref[topo.pos_of[c]] >= self.max_ref_count]
+                raise StateError(f"{_where(binding)} pins CPUs {binding.cpuset} but the node has no CPU topology")
+            if not topo.all.issuperset(cpus):
+                stray = [c for c in cpus if c not in topo.all]
+                raise StateError(f"{_where(binding)}: CPUs {CPUSet(stray)} are not in the node's topology")
+            if not self.reserved[index].isdisjoint(cpus):
+                reserved = [c for c in cpus if c in self.reserved[index]]
+                raise StateError(f"{_where(binding)}: CPUs {CPUSet(reserved)} are reserved by the kubelet")
+            limit, pos_of = self.max_ref_count, topo.pos_of
+            full = [c for c in cpus if ref[pos_of[c]] >= limit]
             if full:
                 raise StateError(
-                    f"{where}: CPUs {CPUSet(full)} are already held exclusively (max_ref_count {self.max_ref_count})"
+                    f"{_where(binding)}: CPUs {CPUSet(full)} are already held exclusively (max_ref_count {limit})"
                 )
-        block = self.block
-        for nid, cpu_milli, mem in grants:
-            if nid not in self.numa_ids[index]:
-                raise StateError(f"{where}: NUMA node {nid} is not on the node {list(self.numa_ids[index])}")
-            slot = self.numa_ids[index].index(nid)
-            used, cap = block[index, _FIELD["numa_cpu_used"], slot], block[index, _FIELD["numa_cpu_cap"], slot]
-            # With max_ref_count > 1 CPUs are shared, so cpuset grants may add up past the capacity.
-            if self.max_ref_count == 1 and used + cpu_milli > cap:
-                raise StateError(f"{where}: NUMA node {nid} has not {cpu_milli}m cpu left")
-            used, cap = block[index, _FIELD["numa_mem_used"], slot], block[index, _FIELD["numa_mem_cap"], slot]
-            if self.arrays["mem_tracked"][index] and used + mem > cap:
-                raise StateError(f"{where}: NUMA node {nid} has not {mem} bytes of memory left")
+        if grants:
+            numa_ids = self.numa_ids[index]
+            view = self.view(index)  # free per NUMA slot as Python ints (usually cached by reserve)
+            for nid, cpu_milli, mem in grants:
+                if nid not in numa_ids:
+                    raise StateError(f"{_where(binding)}: NUMA node {nid} is not on the node {list(numa_ids)}")
+                slot = numa_ids.index(nid)
+                # With max_ref_count > 1 CPUs are shared, so cpuset grants may add up past the capacity.
+                if self.max_ref_count == 1 and cpu_milli > view.cpu_free[slot]:
+                    raise StateError(f"{_where(binding)}: NUMA node {nid} has not {cpu_milli}m cpu left")
+                if view.mem_free is not None and mem > view.mem_free[slot]:
+                    raise StateError(f"{_where(binding)}: NUMA node {nid} has not {mem} bytes of memory left")
         return Hold(cpus, binding.cpu_exclusive_policy, binding.qos, grants)
 
     def _apply(self, i: int, hold: Hold, sign: int) -> None:
@@ -316,38 +335,55 @@ class CPUAccounts:
         returns to) 0 changes the shared pool. `violations` recomputes all from scratch and compares.
         """
         self._dirty(i)
-        k = len(self.numa_ids[i])
-        delta = [[0] * k for _ in range(len(_BLOCK))]
+        # Deltas per NUMA slot in plain lists, written back one element at a time: a hold
+        # touches a handful of the [fields, K] numbers, and turning lists into arrays would cost
+        # more than the few element updates.
+        numa_ids = self.numa_ids[i]
+        k = len(numa_ids)
+        cpu_used, mem_used = [0] * k, [0] * k
         for nid, cpu_milli, mem in hold.numa:
-            slot = self.numa_ids[i].index(nid)
-            delta[_FIELD["numa_cpu_used"]][slot] += sign * cpu_milli
-            delta[_FIELD["numa_mem_used"]][slot] += sign * mem
+            slot = numa_ids.index(nid)
+            cpu_used[slot] += sign * cpu_milli
+            mem_used[slot] += sign * mem
+        deltas = [(_F_CPU_USED, cpu_used), (_F_MEM_USED, mem_used)]
         topo, ref, core_avail = self.topo[i], self.ref[i], self.core_avail[i]
         if hold.cpus and topo is not None and ref is not None and core_avail is not None:
-            f_avail, f_whole, f_cores, f_shared = _AGGREGATES
-            sock = [[0] * topo.num_sockets for _ in _SOCKETS]
+            avail, whole, cores, shared = [0] * k, [0] * k, [0] * k, [0] * k
+            sock_avail, sock_whole = [0] * topo.num_sockets, [0] * topo.num_sockets
             limit, reserved = self.max_ref_count, self.reserved[i]
+            pos_of, numa_of, socket_of, core_of = topo.pos_of, topo.numa_of, topo.socket_of, topo.core_of
             for cpu in hold.cpus:
-                p, n = topo.pos_of[cpu], topo.numa_of[cpu]
+                p, n = pos_of[cpu], numa_of[cpu]
                 old = ref[p]
                 new = ref[p] = old + sign
                 if (old == 0) != (new == 0):
-                    delta[f_shared][n] += 1 if new == 0 else -1
+                    shared[n] += 1 if new == 0 else -1
                 if cpu in reserved or (old < limit) == (new < limit):
                     continue
                 step = 1 if new < limit else -1
-                delta[f_avail][n] += step
-                sock[0][topo.socket_of[cpu]] += step
-                core = topo.core_of[cpu]
+                avail[n] += step
+                sock_avail[socket_of[cpu]] += step
+                core = core_of[cpu]
                 size, was = topo.core_len[core], core_avail[core]
                 now = core_avail[core] = was + step
                 if (was == size) != (now == size):
-                    delta[f_whole][n] += size if now == size else -size
-                    sock[1][topo.core_socket[core]] += size if now == size else -size
+                    change = size if now == size else -size
+                    whole[n] += change
+                    sock_whole[topo.core_socket[core]] += change
                 if (was > 0) != (now > 0):
-                    delta[f_cores][n] += 1 if now > 0 else -1
-            self.sock_block[i, :, : topo.num_sockets] += sock
-        self.block[i, :, :k] += delta
+                    cores[n] += 1 if now > 0 else -1
+            f_avail, f_whole, f_cores, f_shared = _AGGREGATES
+            deltas += [(f_avail, avail), (f_whole, whole), (f_cores, cores), (f_shared, shared)]
+            sock_block = self.sock_block
+            for f, values in ((0, sock_avail), (1, sock_whole)):
+                for s, d in enumerate(values):
+                    if d:
+                        sock_block[i, f, s] += d
+        block = self.block
+        for f, values in deltas:
+            for slot, d in enumerate(values):
+                if d:
+                    block[i, f, slot] += d
 
     def _recompute(self, i: int) -> None:
         """Node i's per-core counts and per-NUMA / per-socket aggregates, from its ref-counts."""
@@ -387,32 +423,36 @@ class CPUAccounts:
         if cache[index] is None:
             topo, ref = self.topo[index], self.ref[index]
             limit, reserved = self.max_ref_count, self.reserved[index]
-            ids = topo.ids if topo is not None and ref is not None else ()
-            cache[index] = frozenset(
-                [c for c, r in zip(ids, ref or (), strict=False) if r < limit and c not in reserved]
-            )
+            if topo is None or ref is None:
+                cache[index] = frozenset()
+            elif limit == 1:
+                # Held at least once = held by some hold: set algebra in C instead of a scan of
+                # every CPU's count (the per-CPU counts are the holds', see `violations`).
+                taken = [hold.cpus for hold in self.held[index].values() if hold.cpus]
+                cache[index] = topo.all.difference(reserved, *taken)
+            else:
+                cache[index] = frozenset(
+                    [c for c, r in zip(topo.ids, ref, strict=False) if r < limit and c not in reserved]
+                )
         return cache[index]  # type: ignore[no-any-return]
 
     def view(self, index: int) -> NodeView:
         """Node `index`'s per-NUMA numbers as Python ints (cached until the node changes)."""
         cache = self._caches["view"]
         if cache[index] is None:
-            k = len(self.numa_ids[index])
-            rows = dict(zip(_BLOCK, map(tuple, self.block[index, :, :k].tolist()), strict=True))
+            numa_ids = self.numa_ids[index]
+            # One numpy call for the node's whole block, then plain tuples (rebuilt for every
+            # node a decision changes, so kept lean: positional fields, C-level subtraction).
+            rows = self.block[index, :, : len(numa_ids)].tolist()
+            cpu_cap, mem_cap = tuple(rows[_F_CPU_CAP]), tuple(rows[_F_MEM_CAP])
+            cpu_free = tuple(map(sub, cpu_cap, rows[_F_CPU_USED]))
             tracked = bool(self.arrays["mem_tracked"][index])
+            mem_free = tuple(map(sub, mem_cap, rows[_F_MEM_USED])) if tracked else None
+            f_avail, f_whole, f_cores, f_shared = _AGGREGATES
             cache[index] = NodeView(
-                numa_ids=self.numa_ids[index],
-                avail=rows["numa_avail"],
-                whole=rows["numa_whole"],
-                cores_free=rows["numa_cores_free"],
-                shared=rows["numa_shared"],
-                cpu_cap=rows["numa_cpu_cap"],
-                cpu_free=tuple(c - u for c, u in zip(rows["numa_cpu_cap"], rows["numa_cpu_used"], strict=True)),
-                mem_cap=rows["numa_mem_cap"] if tracked else None,
-                mem_free=tuple(c - u for c, u in zip(rows["numa_mem_cap"], rows["numa_mem_used"], strict=True))
-                if tracked
-                else None,
-            )
+                numa_ids, tuple(rows[f_avail]), tuple(rows[f_whole]), tuple(rows[f_cores]), tuple(rows[f_shared]),
+                cpu_cap, cpu_free, mem_cap if tracked else None, mem_free,
+            )  # fmt: skip
         return cache[index]  # type: ignore[no-any-return]
 
     def numa_free(self, index: int) -> tuple[dict[int, int], dict[int, int]]:
@@ -460,9 +500,16 @@ class CPUAccounts:
             if not hold.be_shareable:
                 not_be.update(hold.cpus)
         shared = topo.all - exclusive
-        numa_shared = {nid: CPUSet(c for c in topo.numa_cpus[k] if c in shared) for k, nid in enumerate(topo.numa_ids)}
+        # Every id here comes from the topology (holds are checked against it): no per-id checks.
+        numa_shared = {
+            nid: trusted_cpuset(shared.intersection(topo.numa_cpus[k])) for k, nid in enumerate(topo.numa_ids)
+        }
         pools = NodePools(
-            CPUSet(shared), CPUSet(topo.all - not_be), numa_shared, CPUSet(exclusive), CPUSet(self.reserved[index])
+            trusted_cpuset(shared),
+            trusted_cpuset(topo.all - not_be),
+            numa_shared,
+            trusted_cpuset(exclusive),
+            trusted_cpuset(self.reserved[index]),
         )
         cache[index] = pools
         return pools
@@ -548,6 +595,10 @@ class CPUAccounts:
             if self.arrays["mem_tracked"][i] and mem_used[nid] > cap_mem:
                 out.append(f"NUMA {nid}: memory over-allocated ({mem_used[nid]} > {cap_mem})")
         return out
+
+
+def _where(binding: Binding) -> str:
+    return f"binding {binding.workload} on {binding.node}"
 
 
 def _array_property(name: str) -> property:

@@ -98,6 +98,8 @@ class DeviceTypeAccounts:
         self.pcie = np.full((capacity, 0), NO_SCOPE, dtype=np.int64)
         self.count = np.zeros(capacity, dtype=np.int64)
         self.links: list[Int64Array | None] = [None] * capacity
+        #: Per node, its devices' layout as bytes (`shape_key`), built on first use.
+        self.shape_keys: list[bytes | None] = [None] * capacity
         self.htotal = np.zeros((0, capacity), dtype=np.int64)
         self.hfree = np.zeros_like(self.htotal)
         self.inv_htotal = np.zeros((0, capacity), dtype=np.float64)
@@ -116,6 +118,7 @@ class DeviceTypeAccounts:
         self.pcie = resized(self.pcie, (c, d), NO_SCOPE)
         self.count = resized(self.count, (c,), 0)
         self.links = (self.links + [None] * c)[:c]
+        self.shape_keys = [None] * c  # dimension counts may have changed: rebuilt on use
         self.htotal = resized(self.htotal, (k, c), 0)
         self.hfree = resized(self.hfree, (k, c), 0)
         self.inv_htotal = resized(self.inv_htotal, (k, c), 0.0)
@@ -139,6 +142,7 @@ class DeviceTypeAccounts:
         self.minor[i] = self.numa[i] = self.pcie[i] = NO_SCOPE
         self.count[i] = 0
         self.links[i] = None
+        self.shape_keys[i] = None
         self.htotal[:, i] = self.hfree[:, i] = 0
         self.inv_htotal[:, i] = self.used_share[:, i] = 0.0
 
@@ -148,6 +152,7 @@ class DeviceTypeAccounts:
         for a in (self.valid, self.healthy, self.minor, self.numa, self.pcie, self.count):
             a[dst] = a[src]
         self.links[dst] = self.links[src]
+        self.shape_keys[dst] = self.shape_keys[src]
 
     def refresh_sums(self, i: int) -> None:
         h = self.healthy[i]
@@ -164,6 +169,21 @@ class DeviceTypeAccounts:
             hfree = int(self.hfree[k, i]) - amount
             self.hfree[k, i] = hfree
             self.used_share[k, i] = (int(self.htotal[k, i]) - hfree) * float(self.inv_htotal[k, i])
+
+    def shape_key(self, i: int) -> bytes:
+        """Node i's devices of this type apart from their free amounts (totals, health, minors,
+        NUMA, PCIe, links) as bytes, cached until the node's devices are rewritten (`clear`)."""
+        key = self.shape_keys[i]
+        if key is None:
+            d, links = int(self.count[i]), self.links[i]
+            parts = (self.total[:, i, :d], self.healthy[i, :d], self.minor[i, :d], self.numa[i, :d], self.pcie[i, :d])
+            key = b"".join(
+                [len(self.dims).to_bytes(2, "little"), d.to_bytes(2, "little")] + [p.tobytes() for p in parts]
+            )
+            if links is not None:
+                key += links.tobytes()
+            self.shape_keys[i] = key
+        return key
 
     def slot_of(self, i: int, minor: int) -> int | None:
         d = int(self.count[i])

@@ -306,6 +306,17 @@ class DeviceAccounts:
             return None
         return acc.node_devices(index, copy)
 
+    def device_state_key(self, index: int, kind: str) -> tuple[bytes, bytes] | None:
+        """What node `index`'s devices of `kind` are and have free, as bytes (None: it has none).
+
+        Equal keys mean equal `node_devices` (within one `epoch`): a memo key for per-node
+        results that read nothing else.
+        """
+        acc = self.types.get(kind)
+        if acc is None or acc.count[index] == 0:
+            return None
+        return acc.shape_key(index), acc.free[:, index, : acc.count[index]].tobytes()
+
     def all_node_devices(self, index: int) -> dict[str, NodeDevices]:
         """Every device type on node `index`: what a NUMA hint provider reads (numa, health, free)."""
         return {k: acc.node_devices(index) for k, acc in self.types.items() if acc.count[index] > 0}
@@ -335,7 +346,7 @@ class DeviceAccounts:
         acc = self.types[kind]
 
         def compute(rows: Any) -> tuple[np.ndarray, ...]:
-            fits = evaluate(acc.free[:, rows], acc.total[:, rows], acc.healthy[rows])
+            fits = evaluate(*node_rows(acc, rows))
             return fits.sum(axis=1), fits
 
         counts, where = self.cached(("fit", kind, key), compute, n)
@@ -350,7 +361,9 @@ class DeviceAccounts:
         k = acc.dim_index[dim]
 
         def compute(rows: Any) -> tuple[np.ndarray, ...]:
-            return (acc.used_share[k, rows] + acc.inv_htotal[k, rows] * float(amount),)
+            if isinstance(rows, slice):
+                return (acc.used_share[k, rows] + acc.inv_htotal[k, rows] * float(amount),)
+            return (acc.used_share[k][rows] + acc.inv_htotal[k][rows] * float(amount),)
 
         return self.cached(("share", kind, dim, amount), compute, n)[0]
 
@@ -467,6 +480,18 @@ class DeviceAccounts:
             ):
                 out.append(f"{kind}: per-node sums out of step with the device arrays")
         return out
+
+
+def node_rows(acc: DeviceTypeAccounts, rows: slice | npt.NDArray[np.intp]) -> tuple[Int64Array, Int64Array, BoolArray]:
+    """(free [K, rows, D], total [K, rows, D], healthy [rows, D]) of one type for node rows `rows`.
+
+    A slice gives views; an index array gathers with `take`, numpy's fast path (fancy indexing
+    on a middle axis, ``free[:, rows]``, takes the general path: several times slower on the few
+    dozen changed nodes a memo refresh looks at).
+    """
+    if isinstance(rows, slice):
+        return acc.free[:, rows], acc.total[:, rows], acc.healthy[rows]
+    return acc.free.take(rows, axis=1), acc.total.take(rows, axis=1), acc.healthy.take(rows, axis=0)
 
 
 def attach_device_accounts(state: ClusterState) -> DeviceAccounts:

@@ -23,8 +23,9 @@ reservation packed(all CPUs, ceil((capacity - allocatable cpu) / 1000)).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from functools import lru_cache
+from operator import attrgetter
 
 from finesched.model.node import Node
 from finesched.model.resources import CPU
@@ -58,6 +59,22 @@ class NodeCPUConfig:
     align_by_socket: bool = False
     distribute_across_cores: bool = False
     problems: tuple[str, ...] = ()
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # A memo key (several lookups per decision): hash the fields once, not on every lookup.
+        object.__setattr__(self, "_hash", hash(_CONFIG_FIELDS(self)))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # Rebuilt through __init__, so a copy in another process hashes with that process's seed.
+        return (type(self), _CONFIG_FIELDS(self))
+
+
+#: The compared fields of `NodeCPUConfig`, as one tuple (a C-level getter).
+_CONFIG_FIELDS = attrgetter(*(f.name for f in fields(NodeCPUConfig) if f.compare))
 
 
 def _pick(labels: dict[str, str], label: str, fallback: str | None, valid: tuple[str, ...], problems: list[str]) -> str:

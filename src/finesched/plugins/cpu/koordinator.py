@@ -33,6 +33,7 @@ idle 2 sockets x 2 NUMA x 4 cores x 2 threads, SpreadByPCPUs for 32 CPUs -> orde
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from functools import lru_cache
 
 from finesched.cpuset import CPUSet
 from finesched.model.node import CPUTopology
@@ -88,7 +89,11 @@ def take_cpus(
     if max_ref_count < 1:
         raise ValueError(f"max_ref_count must be >= 1, got {max_ref_count}")
     topo = topo_info(topology)
-    free = set(topo.check_cpus(available))
+    checked = topo.check_cpus(available)
+    if preferred is None and isinstance(allocated, tuple | list) and not allocated:
+        use_ref = max_ref_count > 1
+        return _take_unheld(topo, checked, request, bind_policy, exclusive_policy, numa_strategy, use_ref)
+    free: frozenset[int] | set[int] = checked  # `_take` copies what it changes
     held = _Held.of(topo, allocated)
     if held.refs:
         free = {cpu for cpu in free if held.refs.get(cpu, 0) < max_ref_count}
@@ -104,6 +109,20 @@ def take_cpus(
     taken = _take(topo, in_preferred, first, *args) if first else []
     rest = _take(topo, free - set(preferred), request - len(taken), *args)
     return trusted_cpuset([*taken, *rest])
+
+
+@lru_cache(maxsize=4096)
+def _take_unheld(
+    topo: TopoInfo, free: frozenset[int], request: int, bind: str, excl: str, strategy: str, use_ref: bool
+) -> CPUSet:
+    """`take_cpus` when no CPU is held by others: a pure function of its arguments, memoized.
+
+    Nodes of one shape filled by one stream of request shapes pass through the same free sets
+    again and again (most often: whole free NUMA nodes), and the accumulator is the costliest
+    part of an exclusive reservation. Failures raise (and are not cached). `topo` compares by
+    identity: one `TopoInfo` per distinct topology (`topo_info`).
+    """
+    return trusted_cpuset(_take(topo, free, request, bind, excl, strategy, _Held(), use_ref))
 
 
 def filter_required(topo: TopoInfo, available: Iterable[int], bind_policy: str) -> frozenset[int]:
@@ -227,7 +246,14 @@ class _Held:
 
 
 def _take(
-    topo: TopoInfo, free: set[int], need: int, bind: str, excl: str, strategy: str, held: _Held, use_ref: bool
+    topo: TopoInfo,
+    free: frozenset[int] | set[int],
+    need: int,
+    bind: str,
+    excl: str,
+    strategy: str,
+    held: _Held,
+    use_ref: bool,
 ) -> list[int]:
     if need <= 0:
         return []
@@ -309,9 +335,8 @@ class _Acc:
         cached = self._per_core
         if cached is None:
             topo = self.topo
-            core_of, socket_of, numa_of = topo.core_of, topo.socket_of, topo.numa_of
+            core_of = topo.core_of
             per: dict[int, list[int]] = {}
-            sockets, numas = [0] * topo.num_sockets, [0] * topo.num_numa
             for cpu in sorted(self.free):
                 core = core_of[cpu]
                 cpus = per.get(core)
@@ -319,12 +344,18 @@ class _Acc:
                     per[core] = [cpu]
                 else:
                     cpus.append(cpu)
-                sockets[socket_of[cpu]] += 1
-                numas[numa_of[cpu]] += 1
             if self.use_ref:
                 for cpus in per.values():
                     cpus.sort(key=lambda c: (self.ref(c), c))
-            cached = self._per_core = ({c: per[c] for c in sorted(per)}, sockets, numas)
+            ordered = {c: per[c] for c in sorted(per)}
+            # Counted per core, not per CPU: a core's threads share its socket and NUMA node
+            # (CPUTopology validates it), and there are half as many cores as CPUs.
+            core_socket, core_numa = topo.core_socket, topo.core_numa
+            sockets, numas = [0] * topo.num_sockets, [0] * topo.num_numa
+            for core, cpus in ordered.items():
+                sockets[core_socket[core]] += len(cpus)
+                numas[core_numa[core]] += len(cpus)
+            cached = self._per_core = (ordered, sockets, numas)
         return cached
 
     # FullPCPUs --------------------------------------------------------------------------------------------

@@ -59,7 +59,7 @@ def exclusive_checks(acc: CPUAccounts, req: CPURequest, nodes: NodeBatch, small:
     (whole-core CPUs under required FullPCPUs, cores with a free CPU under required
     SpreadByPCPUs); ConstrainedBurst needs a NUMA shared pool holding the workload's CPU limit."""
     if nodes.n <= small:
-        return _by_node(nodes, lambda k, i: _exclusive_reasons(acc, req, i))
+        return _by_node(nodes, lambda k, i: _exclusive_reasons_memo(acc, req, i))
     n, take = nodes.n, nodes.take
     zero = np.zeros(n, dtype=bool)
     if req.exclusive:
@@ -148,6 +148,8 @@ def numa_checks(
     Restricted / SingleNUMANode need NUMA nodes; SingleNUMANode needs one NUMA node holding the
     cpu, the memory and every device type's count at once (every provider must hint it)."""
     if nodes.n <= small:
+        if not devices:
+            return _by_node(nodes, lambda k, i: _numa_reasons_memo(acc, req, i))
         return _by_node(nodes, lambda k, i: _numa_reasons(acc, req, i, [(c, w[k], d[k]) for c, w, d in devices]))
     n, take = nodes.n, nodes.take
     node_policy = take(acc.numa_policy)
@@ -210,14 +212,55 @@ def _numa_reasons(
     if req.memory > 0 and view.mem_free is not None:
         ok = [o and m >= req.memory for o, m in zip(ok, view.mem_free, strict=True)]
     for count, where, dev_numa in devices:
-        per_numa = [int(np.count_nonzero(where & (dev_numa == nid))) for nid in view.numa_ids]
+        fitting = [numa for fit, numa in zip(where.tolist(), dev_numa.tolist(), strict=True) if fit]
+        per_numa = [fitting.count(nid) for nid in view.numa_ids]  # a few devices: Python beats numpy calls
         ok = [o and c >= count for o, c in zip(ok, per_numa, strict=True)]
     if not any(ok):
         out.append(SINGLE_NUMA)
     return out
 
 
-def _by_node(nodes: NodeBatch, reasons_of: Callable[[int, int], list[str]]) -> Checks:
+# Small-batch verdicts, memoized. Without devices a node's reasons depend only on the request,
+# its config, its topology and its per-NUMA numbers (`CPUAccounts.view`, a new object whenever
+# the node changes); nodes of one shape pass through the same numbers again and again, and
+# hashing those small tuples costs a fraction of deciding. Bounded; cleared when full.
+_REASONS: dict[tuple[object, ...], Sequence[str]] = {}
+_REASONS_LIMIT = 8192
+
+
+def _remember(key: tuple[object, ...], compute: Callable[[], list[str]]) -> Sequence[str]:
+    hit = _REASONS.get(key)
+    if hit is None:
+        if len(_REASONS) >= _REASONS_LIMIT:
+            _REASONS.clear()
+        hit = _REASONS[key] = tuple(compute())
+    return hit
+
+
+def _exclusive_reasons_memo(acc: CPUAccounts, req: CPURequest, i: int) -> Sequence[str]:
+    key = ("exclusive", req, acc.config[i], acc.topo[i], acc.view(i))
+    return _remember(key, lambda: _exclusive_reasons(acc, req, i))
+
+
+def _numa_reasons_memo(acc: CPUAccounts, req: CPURequest, i: int) -> Sequence[str]:
+    return _remember(("numa", *numa_inputs(acc, req, i)), lambda: _numa_reasons(acc, req, i, ()))
+
+
+def numa_inputs(acc: CPUAccounts, req: CPURequest, i: int) -> tuple[object, ...]:
+    """Everything NUMA alignment reads of node `i` for `req` without devices, as a memo key.
+
+    The request, the node's config, whether it has a CPU topology, and the per-NUMA numbers the
+    cpu and memory providers read: capacity and free cpu, the CPUs an exclusive request may use
+    (exclusive requests only) and memory. Narrower than the whole `NodeView`, so nodes that
+    differ only in what alignment ignores (e.g. their shared pools) share decisions.
+    """
+    view, cfg = acc.view(i), acc.config[i]
+    usable = usable_cpus_of(acc, req, i) if req.exclusive_on(cfg.kubelet_static) else None
+    return (req, cfg, acc.topo[i] is not None, view.numa_ids, view.cpu_cap, view.cpu_free, usable, view.mem_cap,
+            view.mem_free)  # fmt: skip
+
+
+def _by_node(nodes: NodeBatch, reasons_of: Callable[[int, int], Sequence[str]]) -> Checks:
     """Checks from `reasons_of(batch position, state index)`, the small-batch path."""
     out: Checks = {}
     for k in range(nodes.n):

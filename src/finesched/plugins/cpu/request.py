@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
+from operator import attrgetter
 
 from finesched.cpuset import CPUSet
 from finesched.model.resources import CPU, MEMORY
@@ -45,6 +46,18 @@ class CPURequest:
     preferred_bind: str  # "" means Default (the plugin's default)
     exclusive_policy: str  # "" means Default
     numa_policy: str  # the workload's NUMA topology policy, "" if none
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # A memo key (several lookups per decision): hash the fields once, not on every lookup.
+        object.__setattr__(self, "_hash", hash(_CPU_REQUEST_FIELDS(self)))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # Rebuilt through __init__, so a copy in another process hashes with that process's seed.
+        return (type(self), _CPU_REQUEST_FIELDS(self))
 
     @property
     def cpus(self) -> int:
@@ -59,6 +72,10 @@ class CPURequest:
     def exclusive_on(self, kubelet_static: bool) -> bool:
         """Whether the workload gets an exclusive cpuset on a node (of this kubelet policy)."""
         return self.exclusive or (self.static_exclusive and kubelet_static)
+
+
+#: The compared fields of `CPURequest`, as one tuple (a C-level getter).
+_CPU_REQUEST_FIELDS = attrgetter(*(f.name for f in fields(CPURequest) if f.compare))
 
 
 CPU_REQUEST = StateKey("CPUOrchestration/request", CPURequest)
@@ -98,16 +115,16 @@ def compile_cpu_request(workload: Workload) -> CPURequest:
     )
 
 
-def cpu_request(cycle: CycleState, workload: Workload) -> CPURequest:
+def cpu_request(cycle: CycleState, workload: Workload, shape: Hashable | None = None) -> CPURequest:
     """The cycle's compiled request, compiling and storing it on first use.
 
     Compiled requests are memoized by the workload's request shape (sched/memo.py: everything
-    but identity), since replicas and job tasks repeat the same shape; a bad annotation raises
-    ValueError every time.
+    but identity; pass it when known), since replicas and job tasks repeat the same shape; a
+    bad annotation raises ValueError every time.
     """
     request = cycle.get(CPU_REQUEST)
     if request is None:
-        shape = request_shape(workload)
+        shape = request_shape(workload) if shape is None else shape
         request = _COMPILED.get(shape)
         if request is None:
             request = compile_cpu_request(workload)

@@ -59,6 +59,8 @@ def trusted_cpuset(ids: Iterable[int]) -> CPUSet:
 
 def check_choice(kind: str, value: str, valid: Iterable[str]) -> str:
     """`value` if it is one of `valid`, else UnknownPolicy naming every valid value."""
+    if type(valid) is tuple and value in valid:  # the allocators check policies on every call
+        return value
     valid = tuple(valid)
     if value not in valid:
         raise UnknownPolicy(f"unknown {kind} {value!r}; valid: {', '.join(valid)}")
@@ -168,6 +170,8 @@ class TopoInfo:
 
     def check_cpus(self, cpus: Iterable[int], what: str = "available") -> frozenset[int]:
         """`cpus` as a frozenset, or ValueError naming CPUs the topology does not have."""
+        if type(cpus) is frozenset and cpus <= self.all:  # already checked (the allocators pass these on)
+            return cpus
         ids = frozenset(cpus)
         stray = ids - self.all
         if stray:

@@ -217,7 +217,9 @@ def _pool(nd: NodeDevices | None, request: TypeRequest, strategy: str, affinity:
     allowed = fits
     outside = [0] * len(nd)
     if affinity is not None:
-        in_numa = np.isin(nd.numa, list(affinity.numa))
+        in_numa = np.zeros(len(nd), dtype=bool)
+        for numa in affinity.numa:  # one or two ids: cheaper than np.isin's general machinery
+            in_numa |= nd.numa == numa
         if affinity.required:
             allowed = fits & in_numa
         else:

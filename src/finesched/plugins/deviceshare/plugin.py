@@ -19,14 +19,15 @@ Card-level strategy: the workload's deviceAllocateStrategy, else the node's (pol
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, ClassVar
 
 import numpy as np
 
 from finesched.errors import ValidationError
+from finesched.model.base import fast_copy
 from finesched.model.binding import Binding
 from finesched.model.workload import Workload
 from finesched.plugins.deviceshare.allocator import DeviceAllocation, InsufficientDevices, allocate_devices
@@ -43,13 +44,13 @@ from finesched.plugins.deviceshare.request import (
     normalize_device_request,
 )
 from finesched.plugins.deviceshare.scoring import DEVICE_SHARES, DeviceShares, device_shares
-from finesched.plugins.shared_keys import DEVICE_CHOOSER, NUMA_AFFINITY
+from finesched.plugins.shared_keys import DEVICE_CHOOSER, NUMA_AFFINITY, NUMAAffinity
 from finesched.plugins.shares import add_shares
 from finesched.sched.cycle_state import CycleState, MissingState, StateKey
 from finesched.sched.framework import SKIP, SUCCESS, BoolArray, Code, Explanation, FilterResult, NodeBatch, Status
 from finesched.sched.request import ScheduleRequest
 from finesched.state.cluster import ClusterState
-from finesched.state.devices import STRATEGIES, DeviceAccounts, attach_device_accounts
+from finesched.state.devices import STRATEGIES, DeviceAccounts, attach_device_accounts, node_rows
 
 DEVICE_REQUEST = StateKey("DeviceShare/request", DeviceRequest)
 
@@ -71,12 +72,23 @@ class _Rules:
     """Each requested type with its fit rule against the type's dimensions (None: no node has the type)."""
 
     items: tuple[tuple[TypeRequest, FitRule | None], ...]
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash(self.items))  # part of the offer memo's key: hashed once
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_Rules, (self.items,))  # rehashed where unpickled (str hashes are per process)
 
 
 _RULES = StateKey("DeviceShare/rules", _Rules)
 #: A workload's normalized request and rules, its invalid-request error, or None (asks no device).
 _Prepared = tuple[DeviceRequest, _Rules] | InvalidDeviceRequest | None
 _NORMALIZED_CACHE = 512
+_OFFERS_CACHE = 4096
 _MISSING = object()
 
 
@@ -91,6 +103,7 @@ class DeviceShare:
         self.strategy = strategy
         self.accounts: DeviceAccounts | None = None
         self._normalized: OrderedDict[tuple[Any, ...], object] = OrderedDict()
+        self._offers: dict[tuple[Any, ...], DeviceAllocation | Status] = {}  # see `reserve`
 
     @classmethod
     def from_args(cls, args: Mapping[str, Any]) -> DeviceShare:
@@ -105,6 +118,7 @@ class DeviceShare:
 
     def attach(self, state: ClusterState) -> None:
         self.accounts = attach_device_accounts(state)
+        self._offers = {}
 
     def _acc(self) -> DeviceAccounts:
         if self.accounts is None:
@@ -123,11 +137,17 @@ class DeviceShare:
             raise prepared
         return DeviceRequest() if prepared is None else prepared[0]
 
-    def _prepare(self, workload: Workload) -> _Prepared:
-        """Normalized request and fit rules (None: no device asked), memoized per request and layout."""
+    def _prepare(self, workload: Workload, shape: Hashable | None = None) -> _Prepared:
+        """Normalized request and fit rules (None: no device asked), memoized per request and layout.
+
+        `shape` (sched/memo.py), when the scheduler has it, covers the requests and the joint
+        spec and is hashed once per decision; the key falls back to those two fields.
+        """
         accounts = self._acc()
-        joint = workload.device_joint_allocate
-        key = (workload.requests, None if joint is None else (joint.device_types, joint.required_scope), accounts.epoch)
+        if shape is None:
+            joint = workload.device_joint_allocate
+            shape = (workload.requests, None if joint is None else (joint.device_types, joint.required_scope))
+        key = (shape, accounts.epoch)
         hit = self._normalized.get(key, _MISSING)
         if hit is _MISSING:
             hit = self._compute(workload, accounts)
@@ -157,7 +177,7 @@ class DeviceShare:
 
     def pre_filter(self, cycle: CycleState, request: ScheduleRequest, nodes: NodeBatch) -> Status:
         """Normalize once per distinct request (memoized); a bad request is the user's error (ERROR)."""
-        prepared = self._prepare(request.workload)
+        prepared = self._prepare(request.workload, request.shape)
         if prepared is None:
             return SKIP
         if isinstance(prepared, InvalidDeviceRequest):
@@ -182,8 +202,8 @@ class DeviceShare:
                 mask &= accounts.fit_counts(tr.type, rule, partial(fit_mask, rule), everyone)[0] >= tr.count
             else:  # a few changed nodes: evaluate them directly
                 acc = accounts.types[tr.type]
-                fits = fit_mask(rule, acc.free[:, index], acc.total[:, index], acc.healthy[index])
-                mask &= fits.sum(axis=1) >= tr.count
+                free, total, healthy = node_rows(acc, index)
+                mask &= fit_mask(rule, free, total, healthy).sum(axis=1) >= tr.count
         joint = cycle.read(DEVICE_REQUEST).joint
         if joint is not None:
             mask &= self._joint_ok(rules, joint.types, joint.scope, everyone, index)
@@ -209,8 +229,9 @@ class DeviceShare:
             for kind in types:
                 acc, rule = accounts.types[kind], by_type[kind][1]
                 assert rule is not None
-                fits[kind] = fit_mask(rule, acc.free[:, rows], acc.total[:, rows], acc.healthy[rows])
-                scopes[kind] = (acc.pcie if scope == "SamePCIe" else acc.numa)[rows]
+                fits[kind] = fit_mask(rule, *node_rows(acc, rows))
+                scope_of = acc.pcie if scope == "SamePCIe" else acc.numa
+                scopes[kind] = scope_of[rows] if isinstance(rows, slice) else scope_of.take(rows, axis=0)
             first = types[0]
             scope_p = scopes[first]
             fit_p = fits[first] & (scope_p >= 0)
@@ -277,17 +298,48 @@ class DeviceShare:
         if affinity is not None and affinity.node != node:
             affinity = None
         chooser = cycle.get(DEVICE_CHOOSER)
-        choose = None if chooser is None else partial(chooser.choose, node)
         strategy = request.workload.device_allocate_strategy or accounts.strategy_of(node) or self.strategy
+        if chooser is None:
+            # The offer is a pure function of the request, the strategy, the affinity and the
+            # node's devices of the requested types (layout and free amounts): memoized, since
+            # nodes of one shape pass through the same device states again and again.
+            key = (
+                cycle.get(_RULES),
+                dreq.joint,
+                strategy,
+                None if affinity is None else (affinity.numa, affinity.required),
+                accounts.epoch,
+                tuple(accounts.device_state_key(node, kind) for kind in dreq.types),
+            )
+            outcome = self._offers.get(key)
+            if outcome is None:
+                if len(self._offers) >= _OFFERS_CACHE:
+                    self._offers.clear()
+                outcome = self._offers[key] = self._offer(accounts, dreq, node, strategy, affinity, None)
+        else:
+            outcome = self._offer(accounts, dreq, node, strategy, affinity, partial(chooser.choose, node))
+        if isinstance(outcome, Status):
+            return outcome
+        offers.by_node[node] = outcome
+        return SUCCESS
+
+    @staticmethod
+    def _offer(
+        accounts: DeviceAccounts,
+        dreq: DeviceRequest,
+        node: int,
+        strategy: str,
+        affinity: NUMAAffinity | None,
+        choose: Any,
+    ) -> DeviceAllocation | Status:
+        """The exact offer on `node`, or the Status saying why there is none."""
         devices = {kind: accounts.node_devices(node, kind, copy=False) for kind in dreq.types}
         try:
-            offer = allocate_devices(devices, dreq, strategy=strategy, affinity=affinity, chooser=choose)
+            return allocate_devices(devices, dreq, strategy=strategy, affinity=affinity, chooser=choose)
         except InsufficientDevices as exc:
             return Status.unschedulable(exc.reason)
         except ValueError as exc:  # a DeviceChooser answered outside the fitting devices: a plugin bug
             return Status.error(str(exc))
-        offers.by_node[node] = offer
-        return SUCCESS
 
     def unreserve(self, cycle: CycleState, request: ScheduleRequest, node: int) -> None:
         offers = cycle.get(DEVICE_OFFERS)
@@ -304,4 +356,4 @@ class DeviceShare:
             raise MissingState(f"DeviceShare/offers: no offer for node {node}; did reserve run?")
         devices = offer.binding_devices()
         annotations = {**binding.annotations, DEVICE_ALLOCATED: format_device_allocated(devices)}
-        return binding.model_copy(update={"devices": devices, "annotations": annotations})
+        return fast_copy(binding, {"devices": devices, "annotations": annotations})

@@ -58,7 +58,7 @@ def device_shares(accounts: DeviceAccounts, requests: Sequence[TypeRequest], nod
                 out.append(accounts.share_after(request.type, name, total, everyone))
             else:  # a few changed nodes: compute them directly
                 k, index = acc.dim_index[name], nodes.index
-                out.append(acc.used_share[k, index] + acc.inv_htotal[k, index] * float(total))
+                out.append(acc.used_share[k][index] + acc.inv_htotal[k][index] * float(total))
     return out
 
 
