@@ -29,6 +29,9 @@ from finesched.state.cluster import ClusterState
 #: Above this fraction of dirty nodes a full evaluation is as cheap as patching.
 FULL_REFRESH_FRACTION = 0.25
 MAX_SHAPES = 512
+#: An entry holds 9 bytes per node (mask + key): 512 shapes at 100,000 nodes would be 460 MB, so
+#: the memo is also bounded in bytes and keeps fewer shapes on larger clusters.
+MAX_BYTES = 128 * 2**20
 
 
 @dataclass
@@ -130,9 +133,10 @@ def _shape_fields(w: Workload) -> tuple[Hashable, ...]:
 class ScoreMemo:
     """LRU map from request shape to `MemoEntry` (see the module docstring)."""
 
-    def __init__(self, max_shapes: int = MAX_SHAPES):
+    def __init__(self, max_shapes: int = MAX_SHAPES, max_bytes: int = MAX_BYTES):
         self._entries: OrderedDict[Hashable, MemoEntry] = OrderedDict()
         self._max = max_shapes
+        self._max_bytes = max_bytes
 
     def lookup(self, shape: Hashable, state: ClusterState) -> tuple[MemoEntry | None, npt.NDArray[np.intp] | None]:
         """The entry for `shape` and the nodes to re-evaluate (empty: none), or (None, None) if stale."""
@@ -146,10 +150,16 @@ class ScoreMemo:
         return entry, state.distinct_changed(entry.position, changed)
 
     def store(self, shape: Hashable, entry: MemoEntry) -> None:
+        """Keep `entry` as the most recent; evict the least recent beyond the shape or byte bound."""
         self._entries[shape] = entry
         self._entries.move_to_end(shape)
-        while len(self._entries) > self._max:
+        per_entry = entry.feasible.nbytes + entry.key.nbytes
+        limit = max(1, min(self._max, self._max_bytes // max(1, per_entry)))
+        while len(self._entries) > limit:
             self._entries.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._entries)
 
     def clear(self) -> None:
         self._entries.clear()
