@@ -4,7 +4,7 @@
 * Arrived demand: Σ k·d of the pods arrived so far (placed or failed) / capacity, in percent.
 * Binning: arrived demand is rounded to an integer percent x; the allocation rate at x is the mean
   of the samples whose rounded demand equals x, or, when there are none, of those within x ± 1.
-* Fragmentation amount F / capacity and ratio F / Σ R_n (plugins/fragmentation.py has F).
+* Fragmentation amount F / capacity and ratio F / Σ R_n (plugins/fragmentation/ has F).
 * The target workload M comes from `TargetWorkload.from_pods` (top specs covering 95 % of pods).
 
 Worked binning example: arrived 89.6, 90.2, 90.4, 91.7 % with alloc 80, 81, 82, 83 % -> at 90:

@@ -11,7 +11,7 @@ equals) is the device plugin's ``MostAllocated`` card strategy, which also gives
 the first fully free GPUs by minor. Random's uniform GPU and FGD's GPU of least fragmentation
 increase go through `DEVICE_CHOOSER` (plugins/shared_keys.py): `GpuSelect` and `FGDScore` write one.
 
-Ours, FGD-CPU: FGD plus a CPU-stranding term (plugins/fragmentation.py, ``cpuAware``), with the
+Ours, FGD-CPU: FGD plus a CPU-stranding term (plugins/fragmentation/, ``cpuAware``), with the
 target workload from the trace (as FGD) or learned online (FGD-CPU-Online).
 """
 
@@ -256,7 +256,7 @@ class BestFit(_ViewUser):
 # Profiles ---------------------------------------------------------------------------------------------------------
 #: Canonical policy names (CLI accepts any case); "best" names our best policy.
 BASELINES = ("Random", "DotProd", "GpuPacking", "GpuClustering", "BestFit", "FGD")
-#: Ours: CPU-aware FGD (plugins/fragmentation.py `FGDScore` with cpuAware), with M from the trace or
+#: Ours: CPU-aware FGD (plugins/fragmentation/ `FGDScore` with cpuAware), with M from the trace or
 #: learned online; FGD-Online is plain FGD with the online M (no oracle view of the trace).
 OURS = ("FGD-CPU", "FGD-CPU-Online", "FGD-Online")
 BEST = "FGD-CPU"

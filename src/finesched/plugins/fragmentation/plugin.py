@@ -1,0 +1,179 @@
+"""The FGD score plugin (and its CPU-aware variant) over the fragmentation index."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+import numpy.typing as npt
+
+from finesched.errors import ValidationError
+from finesched.model.resources import CPU, GPU, GPU_CORE, WHOLE_GPU_NAMES
+from finesched.plugins.fragmentation.index import FragmentationIndex, fgd_score
+from finesched.plugins.fragmentation.target import GPU_MODEL_LABEL, MILLI, OnlineTarget, Shape, TargetWorkload
+from finesched.plugins.shared_keys import DEVICE_CHOOSER
+from finesched.sched.cycle_state import CycleState, MissingState, StateKey
+from finesched.sched.framework import SUCCESS, NodeBatch, ScoreArray, Status
+from finesched.sched.request import ScheduleRequest
+from finesched.state.cluster import ClusterState
+
+IntArray = npt.NDArray[np.int64]
+FloatArray = npt.NDArray[np.float64]
+
+
+def task_shape(requests: Mapping[str, int]) -> Shape:
+    """(cpu milli, k, d milli) of a request: ``nvidia.com/gpu: k`` -> (k, 1000); ``gpu-core: c`` -> one
+    GPU at 10·c milli when c <= 100, else c/100 whole GPUs (Koordinator's reading)."""
+    cpu = requests.get(CPU, 0)
+    for name in WHOLE_GPU_NAMES:
+        if requests.get(name, 0) > 0:
+            return cpu, requests[name], MILLI
+    core = requests.get(GPU_CORE, 0) or requests.get(GPU, 0)
+    if core <= 0:
+        return cpu, 0, 0
+    if core <= 100:
+        return cpu, 1, core * MILLI // 100
+    return cpu, core // 100, MILLI
+
+
+def constraint_text(request: ScheduleRequest) -> str:
+    """The workload's allowed GPU models as the trace writes them ("A|B"; "" = any)."""
+    for term in request.workload.node_affinity:
+        if term.key == GPU_MODEL_LABEL and term.operator == "In":
+            return "|".join(sorted(term.values))
+    return request.workload.node_selector.get(GPU_MODEL_LABEL, "")
+
+
+@dataclass(frozen=True)
+class GpuPick:
+    """A DeviceChooser: the share GPU chosen per node, else the first fitting devices by minor."""
+
+    gpu: IntArray
+    share: bool
+
+    def choose(self, node: int, device_type: str, fitting: Sequence[int], count: int) -> Sequence[int] | None:
+        if device_type != GPU:
+            return None
+        if self.share and count == 1:
+            g = int(self.gpu[node])
+            return [g] if g in fitting else None
+        return list(fitting[:count])
+
+
+def stranded_milli(gpu_free_total: FloatArray, cpu_free: FloatArray, cpu_per_gpu_milli: float) -> FloatArray:
+    """GPU milli a node cannot use for lack of CPU, at the target's CPU per GPU ratio ρ: max(0, R − c/ρ).
+
+    Example: ρ = 10.9 CPU milli per GPU milli (about 11 CPUs per GPU, the default trace); a node with
+    R = 4000 (4 GPUs idle) and c = 21,800 m can feed 2000 GPU milli: 2000 are stranded.
+    """
+    if cpu_per_gpu_milli <= 0:
+        return np.zeros_like(np.asarray(gpu_free_total, dtype=np.float64))
+    return np.maximum(0.0, gpu_free_total - cpu_free / cpu_per_gpu_milli)
+
+
+@dataclass(frozen=True)
+class FGDState:
+    scores: ScoreArray
+
+
+FGD_STATE = StateKey("FGD/scores", FGDState)
+
+
+class FGDScore:
+    """Score: ⌊100·σ(−Δ/1000)⌋ of the fragmentation increase; picks the share GPU too (DEVICE_CHOOSER).
+
+    With ``cpuAware: λ > 0`` (CPU-aware FGD, finesched's policy) the increase is
+    Δ' = Δ + λ·Δ_stranded, where stranded = max(0, R_n − c_n/ρ) is the idle GPU milli the node's
+    free CPU cannot feed at the target workload's CPU-per-GPU ratio ρ (`stranded_milli`). FGD only
+    sees whether *one* task of each spec still fits; the stranding term also charges placements
+    that eat the CPU the node's remaining GPUs will need (CPU-only tasks on GPU-dense nodes, CPU-
+    heavy share tasks), which is where FGD leaves GPUs idle at high load.
+
+    Args (profile YAML)::
+
+        - name: FGD
+          args:
+            target: [{cpu: 3150, gpuCount: 1, gpuMilli: 810, models: [], count: 1043}, ...]
+            # or  target: online   (learn M from a sliding window of recent requests)
+            window: 2000          # online only: requests remembered
+            refresh: 200          # online only: rebuild M every this many requests
+            gpuChoice: score      # score (the artifact) | delta (exact argmin Δ)
+            cpuAware: 0           # λ of the stranding term (0: plain FGD)
+    """
+
+    NAME: ClassVar[str] = "FGD"
+    ARGS: ClassVar[frozenset[str]] = frozenset({"target", "window", "refresh", "gpuChoice", "coverage", "cpuAware"})
+
+    def __init__(self, target: TargetWorkload | OnlineTarget, gpu_choice: str = "score", cpu_aware: float = 0.0):
+        self.source = target
+        self.gpu_choice = gpu_choice
+        self.cpu_aware = cpu_aware
+        self.index: FragmentationIndex | None = None
+        self._online_version = -1
+        #: Scores depend only on the workload and each node (not with an online target, which moves).
+        self.NODE_LOCAL = isinstance(target, TargetWorkload)
+
+    @classmethod
+    def from_args(cls, args: Mapping[str, Any]) -> FGDScore:
+        where = "plugins.FGD.args"
+        unknown = sorted(set(args) - cls.ARGS)
+        if unknown:
+            raise ValidationError(f"unknown args {unknown}; valid: {sorted(cls.ARGS)}", path=where)
+        choice = args.get("gpuChoice", "score")
+        if choice not in ("score", "delta"):
+            raise ValidationError("must be score or delta", path=f"{where}.gpuChoice", value=choice)
+        cpu_aware = args.get("cpuAware", 0)
+        if isinstance(cpu_aware, bool) or not isinstance(cpu_aware, int | float) or cpu_aware < 0:
+            raise ValidationError("must be a number >= 0", path=f"{where}.cpuAware", value=cpu_aware)
+        target = args.get("target")
+        if target == "online":
+            online = {}
+            for name, kind in (("window", int), ("refresh", int), ("coverage", float)):
+                value = args.get(name)
+                if value is not None and (isinstance(value, bool) or not isinstance(value, int | float) or value <= 0):
+                    raise ValidationError("must be a number > 0", path=f"{where}.{name}", value=value)
+                if value is not None:
+                    online[name] = kind(value)
+            return cls(OnlineTarget(**online), choice, float(cpu_aware))
+        if not isinstance(target, list) or not target:
+            raise ValidationError("must be a non-empty list of specs or 'online'", path=f"{where}.target")
+        return cls(TargetWorkload.from_specs(target), choice, float(cpu_aware))
+
+    def attach(self, state: ClusterState) -> None:
+        if isinstance(self.source, TargetWorkload):
+            self.index = FragmentationIndex.shared(state, self.source, self.gpu_choice)
+        else:
+            self.index = FragmentationIndex(state, TargetWorkload.from_counts({}), self.gpu_choice)
+        self._cpu_row = state.res_index[CPU]
+
+    def pre_score(self, cycle: CycleState, request: ScheduleRequest, nodes: NodeBatch) -> Status:
+        index = self.index
+        if index is None:
+            raise MissingState("FGD: not attached to a ClusterState")
+        shape = task_shape(request.workload.requests)
+        if isinstance(self.source, OnlineTarget):
+            self.source.observe((shape[0], shape[2], shape[1], constraint_text(request)))
+            if self.source.version != self._online_version and self.source.target is not None:
+                index.set_target(self.source.target)
+                self._online_version = self.source.version
+        cache = index.deltas(shape)
+        delta = cache.delta / max(index.target.total, 1)
+        if self.cpu_aware > 0:
+            delta = delta + self.cpu_aware * self._stranding_delta(index, shape)
+        scores = np.where(cache.fits, fgd_score(delta), 0)
+        cycle.write(FGD_STATE, FGDState(scores))
+        cycle.write(DEVICE_CHOOSER, GpuPick(cache.gpu, shape[1] == 1 and shape[2] < MILLI))
+        return SUCCESS
+
+    def _stranding_delta(self, index: FragmentationIndex, shape: Shape) -> FloatArray:
+        n = index.state.n
+        rho = index.target.cpu_per_gpu_milli
+        idle = index.idle().astype(np.float64)
+        cpu = index.state.free[self._cpu_row, :n].astype(np.float64)
+        cpu_task, k, d = shape
+        return stranded_milli(idle - k * d, cpu - cpu_task, rho) - stranded_milli(idle, cpu, rho)
+
+    def score(self, cycle: CycleState, request: ScheduleRequest, nodes: NodeBatch) -> ScoreArray:
+        return nodes.take(cycle.read(FGD_STATE).scores)
