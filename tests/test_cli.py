@@ -95,4 +95,21 @@ def test_console_script_has_no_traceback(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "finesched.cli", "validate", str(bad)], capture_output=True, text=True, check=False
     )
-    assert proc.returncode == 1 and "is not valid json" in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.returncode == 1 and "is not valid JSON: line 1 column 2" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "names"),
+    [
+        (["encode", "--bits", "0", "1"], "'--bits'"),
+        (["decode", "5", "--count", "-1", "--bits", "7"], "'--count'"),
+        (["encode", "--bits", "7", "abc"], "'values'"),
+        (["nosuch"], "No such command 'nosuch'"),
+    ],
+)
+def test_console_script_usage_errors_are_one_line_and_exit_2(args: list[str], names: str) -> None:
+    proc = subprocess.run([sys.executable, "-m", "finesched.cli", *args], capture_output=True, text=True, check=False)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and names in lines[0], proc.stderr

@@ -231,7 +231,7 @@ def test_duplicate_node_names_are_rejected(tmp_path: Path) -> None:
 def test_unreadable_and_malformed_files(tmp_path: Path) -> None:
     broken = tmp_path / "broken.yaml"
     broken.write_text("kind: [unclosed\n")
-    with pytest.raises(ValidationError, match="is not valid yaml"):
+    with pytest.raises(ValidationError, match="is not valid YAML: line 2 column 1"):
         load_manifests(broken)
     with pytest.raises(ValidationError, match="cannot read"):
         load_manifests(tmp_path / "missing.yaml")
@@ -278,3 +278,65 @@ def test_node_defaults_pods_and_device_resources() -> None:
     assert node.allocatable["pods"] == 110  # the kubelet's default maxPods
     assert node.devices[0].resources == {"gpu-core": 100, "gpu-memory-ratio": 100}
     assert node.devices[1].resources == {"rdma": 100}
+
+
+def test_repeated_keys_are_errors_in_yaml_and_json(tmp_path: Path) -> None:
+    doubled = tmp_path / "doubled.yaml"
+    doubled.write_text(
+        "apiVersion: finesched.io/v1alpha1\nkind: Workload\nmetadata: {name: w}\nspec:\n  requests: {cpu: 1, cpu: 64}\n"
+    )
+    with pytest.raises(ValidationError, match=r"line 5 column \d+: duplicate key 'cpu'"):
+        load_manifests(doubled)
+    as_json = tmp_path / "doubled.json"
+    tenant = '"apiVersion": "finesched.io/v1alpha1", "kind": "Tenant"'
+    as_json.write_text("{" + tenant + ', "metadata": {"name": "a", "name": "b"}}')
+    with pytest.raises(ValidationError, match="duplicate key 'name'"):
+        load_manifests(as_json)
+
+
+def test_yaml_merge_keys_are_not_duplicates(tmp_path: Path) -> None:
+    path = tmp_path / "merge.yaml"
+    path.write_text(
+        "apiVersion: finesched.io/v1alpha1\nkind: Workload\nmetadata: {name: w}\n"
+        "spec:\n  requests: &r {cpu: 1}\n  limits:\n    <<: *r\n    memory: 1Gi\n"
+    )
+    assert load_manifests(path).workloads[0].limits["memory"] == 2**30
+
+
+def test_a_file_that_is_not_utf8_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "binary.yaml"
+    path.write_bytes(b"\xff\xfe")
+    with pytest.raises(ValidationError, match=r"binary.yaml: is not UTF-8 text \(byte 0xff at offset 0\)"):
+        load_manifests(path)
+
+
+@pytest.mark.parametrize("kind", [["Node"], {"a": 1}, 3])
+def test_a_kind_that_is_not_a_string_is_an_error(kind: object) -> None:
+    with pytest.raises(ValidationError, match=r"kind: .* must be one of"):
+        parse_manifest({"apiVersion": "finesched.io/v1alpha1", "kind": kind, "metadata": {"name": "n"}})
+
+
+def test_envelope_and_spec_problems_are_reported_together() -> None:
+    doc = node_doc(allocatable={"cpu": "zz", "memory": "1Gi"})
+    doc["extra"] = 1
+    doc["metadata"]["labelz"] = {}
+    with pytest.raises(ValidationError) as caught:
+        parse_manifest(doc)
+    paths = [e.path for e in caught.value.errors]
+    assert paths == ["extra", "metadata.labelz", "spec.allocatable.cpu"]
+
+
+def test_metadata_must_be_a_mapping() -> None:
+    doc = node_doc()
+    doc["metadata"] = [1]
+    with pytest.raises(ValidationError, match="metadata: \\[1\\] must be a mapping"):
+        parse_manifest(doc)
+
+
+def test_cpu_ids_and_builder_shapes_are_bounded() -> None:
+    listed = node_doc(cpuTopology={"cpus": [{"id": 99999999, "core": 0, "socket": 0, "numa": 0}]})
+    with pytest.raises(ValidationError, match=r"spec.cpuTopology.cpus\[0\].id: 99999999 .*65535"):
+        parse_manifest(listed)
+    huge = node_doc(cpuTopology={"sockets": 100000, "coresPerNuma": 100000, "threadsPerCore": 100})
+    with pytest.raises(ValidationError, match="1000000000000 logical CPUs; at most 65536"):
+        parse_manifest(huge)

@@ -16,7 +16,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from finesched import __version__
-from finesched.codec import CodecError, decode, encode
+from finesched.codec import MAX_BITS, CodecError, decode, encode
 from finesched.errors import ValidationError
 from finesched.model.manifest import Manifests, load_manifests
 
@@ -90,7 +90,7 @@ def _node_summary(node: object) -> str:
 @app.command("encode")
 def encode_cmd(
     values: Annotated[list[int], typer.Argument(help="Per-device values Ns1..NsNf.")],
-    bits: Annotated[int, typer.Option("--bits", "-b", help="Bits per device value.")],
+    bits: Annotated[int, typer.Option("--bits", "-b", min=1, max=MAX_BITS, help="Bits per device value.")],
 ) -> None:
     """Encode per-device values into one integer (seed S0.2): K = Σ Ns_i << ((i-1)·bits)."""
     try:
@@ -103,8 +103,8 @@ def encode_cmd(
 @app.command("decode")
 def decode_cmd(
     k: Annotated[int, typer.Argument(help="The encoded integer K.")],
-    count: Annotated[int, typer.Option("--count", "-n", help="Number of devices Nf.")],
-    bits: Annotated[int, typer.Option("--bits", "-b", help="Bits per device value.")],
+    count: Annotated[int, typer.Option("--count", "-n", min=0, help="Number of devices Nf.")],
+    bits: Annotated[int, typer.Option("--bits", "-b", min=1, max=MAX_BITS, help="Bits per device value.")],
 ) -> None:
     """Decode K into per-device values (seed S0.2): device i = (K >> ((i-1)·bits)) & (2^bits - 1)."""
     try:
@@ -168,13 +168,23 @@ _add_sim()
 
 
 def main() -> None:
-    """Console entry point."""
+    """Console entry point: usage errors as one line naming the bad value (exit 2), bad input exit 1."""
     try:
-        app()
+        code = app(standalone_mode=False)
+    except typer.TyperException as exc:  # usage errors (exit 2) and other command-line errors
+        message = exc.format_message()
+        if message:  # empty when the help was shown instead (no arguments at all)
+            ctx = getattr(exc, "ctx", None)
+            hint = f" (see: {ctx.command_path} --help)" if ctx is not None else ""
+            err.print(f"[bold red]error:[/] {escape(message)}{escape(hint)}", soft_wrap=True)
+        sys.exit(getattr(exc, "exit_code", 2))
+    except typer.Abort:
+        sys.exit(130)
     except ValidationError as exc:
         for detail in exc.errors:
             err.print(f"[bold red]error:[/] {escape(str(detail))}", soft_wrap=True)
         sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

@@ -65,18 +65,24 @@ def parse_manifest(doc: object, *, where: str = "") -> Object:
     if not isinstance(doc, Mapping):
         raise ValidationError([ErrorDetail("", f"a manifest is a mapping, got {type(doc).__name__}", where=where)])
     problems = _envelope_problems(doc)
-    if problems:
-        raise ValidationError([ErrorDetail(p, m, v, where) for p, m, v in problems])
-    kind = doc["kind"]
-    metadata, spec = doc["metadata"], doc.get("spec") or {}
+    errors = [ErrorDetail(p, m, v, where) for p, m, v in problems]
+    kind, metadata, spec = doc.get("kind"), doc.get("metadata"), doc.get("spec") or {}
+    if not (isinstance(kind, str) and kind in KINDS and isinstance(metadata, Mapping) and isinstance(spec, Mapping)):
+        raise ValidationError(errors)  # nothing more can be checked without a kind and two mappings
     clash = sorted(set(spec) & set(METADATA_FIELDS[kind]))
-    if clash:
-        raise ValidationError([ErrorDetail(f"spec.{k}", "belongs in metadata, not spec", where=where) for k in clash])
+    errors += [ErrorDetail(f"spec.{k}", "belongs in metadata, not spec", where=where) for k in clash]
+    # The spec is checked even when the envelope has problems, so one pass reports everything;
+    # unknown metadata fields are already reported above and left out here.
+    known_metadata = {k: v for k, v in metadata.items() if k in METADATA_FIELDS[kind]}
     model = KINDS[kind]
     try:
-        return model.model_validate({**metadata, **spec})
+        obj = model.model_validate({**known_metadata, **spec})
     except pydantic.ValidationError as exc:
-        raise ValidationError([_detail(model, kind, e, where) for e in exc.errors()]) from None
+        reported = {e.path for e in errors}
+        errors += [d for d in (_detail(model, kind, e, where) for e in exc.errors()) if d.path not in reported]
+    if errors:
+        raise ValidationError(errors)
+    return obj
 
 
 def _envelope_problems(doc: Mapping[str, Any]) -> list[tuple[str, str, Any]]:
@@ -86,14 +92,14 @@ def _envelope_problems(doc: Mapping[str, Any]) -> list[tuple[str, str, Any]]:
     if doc.get("apiVersion") != API_VERSION:
         problems.append(("apiVersion", f"must be {API_VERSION}", doc.get("apiVersion")))
     kind = doc.get("kind")
-    if kind not in KINDS:
+    if not isinstance(kind, str) or kind not in KINDS:
         problems.append(("kind", f"must be one of {sorted(KINDS)}", kind))
         return problems
     metadata = doc.get("metadata")
-    if not isinstance(metadata, Mapping) or not metadata.get("name"):
-        problems.append(
-            ("metadata.name", "is required", metadata.get("name") if isinstance(metadata, Mapping) else None)
-        )
+    if metadata is not None and not isinstance(metadata, Mapping):
+        problems.append(("metadata", "must be a mapping with at least a name", metadata))
+    elif not isinstance(metadata, Mapping) or not metadata.get("name"):
+        problems.append(("metadata.name", "is required", metadata.get("name") if metadata else None))
     else:
         allowed_meta = METADATA_FIELDS[kind]
         problems += [
@@ -122,7 +128,7 @@ def _detail(model: type[pydantic.BaseModel], kind: str, error: Mapping[str, Any]
     if kind_of_error == "resource":
         return ErrorDetail(path, message, where=where)  # the message already quotes the value
     message = message.removeprefix("Value error, ")
-    if kind_of_error != "invalid":  # pydantic's own sentences start upper-case mid-line
+    if kind_of_error != "invalid" and message[1:2].islower():  # pydantic's sentences start upper-case
         message = message[:1].lower() + message[1:]
     if isinstance(value, Mapping) and len(loc) == 0:
         return ErrorDetail(path, message, where=where)
@@ -162,22 +168,62 @@ def _model_in(annotation: Any) -> type[pydantic.BaseModel] | None:
     return None
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key repeated in one mapping (YAML 1.2 forbids it; PyYAML
+    would keep the last value silently, so `cpu: 1` then `cpu: 64` would load 64 unannounced)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
+            if isinstance(key, typing.Hashable) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} in one mapping", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _unique_json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"duplicate key {key!r} in one object")
+        out[key] = value
+    return out
+
+
+def _syntax_problem(exc: Exception) -> str:
+    """One line: where in the file (line, column; 1-based) and what is wrong."""
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
+        mark = exc.problem_mark
+        return f"line {mark.line + 1} column {mark.column + 1}: {exc.problem}"
+    if isinstance(exc, json.JSONDecodeError):
+        return f"line {exc.lineno} column {exc.colno}: {exc.msg}"
+    return str(exc).replace("\n", " ")
+
+
 def read_documents(path: str | Path) -> list[object]:
-    """The documents of one YAML (multi-document) or JSON (object or array) file."""
+    """The documents of one YAML (multi-document) or JSON (object or array) file; repeated keys are errors."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ValidationError([ErrorDetail("", f"cannot read: {exc.strerror}", where=str(path))]) from None
+    except UnicodeDecodeError as exc:
+        message = f"is not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start})"
+        raise ValidationError([ErrorDetail("", message, where=str(path))]) from None
+    kind = "JSON" if path.suffix.lower() == ".json" else "YAML"
     try:
-        if path.suffix.lower() == ".json":
-            data = json.loads(text)
+        if kind == "JSON":
+            data = json.loads(text, object_pairs_hook=_unique_json_object)
             return list(data) if isinstance(data, list) else [data]
-        return [doc for doc in yaml.safe_load_all(text) if doc is not None]
-    except (yaml.YAMLError, json.JSONDecodeError) as exc:
-        raise ValidationError(
-            [ErrorDetail("", f"is not valid {path.suffix[1:] or 'YAML'}: {exc}", where=str(path))]
-        ) from None
+        return [doc for doc in yaml.load_all(text, Loader=_UniqueKeyLoader) if doc is not None]
+    except (yaml.YAMLError, ValueError) as exc:  # JSONDecodeError is a ValueError
+        message = f"is not valid {kind}: {_syntax_problem(exc)}"
+        raise ValidationError([ErrorDetail("", message, where=str(path))]) from None
 
 
 def load_manifests(*paths: str | Path) -> Manifests:

@@ -15,7 +15,7 @@ from typing import Literal
 
 from pydantic import Field, PositiveInt, field_validator, model_validator
 
-from finesched.cpuset import CPUSet
+from finesched.cpuset import MAX_CPU_ID, CPUSet
 from finesched.model.base import Loc, Model, raise_problems
 from finesched.model.resources import (
     CPU,
@@ -45,7 +45,7 @@ KUBELET_CPU_OPTIONS = frozenset(
 class CPUInfo(Model):
     """One logical CPU (a hardware thread) and where it sits (S3.3). Core ids are machine-unique."""
 
-    id: int = Field(ge=0)
+    id: int = Field(ge=0, le=MAX_CPU_ID)
     core: int = Field(ge=0)
     socket: int = Field(ge=0)
     numa: int = Field(ge=0)
@@ -66,7 +66,7 @@ class CPUTopology(Model):
     @classmethod
     def _expand_builder(cls, data: object) -> object:
         if isinstance(data, dict) and "cpus" not in data and data:
-            return {"cpus": _build_cpus(data)}
+            return {"cpus": _build_cpus(data)}  # unknown builder fields are named by _TopologyShape
         return data
 
     @field_validator("cpus")
@@ -113,6 +113,12 @@ class _TopologyShape(Model):
 def _build_cpus(data: dict[str, object]) -> list[dict[str, int]]:
     shape = _TopologyShape.model_validate(data)
     cores = shape.sockets * shape.numa_per_socket * shape.cores_per_numa
+    if cores * shape.threads_per_core > MAX_CPU_ID + 1:
+        # Checked before building: a typo such as coresPerNuma: 100000 must not build millions of CPUs.
+        raise ValueError(
+            f"sockets x numaPerSocket x coresPerNuma x threadsPerCore = {cores * shape.threads_per_core} "
+            f"logical CPUs; at most {MAX_CPU_ID + 1}"
+        )
     cpus = []
     for thread in range(shape.threads_per_core):
         for core in range(cores):
