@@ -84,12 +84,19 @@ def test_vectorized_cycle_matches_reference(nodes: list[Any], works: list[Any]) 
     sched = Scheduler(state)
     for i, spec in enumerate(works):
         w = build_workload(i, spec)
-        want, _ = reference_choice(state, w)
+        want, want_scores = reference_choice(state, w)
         try:
-            got = sched.schedule_one(w).node
+            scores = sched.evaluate(w)  # every feasible node's total, computed afresh
         except FitError:
-            got = None
+            scores = {}
+        assert scores == want_scores, (i, spec)  # the same feasible set and the same score on each node
+        try:
+            binding = sched.schedule_one(w)  # through the per-shape memo
+            got, score = binding.node, binding.score
+        except FitError:
+            got, score = None, None
         assert got == want, (i, spec)
+        assert score == (want_scores[want] if want is not None else None)
         state.check_invariants()
 
 

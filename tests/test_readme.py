@@ -21,3 +21,26 @@ def test_readme_python_example_runs() -> None:
     finally:
         os.chdir(cwd)
     assert namespace["binding"].node  # type: ignore[attr-defined]
+
+
+def test_the_public_api_sequence_runs_verbatim() -> None:
+    """The public API sequence as issue 3 writes it: the same workloads through one, batch and queue."""
+    from finesched import ClusterState, FitError, Scheduler, load_manifests
+
+    cwd = os.getcwd()
+    os.chdir(ROOT)
+    try:
+        m = load_manifests("examples/cluster.yaml", "examples/workloads.yaml")
+    finally:
+        os.chdir(cwd)
+    state = ClusterState.from_nodes(m.nodes)
+    sched = Scheduler(state, profile="default", tenants=m.tenants)
+    binding = sched.schedule_one(m.workloads[0])
+    results = sched.schedule_batch(m.workloads)
+    assert len(results) == len(m.workloads) and results[0] is binding
+    failed = [r.workload for r in results if isinstance(r, FitError)]
+    sched.submit(m.workloads)
+    retried = sched.run()
+    assert sorted(r.workload for r in retried) == sorted(failed)  # only the unplaced ones were queued
+    sched.release(binding)
+    state.check_invariants()

@@ -370,3 +370,74 @@ def test_memo_gives_the_same_decisions_as_full_evaluation() -> None:
             with_memo.release(key)
             without.release(key)
     memo_state.check_invariants()
+
+
+def bad_gpu_request(name: str) -> Any:
+    """gpu-core alone (no memory) is an invalid device request: a pre_filter error, not a FitError."""
+    return make_workload(name).req(cpu="1").request("koordinator.sh/gpu-core", 50).obj()
+
+
+def test_an_invalid_request_does_not_stop_a_batch_or_a_run() -> None:
+    from finesched.sched.diagnosis import InvalidRequest
+
+    state = three_nodes()
+    sched = Scheduler(state)
+    with pytest.raises(ValidationError):
+        sched.schedule_one(bad_gpu_request("direct"))
+    results = sched.schedule_batch([make_workload("a").req(cpu="1").obj(), bad_gpu_request("bad")])
+    assert results[0].node and isinstance(results[1], InvalidRequest) and results[1].unresolvable
+    assert "invalid request" in str(results[1])
+    sched.submit([bad_gpu_request("queued-bad"), make_workload("b").req(cpu="1").obj()])
+    ran = sched.run()
+    assert [type(r).__name__ for r in ran] == ["InvalidRequest", "Binding"]
+    assert len(sched.queue) == 0
+    sched.submit([bad_gpu_request("queued-bad")])  # dropped from the queue, so it may be submitted again
+    state.check_invariants()
+
+
+def test_batch_and_submit_skip_workloads_already_bound() -> None:
+    sched = Scheduler(three_nodes())
+    w = make_workload("w").req(cpu="1").obj()
+    binding = sched.schedule_one(w)
+    assert sched.schedule_batch([w]) == [binding]
+    sched.submit([w])
+    assert len(sched.queue) == 0 and sched.run() == []
+
+
+def test_submit_is_all_or_nothing() -> None:
+    sched = Scheduler(three_nodes())
+    d1, d2 = make_workload("d1").req(cpu="1").obj(), make_workload("d2").req(cpu="1").obj()
+    with pytest.raises(ValidationError, match="d1: is already queued"):
+        sched.submit([d1, d2, d1])
+    assert len(sched.queue) == 0
+    sched.submit([d1])
+    with pytest.raises(ValidationError, match="already queued"):
+        sched.submit([d2, d1])
+    assert len(sched.queue) == 1
+
+
+@pytest.mark.parametrize("change", ["add", "update"])
+def test_parked_work_is_retried_after_capacity_grows_between_runs(change: str) -> None:
+    state = cluster(make_node("n1").cpu("2").memory("8Gi").obj())
+    sched = Scheduler(state)
+    sched.submit([make_workload("big").req(cpu="4").obj()])
+    (first,) = sched.run()
+    assert isinstance(first, FitError) and "insufficient cpu" in str(first)
+    if change == "add":
+        state.add_node(make_node("n2").cpu("8").memory("8Gi").obj())
+    else:
+        state.update_node(make_node("n1").cpu("16").memory("8Gi").obj())
+    (second,) = sched.run()
+    assert not isinstance(second, FitError) and second.node == ("n2" if change == "add" else "n1")
+
+
+def test_evaluate_ranks_every_feasible_node_without_placing() -> None:
+    state = three_nodes()
+    sched = Scheduler(state)
+    w = make_workload("w").req(cpu="3", memory="4Gi").obj()
+    scores = sched.evaluate(w)
+    assert set(scores) == {"big", "mid"} and not state.bindings
+    binding = sched.schedule_one(w)
+    assert binding.node == max(scores, key=lambda n: scores[n]) and binding.score == scores[binding.node]
+    with pytest.raises(FitError, match="insufficient cpu"):
+        sched.evaluate(make_workload("huge").req(cpu="64").obj())

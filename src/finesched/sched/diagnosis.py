@@ -55,6 +55,18 @@ class QuotaWait(FitError):
     """The workload waits because its tenant is at its quota (it is not failed)."""
 
 
+class InvalidRequest(FitError):
+    """The workload's own request is invalid (a plugin's pre_filter error): no node is ever tried.
+
+    `schedule_one` raises the ValidationError itself; `schedule_batch` and `run` report it in
+    place of the workload's result so one bad workload does not stop the others. Unresolvable:
+    the workload is not retried until it is fixed and submitted again.
+    """
+
+    def __init__(self, workload: str, total_nodes: int, problem: str):
+        super().__init__(workload, total_nodes, {}, unresolvable=True, detail=f"invalid request: {problem}")
+
+
 def diagnose(
     workload: str,
     n: int,

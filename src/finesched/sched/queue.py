@@ -174,6 +174,10 @@ class SchedulingQueue:
     def __len__(self) -> int:
         return len(self._keys)
 
+    def holds(self, key: str) -> bool:
+        """Whether workload `key` is queued (waiting, backing off, parked or in an incomplete gang)."""
+        return key in self._keys
+
     # Accounting -------------------------------------------------------------------------------------
     def charge(self, tenant: str, amounts: Mapping[str, int]) -> None:
         usage = self._account(tenant).usage

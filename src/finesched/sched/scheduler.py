@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Hashable, Iterable, Iterator, Sequence
+from dataclasses import replace
 
 import numpy as np
 import numpy.typing as npt
@@ -30,7 +31,7 @@ from finesched.model.binding import Binding
 from finesched.model.tenant import Tenant
 from finesched.model.workload import Workload
 from finesched.sched.cycle_state import CycleState
-from finesched.sched.diagnosis import FitError, QuotaWait, diagnose
+from finesched.sched.diagnosis import FitError, InvalidRequest, QuotaWait, diagnose
 from finesched.sched.framework import Code, NodeBatch, ScoreArray
 from finesched.sched.memo import MemoEntry, ScoreMemo, request_shape
 from finesched.sched.profile import Profile, resolve_profile
@@ -68,6 +69,9 @@ class Scheduler:
         self._compiler = RequestCompiler(state, self.framework.owns)
         self._tie_rank: npt.NDArray[np.int64] | None = None
         self._tie_version = -1
+        #: The state's capacity version when `run` last looked: a change made between runs (added or
+        #: updated nodes, releases through the state) wakes the workloads parked as unschedulable.
+        self._capacity_seen = state.capacity_version
         for binding in state.bindings.values():
             self.queue.charge(binding.tenant, binding_amounts(binding))
 
@@ -227,14 +231,44 @@ class Scheduler:
 
     # Many workloads -----------------------------------------------------------------------------------
     def schedule_batch(self, workloads: Sequence[Workload]) -> list[Result]:
-        """Schedule each workload in the given order (no queue); a FitError in place of each failure."""
+        """Schedule each workload in the given order (no queue); a FitError in place of each failure.
+
+        A workload that is already bound gets its existing binding (no new decision); one whose
+        request is invalid gets an `InvalidRequest`, and the others are still scheduled.
+        """
         results: list[Result] = []
+        bindings = self.state.bindings
         for workload in workloads:
+            existing = bindings.get(workload.key)
+            if existing is not None:
+                results.append(existing)
+                continue
             try:
                 results.append(self.schedule_one(workload))
             except FitError as exc:
                 results.append(exc)
+            except ValidationError as exc:
+                results.append(InvalidRequest(workload.key, self.state.n, _problem_text(exc, workload.key)))
         return results
+
+    def evaluate(self, workload: Workload) -> dict[str, int]:
+        """Every feasible node's total score for `workload`, by node name, without placing it.
+
+        What `schedule_one` ranks (before the seeded tie-break, if the profile has one), computed
+        afresh over all nodes without the per-shape memo; raises FitError when no node is feasible
+        and ValidationError for an invalid request. Used to explain a decision and in the tests.
+        """
+        state = self.state
+        if state.n == 0:
+            raise FitError(workload.key, 0, {}, detail="0/0 nodes available: the cluster has no nodes")
+        request = self._compiler.compile(workload, request_shape(workload))
+        cycle = CycleState()
+        try:
+            skipped = self.framework.run_pre_filter(cycle, request, NodeBatch(state))
+        except PreFilterFailed as exc:
+            raise _prefilter_error(workload.key, state.n, exc) from None
+        feasible, key = self._evaluate(cycle, request, skipped, None)
+        return {state.names[int(i)]: self._score_of(int(key[i])) for i in np.flatnonzero(feasible)}
 
     def schedule_gang(self, workloads: Sequence[Workload]) -> list[Binding]:
         """Place all of `workloads` or none of them (then raise the first member's FitError)."""
@@ -258,19 +292,26 @@ class Scheduler:
         return placed
 
     def submit(self, workloads: Iterable[Workload]) -> None:
-        """Queue workloads for `run` (priority, DRF between tenants, FIFO, quotas, gangs)."""
-        for workload in workloads:
-            if workload.key in self.state.bindings:
-                raise ValidationError(f"already bound to {self.state.bindings[workload.key].node}", path=workload.key)
-            try:
-                self.queue.push(workload)
-            except ValueError as exc:
-                raise ValidationError(str(exc), path=workload.key) from None
+        """Queue workloads for `run` (priority, DRF between tenants, FIFO, quotas, gangs).
+
+        Workloads already bound are skipped (there is nothing to decide). All or nothing: a workload
+        that is already queued, or given twice, is refused before anything is queued.
+        """
+        pending = [w for w in workloads if w.key not in self.state.bindings]
+        seen: set[str] = set()
+        for workload in pending:
+            if workload.key in seen or self.queue.holds(workload.key):
+                raise ValidationError("is already queued", path=workload.key)
+            seen.add(workload.key)
+        for workload in pending:
+            self.queue.push(workload)
 
     def run(self) -> list[Result]:
         """Schedule everything queued; results in decision order, then what still waits (as FitErrors)."""
         results: list[Result] = []
         seen_version = self.state.capacity_version
+        if seen_version != self._capacity_seen:
+            self.queue.cluster_changed()  # capacity changed since the last run: parked work may fit now
         self.queue.flush_backoff()  # an offline run does not wait out wall-clock backoff
         while True:
             unit = self.queue.pop()
@@ -282,6 +323,7 @@ class Scheduler:
                 self.queue.flush_backoff()
                 continue
             results += self._run_unit(unit)
+        self._capacity_seen = self.state.capacity_version
         for unit, why in self.queue.waiting():
             results += [self._waiting_error(unit, why, w) for w in unit.workloads]
         return results
@@ -295,6 +337,9 @@ class Scheduler:
         except FitError as exc:
             self.queue.park(unit, exc)
             return []
+        except ValidationError as exc:  # an invalid request: reported, dropped from the queue, not retried
+            self.queue.done(unit)
+            return [InvalidRequest(w.key, self.state.n, _problem_text(exc, w.key)) for w in unit.workloads]
         self.queue.done(unit)
         return list(bindings)
 
@@ -330,6 +375,11 @@ def binding_amounts(binding: Binding) -> dict[str, int]:
             for name, amount in grant.resources.items():
                 out[name] = out.get(name, 0) + amount
     return out
+
+
+def _problem_text(exc: ValidationError, workload: str) -> str:
+    """The problems of a ValidationError, without the workload's own key as their path."""
+    return "; ".join(str(replace(e, path="") if e.path == workload else e) for e in exc.errors)
 
 
 def _prefilter_error(workload: str, n: int, exc: PreFilterFailed) -> FitError:
