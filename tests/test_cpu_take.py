@@ -84,6 +84,17 @@ def cs(text: str) -> CPUSet:
             id="spread-order-idle",
         ),
         pytest.param(T2242, ALL32, 32, {"bind_policy": "SpreadByPCPUs"}, "0-31", id="spread-whole-machine"),
+        # Spread lists hold one CPU (the lowest) per core on the first pass: NUMA node 0 comes first
+        # (fewest free, MostAllocated) but spans 3 free cores only, so 4 CPUs go to node 1's cores.
+        pytest.param(
+            T2142, cs("0-5,8-15"), 4, {"bind_policy": "SpreadByPCPUs", "numa_strategy": "MostAllocated"},
+            "8,10,12,14", id="spread-one-cpu-per-core-first",
+        ),
+        # Without a group spanning `need` cores the second pass takes every free CPU, round-robin.
+        pytest.param(
+            T2142, cs("0-5,8-11"), 4, {"bind_policy": "SpreadByPCPUs", "numa_strategy": "MostAllocated"},
+            "8-11", id="spread-second-pass-all-free-cpus",
+        ),
         # The file's worked example: 10 CPUs Spread+PCPULevel on (2,1,4,2) gives 0-3,4,6,8,10,12,14
         # (the spread list 0,2,..,14,1,3,.. is built before any take, so 1 and 3 follow the evens).
         pytest.param(

@@ -245,6 +245,17 @@ class _Held:
         return held
 
 
+def _first_per_core(cpus: Sequence[int], core_of: Sequence[int]) -> list[int]:
+    """The first CPU of each core, in the order of `cpus`."""
+    seen: set[int] = set()
+    out = []
+    for cpu in cpus:
+        if core_of[cpu] not in seen:
+            seen.add(core_of[cpu])
+            out.append(cpu)
+    return out
+
+
 def _take(
     topo: TopoInfo,
     free: frozenset[int] | set[int],
@@ -421,14 +432,20 @@ class _Acc:
         for by_numa, size in ((True, topo.cpus_per_numa), (False, topo.cpus_per_socket)):
             if self.need > size:
                 continue
-            for filtered in self.passes:
-                for cpus in self.free_cpu_lists(by_numa, filtered):
-                    if len(cpus) >= self.need:
-                        self.take(self.round_robin(cpus)[: self.need])
-                        return
+            # First one CPU (the lowest) per core, so a group that can spread `need` over distinct
+            # cores wins over one that would double up; then every free CPU.
+            for one_per_core in (True, False):
+                for filtered in self.passes:
+                    for cpus in self.free_cpu_lists(by_numa, filtered, one_per_core):
+                        if len(cpus) >= self.need:
+                            self.take(self.round_robin(cpus)[: self.need])
+                            return
 
-    def free_cpu_lists(self, by_numa: bool, filtered: bool) -> list[list[int]]:
-        """Per NUMA node (or socket) with any, its free CPUs by (ref-count, id); groups in strategy order."""
+    def free_cpu_lists(self, by_numa: bool, filtered: bool, one_per_core: bool = False) -> list[list[int]]:
+        """Per NUMA node (or socket) with any, its free CPUs by (ref-count, id); groups in strategy order.
+
+        Groups are ordered by their whole free count; with `one_per_core` each list keeps only the
+        first CPU of each core (in that order)."""
         topo = self.topo
         per_core, socket_free, _ = self._state()
         group_of = topo.core_numa if by_numa else topo.core_socket
@@ -440,7 +457,8 @@ class _Acc:
         for g, cpus in groups.items():
             cpus.sort(key=lambda c: (self.ref(c), c))
             tie = socket_free[topo.numa_sockets[g][0]] if by_numa and topo.numa_sockets[g] else 0
-            keyed.append(((self.sign * len(cpus), self.sign * tie, g), cpus))
+            listed = _first_per_core(cpus, topo.core_of) if one_per_core else cpus
+            keyed.append(((self.sign * len(cpus), self.sign * tie, g), listed))
         keyed.sort(key=lambda item: item[0])
         return [cpus for _, cpus in keyed]
 
