@@ -145,6 +145,15 @@ class SchedulingMachine(RuleBasedStateMachine):
     @invariant()
     def invariants_hold(self) -> None:
         self.state.check_invariants()
+        # Tenant usage (DRF, quotas) always equals the sum over the bindings, whatever removed them.
+        want: dict[str, dict[str, int]] = {}
+        for binding in self.state.bindings.values():
+            held = want.setdefault(binding.tenant, {})
+            for name, amount in binding.requests.items():
+                held[name] = held.get(name, 0) + amount
+        for tenant in {b.tenant for b in self.state.bindings.values()} | set(want):
+            got = {k: v for k, v in self.sched.usage.of(tenant).items() if v}
+            assert got == {k: v for k, v in want.get(tenant, {}).items() if v}, tenant
 
 
 TestSchedulingMachine = SchedulingMachine.TestCase

@@ -130,3 +130,20 @@ def test_pop_cost_does_not_depend_on_queue_length() -> None:
     for _ in range(100):
         assert queue.pop() is not None
     assert calls <= 100  # one tenant: one share computation per pop at most
+
+
+def test_tenant_usage_follows_forced_node_removal_and_restore() -> None:
+    """Quota and DRF read what tenants hold from the state, so nothing drifts when bindings vanish."""
+    state = ClusterState.from_nodes([make_node("n1").cpu("4").memory("8Gi").obj()])
+    sched = Scheduler(state, tenants=[Tenant(name="A", quota={"cpu": "2"})])
+    x = sched.schedule_one(make_workload("x").req(cpu="2").tenant("A").obj())
+    assert sched.queue.usage("A")["cpu"] == 2000
+    snap = state.snapshot()
+    state.remove_node("n1", force=True)
+    assert sched.queue.usage("A").get("cpu", 0) == 0
+    state.add_node(make_node("n2").cpu("4").memory("8Gi").obj())
+    sched.submit([make_workload("y").req(cpu="2").tenant("A").obj()])
+    (placed,) = sched.run()
+    assert isinstance(placed, Binding) and placed.node == "n2"  # not held back by a stale quota charge
+    state.restore(snap)  # back to x alone on n1
+    assert set(state.bindings) == {x.workload} and sched.queue.usage("A")["cpu"] == 2000

@@ -23,7 +23,8 @@ from finesched.model.manifest import Manifests
 from finesched.plugins.resource_status import node_report, render_node_reports
 from finesched.sched.diagnosis import QuotaWait
 from finesched.sched.profile import Profile
-from finesched.sched.scheduler import Result, Scheduler, binding_amounts
+from finesched.sched.scheduler import Result, Scheduler
+from finesched.sched.tenant_usage import binding_amounts
 from finesched.state.cluster import ClusterState
 
 OUTPUTS = ("table", "json", "yaml")

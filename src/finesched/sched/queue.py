@@ -79,8 +79,13 @@ class SchedulingQueue:
         tenants: Iterable[Tenant] = (),
         capacity: Callable[[], Mapping[str, int]] = dict,
         clock: Callable[[], float] = time.monotonic,
+        usage: Callable[[str], Mapping[str, int]] | None = None,
     ):
+        """`usage(tenant)`, when given, is what the tenant holds (the Scheduler passes the cluster
+        state's `TenantUsage`, which follows every binding); without it the queue keeps its own
+        tally through `charge` and `refund`."""
         self._accounts: dict[str, _TenantAccount] = {t.name: _TenantAccount(t.weight, t.quota) for t in tenants}
+        self._usage_of = usage
         self._capacity = capacity
         self._clock = clock
         self._seq = itertools.count()
@@ -190,12 +195,15 @@ class SchedulingQueue:
             usage[name] = usage.get(name, 0) - amount
 
     def usage(self, tenant: str) -> dict[str, int]:
-        return dict(self._account(tenant).usage)
+        return dict(self._held(tenant))
+
+    def _held(self, tenant: str) -> Mapping[str, int]:
+        return self._usage_of(tenant) if self._usage_of is not None else self._account(tenant).usage
 
     def dominant_share(self, tenant: str) -> float:
         """max over resources of usage / cluster capacity (pods not counted)."""
         capacity = self._capacity()
-        usage = self._account(tenant).usage
+        usage = self._held(tenant)
         shares = (amount / capacity[name] for name, amount in usage.items() if name != PODS and capacity.get(name))
         return max(shares, default=0.0)
 
@@ -203,14 +211,15 @@ class SchedulingQueue:
         account = self._account(tenant)
         if not account.quota:
             return False
-        return any(account.usage.get(n, 0) + demand.get(n, 0) > limit for n, limit in account.quota.items())
+        held = self._held(tenant)
+        return any(held.get(n, 0) + demand.get(n, 0) > limit for n, limit in account.quota.items())
 
     def quota_problem(self, tenant: str, demand: Mapping[str, int]) -> str:
-        account = self._account(tenant)
+        account, held = self._account(tenant), self._held(tenant)
         over = [
-            f"{n} (holds {account.usage.get(n, 0)}, asks {demand.get(n, 0)}, quota {limit})"
+            f"{n} (holds {held.get(n, 0)}, asks {demand.get(n, 0)}, quota {limit})"
             for n, limit in (account.quota or {}).items()
-            if account.usage.get(n, 0) + demand.get(n, 0) > limit
+            if held.get(n, 0) + demand.get(n, 0) > limit
         ]
         return f"tenant {tenant} would exceed its quota: " + ", ".join(over)
 

@@ -39,7 +39,10 @@ from finesched.sched.queue import QueuedUnit, SchedulingQueue
 from finesched.sched.registry import Registry, default_registry
 from finesched.sched.request import RequestCompiler, ScheduleRequest
 from finesched.sched.runtime import Framework, PreFilterFailed
+from finesched.sched.tenant_usage import TenantUsage, binding_amounts
 from finesched.state.cluster import ClusterState, StateError
+
+__all__ = ["Result", "Scheduler", "binding_amounts"]
 
 Result = Binding | FitError
 EMPTY_CPUSET = CPUSet()
@@ -64,7 +67,10 @@ class Scheduler:
         self.auto_commit = auto_commit
         #: Reuse filter/score results per request shape where the profile allows (sched/memo.py).
         self.memoize = memoize
-        self.queue = SchedulingQueue(tenants, capacity=state.totals)
+        #: What each tenant holds, kept by the state on every assume/forget (so DRF and quotas
+        #: stay right after forced node removals, restores and bindings made by other drivers).
+        self.usage = state.attach(TenantUsage())
+        self.queue = SchedulingQueue(tenants, capacity=state.totals, usage=self.usage.of)
         self.memo = ScoreMemo()
         self._compiler = RequestCompiler(state, self.framework.owns)
         self._tie_rank: npt.NDArray[np.int64] | None = None
@@ -72,16 +78,11 @@ class Scheduler:
         #: The state's capacity version when `run` last looked: a change made between runs (added or
         #: updated nodes, releases through the state) wakes the workloads parked as unschedulable.
         self._capacity_seen = state.capacity_version
-        for binding in state.bindings.values():
-            self.queue.charge(binding.tenant, binding_amounts(binding))
 
     # One workload -----------------------------------------------------------------------------------
     def schedule_one(self, workload: Workload) -> Binding:
         """Place `workload` and return its binding (applied to the state), or raise FitError."""
-        binding = self._place(workload)
-        # Without device grants a binding holds exactly its scalar requests (no dict to build).
-        self.queue.charge(binding.tenant, binding_amounts(binding) if binding.devices else binding.requests)
-        return binding
+        return self._place(workload)
 
     def _place(self, workload: Workload) -> Binding:
         state = self.state
@@ -287,8 +288,6 @@ class Scheduler:
                 unresolvable=exc.unresolvable,
                 detail=f"gang {name}: member {exc.workload} does not fit ({exc.message}); none placed",
             ) from None
-        for binding in placed:
-            self.queue.charge(binding.tenant, binding_amounts(binding))
         return placed
 
     def submit(self, workloads: Iterable[Workload]) -> None:
@@ -362,19 +361,8 @@ class Scheduler:
         """Remove a binding (the workload finished or was deleted) and give its resources back."""
         key = binding if isinstance(binding, str) else binding.workload
         released = self.state.forget(key)
-        self.queue.refund(released.tenant, binding_amounts(released))
         self.queue.cluster_changed()
         return released
-
-
-def binding_amounts(binding: Binding) -> dict[str, int]:
-    """Everything a binding holds, by resource name: scalar requests plus device grants summed."""
-    out = dict(binding.requests)
-    for grants in binding.devices.values():
-        for grant in grants:
-            for name, amount in grant.resources.items():
-                out[name] = out.get(name, 0) + amount
-    return out
 
 
 def _problem_text(exc: ValidationError, workload: str) -> str:
