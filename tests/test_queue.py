@@ -147,3 +147,11 @@ def test_tenant_usage_follows_forced_node_removal_and_restore() -> None:
     assert isinstance(placed, Binding) and placed.node == "n2"  # not held back by a stale quota charge
     state.restore(snap)  # back to x alone on n1
     assert set(state.bindings) == {x.workload} and sched.queue.usage("A")["cpu"] == 2000
+
+
+def test_tenant_usage_counts_a_binding_once_when_its_node_is_updated() -> None:
+    state = ClusterState.from_nodes([make_node("n1").cpu("4").memory("8Gi").obj()])
+    sched = Scheduler(state, tenants=[Tenant(name="A")])
+    sched.schedule_one(make_workload("x").req(cpu="2").tenant("A").obj())
+    state.update_node(make_node("n1").cpu("8").memory("8Gi").obj())  # replays x into every extra
+    assert sched.queue.usage("A")["cpu"] == 2000

@@ -31,6 +31,9 @@ class TenantUsage:
 
     def __init__(self) -> None:
         self._usage: dict[str, dict[str, int]] = {}
+        #: The workloads counted, so that re-assuming one (`ClusterState.update_node` replays a
+        #: node's bindings into every extra) replaces its amounts instead of adding them twice.
+        self._counted: dict[str, tuple[str, dict[str, int]]] = {}
 
     def of(self, tenant: str) -> Mapping[str, int]:
         """The amounts `tenant`'s bindings hold (empty when it holds nothing)."""
@@ -50,23 +53,29 @@ class TenantUsage:
         pass
 
     def assume(self, index: int, binding: Binding) -> None:
-        usage = self._usage.setdefault(binding.tenant, {})
-        amounts = binding_amounts(binding) if binding.devices else binding.requests
-        for name, amount in amounts.items():
-            usage[name] = usage.get(name, 0) + amount
+        self.forget(index, binding)  # a replayed binding is counted once
+        amounts = binding_amounts(binding) if binding.devices else dict(binding.requests)
+        self._counted[binding.workload] = (binding.tenant, amounts)
+        self._add(binding.tenant, amounts, 1)
 
     def forget(self, index: int, binding: Binding) -> None:
-        usage = self._usage.get(binding.tenant, {})
-        amounts = binding_amounts(binding) if binding.devices else binding.requests
+        counted = self._counted.pop(binding.workload, None)
+        if counted is not None:
+            self._add(counted[0], counted[1], -1)
+
+    def _add(self, tenant: str, amounts: Mapping[str, int], sign: int) -> None:
+        usage = self._usage.setdefault(tenant, {})
         for name, amount in amounts.items():
-            usage[name] = usage.get(name, 0) - amount
+            usage[name] = usage.get(name, 0) + sign * amount
 
     def snapshot(self) -> object:
-        return {tenant: dict(amounts) for tenant, amounts in self._usage.items()}
+        return ({t: dict(a) for t, a in self._usage.items()}, dict(self._counted))
 
     def restore(self, snapshot: object) -> None:
-        assert isinstance(snapshot, dict)
-        self._usage = {tenant: dict(amounts) for tenant, amounts in snapshot.items()}
+        assert isinstance(snapshot, tuple)
+        usage, counted = snapshot
+        self._usage = {t: dict(a) for t, a in usage.items()}
+        self._counted = dict(counted)
 
     def violations(self) -> list[str]:
         return [
