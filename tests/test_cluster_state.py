@@ -190,3 +190,25 @@ def test_fast_copy_equals_model_copy() -> None:
         assert fast.model_fields_set == slow.model_fields_set
         assert (fast.__pydantic_extra__, fast.__pydantic_private__) == (slow.__pydantic_extra__, None)
         assert binding.cpuset == CPUSet()  # the original is untouched
+
+
+def test_a_failed_update_leaves_every_account_of_the_node_as_it_was() -> None:
+    """Scalars, CPU ownership, device grants and tenant usage: the old node is re-applied exactly."""
+    from finesched import Scheduler
+
+    def gpu_node(cards: int) -> object:
+        return make_node("g").topology(1, 1, 8, 2).memory("64Gi").gpus(cards, memory="80Gi").obj()
+
+    state = ClusterState.from_nodes([gpu_node(2)])
+    sched = Scheduler(state)
+    for name in ("a", "b"):
+        w = make_workload(name).req(cpu="2", memory="1Gi").lim(cpu="2", memory="1Gi").qos("LSR")
+        sched.schedule_one(w.request("nvidia.com/gpu", 1).obj())
+    cpus, devices = state.extras["cpus"], state.extras["devices"]
+    before = (state.free.copy(), cpus.view(0), devices.export_encoded(0), sched.queue.usage("default"))
+    with pytest.raises(StateError, match="bindings no longer fit"):
+        state.update_node(gpu_node(1))  # one card cannot hold two whole-GPU bindings
+    after = (state.free.copy(), cpus.view(0), devices.export_encoded(0), sched.queue.usage("default"))
+    assert (before[0] == after[0]).all() and before[1:] == after[1:]
+    assert len(state.node("g").devices) == 2
+    state.check_invariants()

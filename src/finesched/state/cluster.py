@@ -211,26 +211,34 @@ class ClusterState:
         return i
 
     def update_node(self, node: Node) -> None:
-        """Replace a node's manifest; its bindings stay, and must still fit (else nothing changes)."""
+        """Replace a node's manifest; its bindings stay, and must still fit (else nothing changes).
+
+        On failure the old manifest is applied again the same way (its bindings fit it), which
+        touches this node alone: no whole-state snapshot, so an update costs the same at any size.
+        """
         i = self._node_index(node.name)
-        saved = self.snapshot()
+        old = self.nodes[i]
         try:
-            self._ensure_rows(node.allocatable)
-            self.nodes[i] = node
-            self._write_node(i, node)
-            for extra in self.extras.values():
-                extra.set_node(i, node)
-            for key in self._on_node[i]:
-                binding = self.bindings[key]
-                self._take(i, binding)
-                for extra in self.extras.values():
-                    extra.assume(i, binding)
+            self._apply_node(i, node)
         except StateError as exc:
-            self.restore(saved)
+            self._apply_node(i, old)
             raise StateError(f"cannot update node {node.name!r}: its bindings no longer fit ({exc})") from None
         self._refresh(i)
         self.capacity_version += 1
         self.nodes_version += 1
+
+    def _apply_node(self, i: int, node: Node) -> None:
+        """Write `node` into slot i (scalars and every extra) and replay the bindings it holds."""
+        self._ensure_rows(node.allocatable)
+        self.nodes[i] = node
+        self._write_node(i, node)
+        for extra in self.extras.values():
+            extra.set_node(i, node)
+        for key in sorted(self._on_node[i]):
+            binding = self.bindings[key]
+            self._take(i, binding)
+            for extra in self.extras.values():
+                extra.assume(i, binding)
 
     def remove_node(self, name: str, *, force: bool = False) -> list[Binding]:
         """Remove a node. Refused while bindings exist on it unless `force`, which forgets them (returned)."""
