@@ -113,3 +113,13 @@ def test_console_script_usage_errors_are_one_line_and_exit_2(args: list[str], na
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and names in lines[0], proc.stderr
+
+
+def test_plan_shows_numa_amounts_and_shared_pools() -> None:
+    table = runner.invoke(app, ["plan", CLUSTER, WORKLOADS], env={"COLUMNS": "220"})
+    assert "shared pools: socket 0 numa 0" in table.stdout and "numa 0: cpu=1, memory=2Gi" in table.stdout
+    data = json.loads(runner.invoke(app, ["plan", CLUSTER, WORKLOADS, "-o", "json"]).stdout)
+    by_name = {r["workload"]: r for r in data["results"]}
+    assert by_name["team-b/notebook-shortcut"]["numaResources"] == {"0": {"cpu": "1", "memory": "2Gi"}}
+    status = by_name["team-b/api-burst"]["annotations"]["scheduling.koordinator.sh/resource-status"]
+    assert json.loads(status) == {"cpuSharedPools": [{"socket": 0, "node": 0}]}

@@ -238,8 +238,12 @@ def test_bad_input_is_refused_by_the_models(build, message):
 
 
 def test_unknown_policy_in_an_annotation_is_the_users_error():
+    bad = {"scheduling.koordinator.sh/resource-spec": '{"preferredCPUExclusivePolicy": "X"}'}
+    with pytest.raises(pydantic.ValidationError, match="is not one of Default, None, PCPULevel, NUMANodeLevel"):
+        lse("w", 2, annotations=bad)  # refused when the workload is loaded
+    # A workload built without validation (model_construct) is still refused when scheduled.
     s = scheduler(node())
-    w = lse("w", 2, annotations={"scheduling.koordinator.sh/resource-spec": '{"preferredCPUExclusivePolicy": "X"}'})
+    w = lse("w", 2).model_copy(update={"annotations": bad})
     with pytest.raises(ValidationError, match="valid: Default, None, PCPULevel, NUMANodeLevel"):
         s.schedule_one(w)
 

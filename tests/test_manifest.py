@@ -340,3 +340,36 @@ def test_cpu_ids_and_builder_shapes_are_bounded() -> None:
     huge = node_doc(cpuTopology={"sockets": 100000, "coresPerNuma": 100000, "threadsPerCore": 100})
     with pytest.raises(ValidationError, match="1000000000000 logical CPUs; at most 65536"):
         parse_manifest(huge)
+
+
+@pytest.mark.parametrize(
+    ("key", "text", "path", "message"),
+    [
+        (
+            "scheduling.koordinator.sh/resource-spec",
+            '{"preferredCPUBindPolicy": "Foo", "other": 1}',
+            "metadata.annotations.scheduling.koordinator.sh/resource-spec.preferredCPUBindPolicy",
+            "is not one of Default, FullPCPUs, SpreadByPCPUs, ConstrainedBurst",
+        ),
+        (
+            "scheduling.koordinator.sh/numa-topology-spec",
+            '{"numaTopologyPolicy": "single"}',
+            "metadata.annotations.scheduling.koordinator.sh/numa-topology-spec.numaTopologyPolicy",
+            "is not one of None, BestEffort, Restricted, SingleNUMANode",
+        ),
+        (
+            "scheduling.koordinator.sh/resource-spec",
+            "{not json",
+            "metadata.annotations.scheduling.koordinator.sh/resource-spec",
+            "is not JSON",
+        ),
+        ("scheduling.koordinator.sh/numa-topology-spec", "[1]", "", "must be a JSON object"),
+    ],
+)
+def test_koordinator_annotations_are_checked_when_loaded(key: str, text: str, path: str, message: str) -> None:
+    doc = workload_doc()
+    doc["metadata"]["annotations"] = {key: text}
+    with pytest.raises(ValidationError) as caught:
+        parse_manifest(doc)
+    (error,) = caught.value.errors
+    assert message in error.message and (not path or error.path == path)

@@ -20,7 +20,7 @@ from rich.table import Table
 from finesched.commands.devices import format_grants
 from finesched.model.binding import Binding
 from finesched.model.manifest import Manifests
-from finesched.plugins.resource_status import node_report, render_node_reports
+from finesched.plugins.resource_status import ANNOTATION_RESOURCE_STATUS, node_report, render_node_reports
 from finesched.sched.diagnosis import QuotaWait
 from finesched.sched.profile import Profile
 from finesched.sched.scheduler import Result, Scheduler
@@ -63,6 +63,9 @@ def result_record(result: Result, workloads: dict[str, Any]) -> dict[str, Any]:
             record["cpuset"] = str(result.cpuset)
         if result.numa:
             record["numa"] = [g.numa for g in result.numa]
+            record["numaResources"] = {str(g.numa): g.resources.to_quantities() for g in result.numa}
+        if result.annotations:  # Koordinator's resource-status (cpuset or cpuSharedPools) and device-allocated
+            record["annotations"] = dict(result.annotations)
         return record
     w = workloads.get(result.workload)
     return {
@@ -122,9 +125,8 @@ def decision_table(results: Sequence[Result], workloads: dict[str, Any]) -> Tabl
         table.add_column(column, overflow="fold")
     for result in results:
         if isinstance(result, Binding):
-            detail = "\n".join(
-                filter(None, [f"cpuset {result.cpuset}" if result.cpuset else "", format_grants(result)])
-            )
+            cpuset = f"cpuset {result.cpuset}" if result.cpuset else ""
+            detail = "\n".join(filter(None, [cpuset, format_numa(result), format_grants(result)]))
             table.add_row(result.workload, result.tenant, result.node, str(result.score), escape(detail))
         else:
             w = workloads.get(result.workload)
@@ -132,6 +134,20 @@ def decision_table(results: Sequence[Result], workloads: dict[str, Any]) -> Tabl
             tenant = w.tenant if w is not None else ""
             table.add_row(result.workload, tenant, "-", "-", f"[{style}]{escape(result.message)}[/]")
     return table
+
+
+def format_numa(binding: Binding) -> str:
+    """``numa 0: cpu=2, memory=4Gi`` per NUMA node the binding takes from, and the NUMA shared
+    pools an LS workload is bound to (Koordinator's resource-status ``cpuSharedPools``)."""
+    parts = []
+    for grant in binding.numa:
+        amounts = ", ".join(f"{k}={v}" for k, v in grant.resources.to_quantities().items())
+        parts.append(f"numa {grant.numa}: {amounts}")
+    status = json.loads(binding.annotations.get(ANNOTATION_RESOURCE_STATUS, "{}"))
+    pools = status.get("cpuSharedPools") or []
+    if pools:
+        parts.append("shared pools: " + ", ".join(f"socket {p['socket']} numa {p['node']}" for p in pools))
+    return "; ".join(parts)
 
 
 def summary_table(outcome: PlanOutcome) -> Table:

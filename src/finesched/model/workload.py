@@ -10,6 +10,8 @@ CPUs (S3.1), or they are rejected here, before they reach a queue.
 
 from __future__ import annotations
 
+import json
+import typing
 from typing import Literal
 
 from pydantic import Field, PositiveInt, model_validator
@@ -55,6 +57,40 @@ class NodeAffinityTerm(Model):
         if self.operator in ("Exists", "DoesNotExist") and self.values:
             raise ValueError(f"operator {self.operator} takes no values")
         return self
+
+
+#: Koordinator's scheduling annotations: JSON objects whose policy fields we read (other fields are
+#: Koordinator's own and pass through). Checked here so a typo is reported when the manifest is
+#: loaded, with the annotation as its path, not when the workload is first scheduled.
+KOORDINATOR_ANNOTATION_FIELDS: dict[str, dict[str, tuple[str, ...]]] = {
+    "scheduling.koordinator.sh/resource-spec": {
+        "requiredCPUBindPolicy": typing.get_args(CPUBindPolicy),
+        "preferredCPUBindPolicy": typing.get_args(CPUBindPolicy),
+        "preferredCPUExclusivePolicy": ("Default", *typing.get_args(CPUExclusivePolicy)),
+    },
+    "scheduling.koordinator.sh/numa-topology-spec": {"numaTopologyPolicy": typing.get_args(NUMATopologyPolicy)},
+}
+
+
+def _annotation_problems(annotations: dict[str, str]) -> list[tuple[Loc, str, object]]:
+    problems: list[tuple[Loc, str, object]] = []
+    for key, fields in KOORDINATOR_ANNOTATION_FIELDS.items():
+        text = annotations.get(key)
+        if not text:
+            continue
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as exc:
+            problems.append((("annotations", key), f"is not JSON ({exc.msg} at column {exc.colno})", text))
+            continue
+        if not isinstance(value, dict):
+            problems.append((("annotations", key), "must be a JSON object", text))
+            continue
+        for field, valid in fields.items():
+            given = value.get(field)
+            if given is not None and given not in valid:
+                problems.append((("annotations", key, field), f"is not one of {', '.join(valid)}", given))
+    return problems
 
 
 class Gang(Model):
@@ -115,6 +151,7 @@ class Workload(Model):
                 if name in self.requests and self.limits.get(name) != self.requests[name]:
                     rule = f"{self.qos} needs limit == request ({shown[name]})"
                     problems.append((("limits", name), rule, limits.get(name)))
+        problems += _annotation_problems(self.annotations)
         return problems
 
     @property

@@ -63,7 +63,7 @@ def check_choice(kind: str, value: str, valid: Iterable[str]) -> str:
         return value
     valid = tuple(valid)
     if value not in valid:
-        raise UnknownPolicy(f"unknown {kind} {value!r}; valid: {', '.join(valid)}")
+        raise UnknownPolicy(f"unknown {kind} {value!r}; valid: {', '.join(v for v in valid if v)}")
     return value
 
 
