@@ -441,3 +441,13 @@ def test_evaluate_ranks_every_feasible_node_without_placing() -> None:
     assert binding.node == max(scores, key=lambda n: scores[n]) and binding.score == scores[binding.node]
     with pytest.raises(FitError, match="insufficient cpu"):
         sched.evaluate(make_workload("huge").req(cpu="64").obj())
+
+
+def test_profile_errors_found_at_start_name_the_file_and_refuse_weights_on_filters(tmp_path: Any) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text("name: p\nplugins:\n  - {name: ResourcesFit, weight: 5}\n  - {name: LeastRequsted}\n")
+    with pytest.raises(ValidationError) as caught:
+        Scheduler(three_nodes(), str(path))
+    lines = [str(e) for e in caught.value.errors]
+    assert lines[0].startswith(f"{path}: plugins[0].weight: 5 ResourcesFit does not score")
+    assert lines[1].startswith(f'{path}: plugins[1].name: "LeastRequsted" unknown plugin')

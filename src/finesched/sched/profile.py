@@ -43,6 +43,8 @@ class Profile(Model):
     seed: int = 0
     #: How many nodes the exact reserve step may try before the workload is reported unschedulable.
     max_reserve_attempts: int = Field(default=100, ge=1)
+    #: Where the profile came from (its file), so errors found when the scheduler starts name it.
+    source: str = Field(default="", exclude=True)
 
     @classmethod
     def parse(cls, data: object, *, where: str = "profile") -> Profile:
@@ -59,6 +61,8 @@ class Profile(Model):
             data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
         except (OSError, yaml.YAMLError) as exc:
             raise ValidationError([ErrorDetail("", f"cannot read profile: {exc}", where=str(path))]) from None
+        if isinstance(data, dict) and "source" not in data:
+            data = {**data, "source": str(path)}
         return cls.parse(data, where=str(path))
 
     def plugin_names(self) -> list[str]:

@@ -72,8 +72,17 @@ class Framework:
                 errors.append(ValidationError([e.located("", f"plugins[{index}]") for e in exc.errors]))
                 continue
             self._add(plugin, config.weight, index, errors)
+            if "weight" in config.model_fields_set and not isinstance(plugin, ScorePlugin):
+                # A weight only scales scores: on a filter it would be silently meaningless.
+                errors.append(
+                    ValidationError(
+                        f"{plugin.NAME} does not score; a weight applies to score plugins only",
+                        path=f"plugins[{index}].weight",
+                        value=config.weight,
+                    )
+                )
         if errors:
-            raise ValidationError.collect(errors)
+            raise ValidationError([e.located(profile.source) for e in ValidationError.collect(errors).errors])
         for plugin in self.plugins:
             if isinstance(plugin, StateUser):
                 plugin.attach(state)
