@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -62,6 +63,12 @@ def test_fill_table_and_out_dir(tiny_trace: tuple[Path, Path], tmp_path: Path) -
     saved = json.loads((out / "results.json").read_text())
     assert saved["lp_bound"]["3"]["130"] >= saved["results"][0]["alloc"]["130"]
     assert (out / "results.csv").read_text().splitlines()[0].startswith("policy,seed,trace,pods,alloc_90")
+    # the fragmentation ratio F / Σ R_n reaches the table, the summary and the HTML next to the amount
+    assert "ratio" in stdout
+    summary = saved["summary"]["BestFit"]
+    assert {"mean_130", "std_130", "frag_amount_130", "failed_mean", "wall_s_mean"} <= set(summary)
+    assert summary["frag_ratio_130"] == pytest.approx(saved["results"][0]["frag_ratio"]["130"])
+    assert "<th>frag amount @130</th><th>frag ratio @130</th>" in (out / "report.html").read_text()
 
 
 def test_replay_json(tiny_trace: tuple[Path, Path], tmp_path: Path) -> None:
@@ -80,7 +87,8 @@ def test_replay_json(tiny_trace: tuple[Path, Path], tmp_path: Path) -> None:
     ("args", "code", "message"),
     [
         pytest.param(["--policy", "Tetris"], 2, "unknown policy 'Tetris'; valid: Random, DotProd", id="unknown-policy"),
-        pytest.param(["--seeds", "9-3"], 2, "bad seed range '9-3'", id="bad-seeds"),
+        pytest.param(["--seeds", "9-3"], 2, "error: --seeds: bad seed range '9-3'", id="bad-seeds"),
+        pytest.param(["--seeds", "1-5,5x"], 2, "error: --seeds: bad seed range '5x': use N", id="bad-seed-element"),
         pytest.param(["-o", "yaml"], 2, "--output must be one of table, json", id="bad-output"),
         pytest.param(["--jobs", "0"], 2, "--jobs must be >= 1", id="bad-jobs"),
         pytest.param(["--inflation", "-1"], 2, "--inflation must be in (0, 10]", id="bad-inflation"),
@@ -120,3 +128,60 @@ def test_parse_policies_and_defaults() -> None:
     assert parse_policies("all") == [*BASELINES, BEST]
     assert DEFAULT_NODES.name == "openb_node_list_gpu_node.csv" and DEFAULT_NODES.is_file()
     assert DEFAULT_PODS.name == "openb_pod_list_default.csv" and DEFAULT_PODS.is_file()
+
+
+def _forbid_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make any run fail the test: the error must come before a worker starts."""
+
+    def no_run(*_: object, **__: object) -> list[dict[str, object]]:
+        raise AssertionError("a run started although --out is unusable")
+
+    monkeypatch.setattr("finesched.sim.runner.run_all", no_run)
+
+
+@pytest.mark.parametrize("command", ["fill", "replay"])
+def test_unusable_out_fails_before_any_run(
+    tiny_trace: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: str
+) -> None:
+    _forbid_runs(monkeypatch)
+    taken = tmp_path / "taken"
+    taken.write_text("a regular file\n")
+    for out in (taken, taken / "sub"):  # the path itself, or a parent of it, is a file
+        code, stdout, stderr = invoke(
+            command, "--nodes", str(tiny_trace[0]), "--pods", str(tiny_trace[1]), "--out", str(out)
+        )
+        assert code == 1, stderr
+        assert f"--out {out}:" in stderr.replace("\n", "") and "Traceback" not in stderr + stdout
+        assert len(stderr.strip().splitlines()) == 1
+    assert taken.read_text() == "a regular file\n"
+
+
+def test_out_is_created_before_the_runs(
+    tiny_trace: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import finesched.sim.runner as runner_module
+
+    out = tmp_path / "new" / "report"
+    seen: list[bool] = []
+    real_run_all = runner_module.run_all
+
+    def spy(*args: Any, **kwargs: Any) -> list[dict[str, Any]]:
+        seen.append(out.is_dir())
+        return real_run_all(*args, **kwargs)
+
+    monkeypatch.setattr(runner_module, "run_all", spy)
+    code, _, stderr = invoke(
+        "fill",
+        "--nodes",
+        str(tiny_trace[0]),
+        "--pods",
+        str(tiny_trace[1]),
+        "--seeds",
+        "1",
+        "--no-lp-bound",
+        "--out",
+        str(out),
+    )
+    assert code == 0, stderr
+    assert seen == [True]
+    assert (out / "results.json").is_file()

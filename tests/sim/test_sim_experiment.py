@@ -100,8 +100,25 @@ def test_parse_seeds() -> None:
     assert parse_seeds("42-45") == [42, 43, 44, 45]
     assert parse_seeds("1-3,7,2") == [1, 2, 3, 7]
     for bad in ("", "a-b", "5-3", "1-20000"):
-        with pytest.raises(ValueError, match="bad seed range"):
+        with pytest.raises(ValueError, match=r"^--seeds: bad seed range"):
             parse_seeds(bad)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        pytest.param("1-5,5x", "--seeds: bad seed range '5x': use N, N-M", id="bad-element"),
+        pytest.param("42, 7-3 ,50", "--seeds: bad seed range '7-3': the end is below the start", id="reversed"),
+        pytest.param("1,1-20000", "--seeds: bad seed range '1-20000': more than 10,000 seeds", id="too-many"),
+        pytest.param("1-5,,7", "--seeds: bad seed range '' (an empty element of '1-5,,7')", id="empty-element"),
+    ],
+)
+def test_parse_seeds_quotes_only_the_bad_element(text: str, message: str) -> None:
+    with pytest.raises(ValueError) as caught:
+        parse_seeds(text)
+    assert str(caught.value).startswith(message)
+    if "empty element" not in message:
+        assert repr(text) not in str(caught.value)
 
 
 def test_run_all_in_parallel_matches_serial(tiny_trace: tuple[Path, Path]) -> None:

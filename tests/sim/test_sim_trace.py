@@ -132,3 +132,46 @@ def test_workload_factory(tmp_path: Path) -> None:
     cpu_only = factory.make(pods, 1, name="p1-tuned-0")
     assert cpu_only.name == "p1-tuned-0" and cpu_only.node_affinity == ()  # a CPU-only pod ignores gpu_spec
     assert models_of("V100M16|V100M32|V100M32") == ("V100M16", "V100M32")
+
+
+GOOD_POD = "p0,1000,512,1,500,,LS,Running,0,1,0"
+
+
+def test_unterminated_quote_before_eof_names_its_start_line(tmp_path: Path) -> None:
+    # Without the fix the reader ends the row at EOF and reports "p:5: 2 fields, the header has 11".
+    rows = [
+        GOOD_POD,
+        'p1,"1000,512,1,500,,LS,Running,0,1,0',
+        "p2,1000,512,1,500,,LS,Running,0,1,0",
+        "p3,1000,512,1,500,,LS,Running,0,1,0",
+    ]
+    path = write(tmp_path / "pods.csv", POD_HEADER, rows)
+    with pytest.raises(TraceError) as caught:
+        load_pods(path)
+    message = str(caught.value)
+    assert message.startswith(f"{path}:3: unterminated quote starting on line 3")
+    assert "fields" not in message
+
+
+def test_unterminated_quote_past_the_field_limit_names_its_start_line(tmp_path: Path) -> None:
+    # The quote swallows more than csv's 131,072-character field limit; the reader fails far below.
+    rows = [GOOD_POD, 'p1,1000,512,1,500,",LS,Running,0,1,0']
+    rows += [f"q{i:05d},1000,512,1,500,,LS,Running,0,1,0" for i in range(4000)]
+    path = write(tmp_path / "pods.csv", POD_HEADER, rows)
+    with pytest.raises(TraceError) as caught:
+        load_pods(path)
+    message = str(caught.value)
+    assert message.startswith(f"{path}:3: unterminated quote starting on line 3")
+    assert "field larger than field limit" in message  # the reader's own words, kept as the detail
+
+
+def test_unterminated_quote_in_the_header(tmp_path: Path) -> None:
+    path = write(tmp_path / "nodes.csv", 'sn,"cpu_milli,memory_mib,gpu,model', ["n0,64000,1024,2,T4"])
+    with pytest.raises(TraceError, match=rf"{path}:1: unterminated quote starting on line 1"):
+        load_nodes(path)
+
+
+def test_single_line_rows_keep_their_own_line_after_blank_lines(tmp_path: Path) -> None:
+    path = write(tmp_path / "pods.csv", POD_HEADER, [GOOD_POD, "", "", "p1,1000,512,1,1200,,LS,Running,0,1,0"])
+    with pytest.raises(TraceError, match=rf"{path}:5: gpu_milli must be in 1..1000"):
+        load_pods(path)

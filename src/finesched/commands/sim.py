@@ -7,7 +7,8 @@
 * ``sim replay``: pods arrive and leave by their trace timestamps (``--time-scale`` compresses
   arrivals), waiting in the scheduler's DRF queue; reports utilization and queueing delay.
 
-Errors are one line on stderr: exit 1 for unusable input files, 2 for bad options.
+Errors are one line on stderr: exit 1 for unusable input files or ``--out`` directory, 2 for bad
+options. Inputs and the ``--out`` directory are checked before the first run starts.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import json
 import os
 import platform
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -97,6 +99,21 @@ def _preflight(nodes: Path, pods: Path, need_times: bool = False) -> tuple[str, 
     return node_path, pod_path
 
 
+def _prepare_out(out_dir: Path | None) -> None:
+    """Create ``--out`` and prove it takes files now, before any run: the report is written only after
+    every run has finished, so an unusable directory found then would throw all the results away."""
+    if out_dir is None:
+        return
+    if out_dir.exists() and not out_dir.is_dir():
+        raise _Fail(f"--out {out_dir}: exists and is not a directory", 1)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out_dir):
+            pass
+    except OSError as exc:
+        raise _Fail(f"--out {out_dir}: cannot write there: {exc.strerror or exc}", 1) from None
+
+
 def _run_with_progress(specs: list[Any], jobs: int, label: str) -> list[dict[str, Any]]:
     from finesched.sim.runner import run_all
 
@@ -156,6 +173,7 @@ def fill(
         except ValueError as exc:
             raise _Fail(str(exc), 2) from None
         node_path, pod_path = _preflight(nodes, pods)
+        _prepare_out(out_dir)
         from finesched.sim.runner import RunSpec, bounds
 
         specs = [RunSpec("fill", node_path, pod_path, p, s, inflation) for p in names for s in seed_list]
@@ -211,7 +229,7 @@ def _fill_table(
     table.add_column("seeds", justify="right")
     for p in points:
         table.add_column(f"@{p}", justify="right")
-    for column in ("± std @130", "published @130", "unalloc @130", "frag @130", "failed", "wall s"):
+    for column in ("± std @130", "published @130", "unalloc @130", "frag @130", "frag ratio @130", "failed", "wall s"):
         table.add_column(column, justify="right")
     for policy, s in summary.items():
         published = s.get("published_130")
@@ -223,13 +241,14 @@ def _fill_table(
             "" if published is None else f"{published:.2f}",
             f"{100 - s['mean_130']:.2f}",
             f"{s['frag_amount_130']:.2f}",
+            f"{s['frag_ratio_130']:.2f}",
             f"{s['failed_mean']:.0f}",
             f"{s['wall_s_mean']:.1f}",
         )
     if bound:
         values = [[v[str(p)] for v in bound.values() if str(p) in v] for p in points]
         cells = [f"{sum(v) / len(v):.2f}" if v else "" for v in values]
-        table.add_row("LP bound", str(len(bound)), *cells, "", "", "", "", "", "", style="dim")
+        table.add_row("LP bound", str(len(bound)), *cells, *[""] * 7, style="dim")
     _print_table(table)
 
 
@@ -264,6 +283,7 @@ def replay(
         except ValueError as exc:
             raise _Fail(str(exc), 2) from None
         node_path, pod_path = _preflight(nodes, pods, need_times=True)
+        _prepare_out(out_dir)
         from finesched.sim.report import replay_summary, write_replay
         from finesched.sim.runner import RunSpec
 

@@ -44,19 +44,25 @@ class RunSpec:
 
 
 def parse_seeds(text: str) -> list[int]:
-    """``42-51``, ``42,45,50`` or ``42`` (ranges and lists mix: ``1-3,7``); ValueError when malformed."""
+    """``42-51``, ``42,45,50`` or ``42`` (ranges and lists mix: ``1-3,7``); ValueError when malformed.
+
+    Errors start with ``--seeds:`` and quote only the offending element, so in ``1-5,5x`` the user
+    sees ``'5x'`` rather than having to find the bad part of the whole value.
+    """
     seeds: list[int] = []
     for part in text.split(","):
         part = part.strip()
         match = re.fullmatch(r"(\d+)(?:\s*-\s*(\d+))?", part)
         if not match:
-            raise ValueError(f"bad seed range {text!r}: use N, N-M or a comma list (e.g. 42-51)")
+            # an empty element ("1-5,,7") is only findable with the whole value beside it
+            where = f" (an empty element of {text.strip()!r})" if not part and text.strip() else ""
+            raise ValueError(f"--seeds: bad seed range {part!r}{where}: use N, N-M or a comma list (e.g. 42-51)")
         lo = int(match.group(1))
         hi = int(match.group(2)) if match.group(2) else lo
         if hi < lo:
-            raise ValueError(f"bad seed range {part!r}: the end is below the start")
+            raise ValueError(f"--seeds: bad seed range {part!r}: the end is below the start")
         if hi - lo >= 10_000:
-            raise ValueError(f"bad seed range {part!r}: more than 10,000 seeds")
+            raise ValueError(f"--seeds: bad seed range {part!r}: more than 10,000 seeds")
         seeds.extend(range(lo, hi + 1))
     return list(dict.fromkeys(seeds))
 

@@ -121,6 +121,13 @@ class PodTable:
 
 # Reading -----------------------------------------------------------------------------------------------
 def _rows(path: Path, required: Sequence[str]) -> Iterator[tuple[int, dict[str, str]]]:
+    """Yield (line where the row starts, row by column) for every non-blank data row.
+
+    ``reader.line_num`` counts the lines read so far, i.e. where a row *ends*. Trace fields never
+    contain newlines, so a row that spans lines means a quote opened on its first line was never
+    closed (the reader then swallows the following lines, and reports a field-size or field-count
+    problem far away). Such rows are reported at the line they start on, as what they are.
+    """
     try:
         handle = path.open(newline="", encoding="utf-8")
     except OSError as exc:
@@ -131,22 +138,41 @@ def _rows(path: Path, required: Sequence[str]) -> Iterator[tuple[int, dict[str, 
             header = next(reader)
         except StopIteration:
             raise TraceError(f"{path}:1: empty file (expected a header: {','.join(required)})") from None
-        except (csv.Error, UnicodeDecodeError) as exc:
+        except csv.Error as exc:
+            if reader.line_num > 1:
+                raise _unterminated(path, 1, reader.line_num, str(exc)) from None
             raise TraceError(f"{path}:1: not a CSV file ({exc})") from None
+        except UnicodeDecodeError as exc:
+            raise TraceError(f"{path}:1: not a CSV file ({exc})") from None
+        if reader.line_num > 1:
+            raise _unterminated(path, 1, reader.line_num)
         header = [h.strip() for h in header]
         missing = [c for c in required if c not in header]
         if missing:
             raise TraceError(f"{path}:1: header lacks column(s) {', '.join(missing)} (has: {','.join(header)})")
+        start = reader.line_num + 1
         try:
             for row in reader:
-                line = reader.line_num
+                line, start = start, reader.line_num + 1
+                if reader.line_num > line:
+                    raise _unterminated(path, line, reader.line_num)
                 if not row or (len(row) == 1 and not row[0].strip()):
                     continue
                 if len(row) != len(header):
                     raise TraceError(f"{path}:{line}: {len(row)} fields, the header has {len(header)}")
                 yield line, dict(zip(header, row, strict=True))
-        except (csv.Error, UnicodeDecodeError) as exc:
-            raise TraceError(f"{path}:{reader.line_num}: malformed CSV ({exc})") from None
+        except csv.Error as exc:
+            if reader.line_num > start:
+                raise _unterminated(path, start, reader.line_num, str(exc)) from None
+            raise TraceError(f"{path}:{start}: malformed CSV ({exc})") from None
+        except UnicodeDecodeError as exc:
+            raise TraceError(f"{path}:{start}: malformed CSV ({exc})") from None
+
+
+def _unterminated(path: Path, start: int, end: int, cause: str = "") -> TraceError:
+    """The error for a row that runs from line `start` on to line `end` (an unclosed quote)."""
+    reader_said = f"; the CSV reader stopped at line {end}: {cause}" if cause else f"; the row runs on to line {end}"
+    return TraceError(f"{path}:{start}: unterminated quote starting on line {start}{reader_said}")
 
 
 def _int(path: Path, line: int, row: dict[str, str], column: str, *, optional: bool = False) -> int:
