@@ -90,7 +90,7 @@ def test_totals_count_healthy_devices_only():
             "LeastAllocated",
             id="policies-before-label",
         ),
-        pytest.param({}, {STRATEGY_LABEL: "Nonsense"}, None, id="bad-label-ignored"),
+        # an unknown label value is now a manifest error (test_manifest.py, bad-device-strategy-label)
     ],
 )
 def test_node_strategy(policies, labels, want):
@@ -257,3 +257,103 @@ def test_bad_encoded_updates_change_nothing(update, message):
     assert dump(accounts, 2) == before
     with pytest.raises(EncodedUpdateError, match="no node named 'nope'"):
         apply_encoded_updates(state, {"nope": good})
+
+
+# Review fixes: encoded updates mark the state, defensive foreign check, annotation-only bindings -------------
+
+
+def test_encoded_updates_only_through_the_state_and_marked_changed():
+    import finesched.state.device_wire as wire
+    from finesched.state.device_wire import export_node_state
+
+    # the unmarked paths are gone: a memo would keep stale verdicts after them
+    assert not hasattr(DeviceAccounts, "apply_encoded") and not hasattr(wire, "apply_encoded")
+    state, accounts = state_of(a100(), a100("n2"))
+    exported = export_node_state(state, "n2")
+    assert exported == accounts.export_encoded(1)
+    position, version = state.change_position, state.capacity_version
+    update = {"gpu": {"gpu-core": (encode([100, 70, 100, 100], 7), 4, 7)}}
+    apply_encoded_updates(state, {"n2": update})
+    assert state.changed_since(position).tolist() == [1] and state.capacity_version > version
+    assert export_node_state(state, "n2")["gpu"]["gpu-core"].decode() == [100, 70, 100, 100]
+    with pytest.raises(KeyError, match="no node named 'nope'"):
+        export_node_state(state, "nope")
+
+
+def test_a_node_built_unchecked_with_bad_foreign_use_is_refused_not_capped():
+    from finesched.model.node import ForeignAllocation
+
+    over = ForeignAllocation(type="gpu", minor=0, resources={"gpu-core": 150})
+    bad = a100().obj().model_copy(update={"foreign_allocations": (over,)})  # model_copy skips validation
+    state = ClusterState.from_nodes([bad])
+    with pytest.raises(StateError, match=r"foreignAllocations\.0\.resources\.gpu-core: 150 foreign gpu-core"):
+        attach_device_accounts(state)
+
+
+KOORD_GPU_1 = (
+    '{"gpu":[{"minor":1,"resources":{"koordinator.sh/gpu-core":"50","koordinator.sh/gpu-memory-ratio":"50"}}]}'
+)
+
+
+def test_a_binding_with_only_the_device_annotation_takes_the_annotated_share():
+    from finesched.plugins.deviceshare import DEVICE_ALLOCATED
+
+    state, accounts = state_of(a100())
+    before = dump(accounts, 1)
+    b = Binding(workload="default/koord", node="n1", annotations={DEVICE_ALLOCATED: KOORD_GPU_1})
+    state.assume(b)
+    # ratio 50 of an 80Gi card: 40Gi filled in per card, as for a binding finesched made
+    assert accounts.node_devices(0, "gpu").free[:, 1].tolist() == [50, 50, 40 * GI]
+    assert accounts.held(0)["default/koord"].devices == {
+        "gpu": [grant(1, gpu_core=50, gpu_memory_ratio=50, gpu_memory=40 * GI)]
+    }
+    assert accounts.violations() == [] and state.check_invariants() is None
+    _, rebuilt = state_of(a100(), bindings=[b])  # the start-up rebuild reads the annotation too
+    assert dump(rebuilt, 1) == dump(accounts, 1)
+    state.forget(b.workload)
+    assert dump(accounts, 1) == before
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        pytest.param("{", "device-allocated: not JSON", id="not-json"),
+        pytest.param(
+            '{"gpu":[{"minor":7,"resources":{"koordinator.sh/gpu-core":"50"}}]}', "no gpu with minor 7", id="minor"
+        ),
+    ],
+)
+def test_a_bad_device_annotation_is_refused_and_changes_nothing(text, message):
+    from finesched.plugins.deviceshare import DEVICE_ALLOCATED
+
+    state, accounts = state_of(a100())
+    before = dump(accounts, 1)
+    with pytest.raises(StateError, match=message):
+        state.assume(Binding(workload="default/w", node="n1", annotations={DEVICE_ALLOCATED: text}))
+    assert dump(accounts, 1) == before and "default/w" not in state.bindings
+
+
+def test_prefixed_dimensions_of_manifest_defined_types_are_held_bare():
+    state, accounts = state_of(make_node("n1").device("xpu", 0).device("xpu", 1))
+    b = binding("w", xpu=[DeviceGrant(minor=1, resources={"koordinator.sh/xpu": 50})])
+    state.assume(b)
+    assert accounts.node_devices(0, "xpu").free.tolist() == [[100, 50]]
+    assert accounts.held(0)["default/w"].devices == {"xpu": [grant(1, xpu=50)]}
+    assert accounts.violations() == []
+    state.forget("default/w")
+    assert accounts.node_devices(0, "xpu").free.tolist() == [[100, 100]]
+
+
+def test_a_node_an_extra_refuses_is_not_half_added():
+    from finesched.model.node import ForeignAllocation
+
+    state, accounts = state_of(a100())
+    over = ForeignAllocation(type="gpu", minor=0, resources={"gpu-core": 150})
+    bad = a100().obj().model_copy(update={"name": "n2", "foreign_allocations": (over,)})
+    before = (state.n, list(state.names), state.free.copy(), dump(accounts, 0))
+    with pytest.raises(StateError, match="150 foreign gpu-core"):
+        state.add_node(bad)
+    assert (state.n, state.names) == before[:2] and (state.free == before[2]).all()
+    assert "n2" not in state.index and dump(accounts, 0) == before[3]
+    state.add_node(a100().obj().model_copy(update={"name": "n2"}))  # the slot is free again
+    state.check_invariants()

@@ -267,3 +267,63 @@ def explain(request_, *devices, healthy=None, valid=None):
 )
 def test_explain_type(request_, devices, kw, want):
     assert explain(request_, *devices, **kw) == want
+
+
+# Huawei NPU names (Koordinator deviceshare/utils.go) ------------------------------------------------------
+
+NPU = "huawei.com/npu-core"
+
+
+@pytest.mark.parametrize(
+    ("request_", "message"),
+    [
+        # npu-core alone says nothing about device memory: invalid, like gpu-core alone
+        pytest.param({NPU: 8}, "invalid resource device requests: [huawei.com/npu-core]", id="npu-core-alone"),
+        pytest.param(
+            {NPU: 8, MEM: "4Gi"},
+            "invalid resource device requests: [huawei.com/npu-core koordinator.sh/gpu-memory]",
+            id="npu-core-with-bytes",
+        ),
+        pytest.param(
+            {NPU: 8, CORE: 50, RATIO: 50},
+            "invalid resource device requests: "
+            "[huawei.com/npu-core koordinator.sh/gpu-core koordinator.sh/gpu-memory-ratio]",
+            id="npu-core-with-gpu-core",
+        ),
+        pytest.param(
+            {NPU: 8, RATIO: 150}, "invalid resource unit koordinator.sh/gpu-memory-ratio: 150", id="ratio-150"
+        ),
+    ],
+)
+def test_invalid_npu_requests(request_, message):
+    with pytest.raises(InvalidDeviceRequest) as exc:
+        normalize_device_request(request_)
+    assert message in str(exc.value)
+
+
+@pytest.mark.parametrize(
+    ("request_", "count", "per_device", "shared"),
+    [
+        pytest.param({NPU: 8, RATIO: 50}, 1, {NPU: 8, RATIO: 50}, True, id="npu-share"),
+        # ratio 200 -> two NPUs, each with half the AI cores
+        pytest.param({NPU: 16, "koordinator.sh/gpu-memory-ratio": 200}, 2, {NPU: 8, RATIO: 100}, False, id="npu-2"),
+    ],
+)
+def test_npu_core_with_ratio_is_a_gpu_type_request(request_, count, per_device, shared):
+    assert device_resource(NPU) == ("gpu", NPU)
+    r = gpu(request_)
+    assert (r.count, dict(r.per_device), r.shared) == (count, per_device, shared)
+
+
+def test_bytes_share_on_cards_without_memory_figure_names_a_gpu_memory_share():
+    dims = (CORE, RATIO)  # no card in the cluster reports gpu-memory
+    free = total = np.full((2, 1, 1), 100, dtype=np.int64)
+    ones = np.ones((1, 1), bool)
+    reasons = {}
+    for request_ in ({CORE: 10, MEM: "4Gi"}, {CORE: 10, RATIO: 50}):
+        r = gpu(request_)
+        reasons.update(explain_type("gpu", compile_rule(r, dims), r.count, dims, free, total, ones, ones))
+    assert sorted(reasons) == [
+        "GPUs report no gpu-memory (a gpu-memory share needs it)",
+        "GPUs report no gpu-memory (a gpu-memory-ratio share needs it)",
+    ]

@@ -421,3 +421,37 @@ def test_agent_updates_reach_the_memoized_scheduler():
     # b's agent reports its only GPU fully used by something else
     apply_encoded_updates(s.state, {"b": {"gpu": {"gpu-core": (encode([0], 7), 1, 7)}}})
     assert s.schedule_one(w("w2", gpu=50).obj()).node == "c"  # the same request shape as w1
+
+
+# Review fixes ---------------------------------------------------------------------------------------------------
+
+
+def test_npu_core_alone_is_the_users_error_not_a_scalar():
+    s = scheduler(gpu_node().resource("huawei.com/npu-core", 100))  # even where a scalar would fit
+    with pytest.raises(ValidationError, match=r"invalid resource device requests: \[huawei.com/npu-core\]"):
+        s.schedule_one(w(**{"huawei.com/npu-core": 8}).obj())
+
+
+def test_bytes_share_on_cards_without_memory_figure():
+    s = scheduler(gpu_node(memory=None))
+    with pytest.raises(FitError) as exc:
+        s.schedule_one(w(**{"gpu-core": 10, "gpu-memory": "4Gi"}).obj())
+    assert exc.value.reasons == {"GPUs report no gpu-memory (a gpu-memory share needs it)": 1}
+
+
+def test_manifest_defined_type_round_trips_through_koordinators_prefixed_form():
+    s = scheduler(gpu_node().device("xpu", 0).device("xpu", 1))
+    placed = s.schedule_one(w(**{"koordinator.sh/xpu": 50}).obj())
+    text = placed.annotations[DEVICE_ALLOCATED]
+    assert text == '{"xpu":[{"minor":0,"resources":{"xpu":"50"}}]}'  # written bare, as finesched names it
+    koord = text.replace('"xpu":"50"', '"koordinator.sh/xpu":"50"')  # how Koordinator names it
+    assert parse_device_allocated(koord) == parse_device_allocated(text) == placed.devices
+    # a pod Koordinator placed: no devices on the binding, only the annotation; rebuilding takes the share
+    record = placed.model_copy(update={"devices": {}, "annotations": {DEVICE_ALLOCATED: koord}})
+    state = ClusterState.from_nodes(list(s.state.nodes), [record])
+    rebuilt = Scheduler(
+        state, profile=s.profile, registry=default_registry().with_plugins({"DeviceShare": DeviceShare.from_args})
+    )
+    live, again = s.state.extras["devices"], rebuilt.state.extras["devices"]
+    assert (live.types["xpu"].free[:, :1] == again.types["xpu"].free[:, :1]).all()
+    assert again.violations() == []

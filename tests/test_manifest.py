@@ -373,3 +373,80 @@ def test_koordinator_annotations_are_checked_when_loaded(key: str, text: str, pa
         parse_manifest(doc)
     (error,) = caught.value.errors
     assert message in error.message and (not path or error.path == path)
+
+
+def gpu_node_doc(foreign: list[dict[str, Any]], memory: str | None = "80Gi", **spec: Any) -> dict[str, Any]:
+    """One GPU (minor 0, an 80Gi card unless `memory` is None) and one rdma device, with `foreign` use."""
+    gpu = {"type": "gpu", "minor": 0, **({"resources": {"gpu-memory": memory}} if memory else {})}
+    return node_doc(devices=[gpu, {"type": "rdma", "minor": 0}], foreignAllocations=foreign, **spec)
+
+
+def foreign(kind: str = "gpu", minor: int = 0, **resources: Any) -> dict[str, Any]:
+    return {"type": kind, "minor": minor, "resources": {k.replace("_", "-"): v for k, v in resources.items()}}
+
+
+BAD_DEVICE_NODES = [
+    pytest.param(
+        gpu_node_doc([foreign("rdma", gpu_core=10)]),
+        "spec.foreignAllocations[0].resources.gpu-core",
+        "10 rdma 0 has no gpu-core (its dimensions: ['rdma'])",
+        id="foreign-dimension-the-device-lacks",
+    ),
+    pytest.param(
+        gpu_node_doc([foreign(gpu_memory="8Gi")], memory=None),
+        "spec.foreignAllocations[0].resources.gpu-memory",
+        '"8Gi" gpu 0 has no gpu-memory',
+        id="foreign-bytes-on-a-card-without-memory-figure",
+    ),
+    pytest.param(
+        gpu_node_doc([foreign(gpu_core=60, gpu_memory_ratio=10), foreign(gpu_core=50, gpu_memory_ratio=10)]),
+        "spec.foreignAllocations[1].resources.gpu-core",
+        "50 foreign gpu-core on gpu 0 adds up to 110, above the device's total 100",
+        id="foreign-sum-above-total",
+    ),
+    pytest.param(
+        gpu_node_doc([foreign("rdma", rdma=101)]),
+        "spec.foreignAllocations[0].resources.rdma",
+        "foreign rdma on rdma 0 adds up to 101, above the device's total 100",
+        id="foreign-single-entry-above-total",
+    ),
+    # ratio 60 on the 80Gi card is 48Gi; 40Gi more is 88Gi (and ratio 60 + 50 = 110): over, blamed once
+    pytest.param(
+        gpu_node_doc([foreign(gpu_memory_ratio=60), foreign(gpu_memory="40Gi")]),
+        "spec.foreignAllocations[1].resources.gpu-memory",
+        '"40Gi" foreign gpu-memory on gpu 0 adds up to 88Gi, above the device\'s total 80Gi',
+        id="foreign-ratio-and-bytes-count-against-each-other",
+    ),
+    pytest.param(
+        node_doc(devices=[{"type": "gpu", "minor": 0, "resources": {"gpu-core": 150, "gpu-memory-ratio": 100}}]),
+        "spec.devices[0].resources.gpu-core",
+        "150 a GPU has at most 100 gpu-core (100 = one whole GPU)",
+        id="gpu-core-total-above-100",
+    ),
+    pytest.param(
+        node_doc(devices=[{"type": "gpu", "minor": 0, "resources": {"koordinator.sh/gpu-memory-ratio": 200}}]),
+        "spec.devices[0].resources.gpu-memory-ratio",
+        "200 a GPU has at most 100 gpu-memory-ratio",
+        id="gpu-ratio-total-above-100",
+    ),
+    pytest.param(
+        {**node_doc(), "metadata": {"name": "n1", "labels": {"finesched.io/device-allocate-strategy": "Binpack"}}},
+        "metadata.labels.finesched.io/device-allocate-strategy",
+        "\"Binpack\" unknown device allocate strategy; allowed: ['LeastAllocated', 'MostAllocated']",
+        id="bad-device-strategy-label",
+    ),
+]
+
+
+@pytest.mark.parametrize(("doc", "path", "message"), BAD_DEVICE_NODES)
+def test_bad_device_nodes_name_the_field_value_and_rule(doc: dict[str, Any], path: str, message: str) -> None:
+    with pytest.raises(ValidationError) as info:
+        parse_manifest(doc, where="bad.yaml doc 1")
+    assert [e.path for e in info.value.errors] == [path], str(info.value)
+    assert message in str(info.value.errors[0]), str(info.value)
+
+
+def test_foreign_allocations_that_fit_exactly_are_accepted() -> None:
+    doc = gpu_node_doc([foreign(gpu_core=60, gpu_memory_ratio=50), foreign(gpu_core=40, gpu_memory="40Gi")])
+    node = parse_manifest(doc, where="ok.yaml")
+    assert isinstance(node, Node) and len(node.foreign_allocations) == 2

@@ -8,10 +8,10 @@ Python code uses snake_case.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TypeVar
+from typing import Annotated, Any, NoReturn, TypeVar
 
 import pydantic_core
-from pydantic import BaseModel, ConfigDict
+from pydantic import AfterValidator, BaseModel, ConfigDict
 from pydantic.alias_generators import to_camel
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
@@ -30,6 +30,39 @@ class Model(BaseModel):
 
 
 Loc = tuple[str | int, ...]
+
+
+class FrozenDict(dict[str, str]):
+    """A str -> str dict that refuses changes, for the mapping fields of frozen models.
+
+    A frozen model alone does not stop ``node.labels["zone"] = "b"``, which would change a node
+    behind the cluster state's label index. Reads are a plain dict's (same speed, JSON and YAML
+    dumps see a dict); any write raises TypeError. Hashable, so models holding one hash.
+    """
+
+    __slots__ = ()
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise TypeError("this mapping is read-only; build a new object with model_copy(update=...)")
+
+    __setitem__ = __delitem__ = __ior__ = _refuse
+    clear = pop = popitem = setdefault = update = _refuse  # type: ignore[assignment]
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(frozenset(self.items()))
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (FrozenDict, (dict(self),))  # pickle would otherwise refill it item by item
+
+    def __copy__(self) -> FrozenDict:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, object]) -> FrozenDict:
+        return self  # str keys and values: nothing inside can change
+
+
+#: A model field holding a read-only str -> str mapping (labels, annotations, selectors, env).
+FrozenStrDict = Annotated[dict[str, str], AfterValidator(FrozenDict)]
 
 
 def raise_problems(problems: Sequence[tuple[Loc, str, object]], title: str = "model") -> None:

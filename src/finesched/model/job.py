@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import Field, PositiveInt, model_validator
 
-from finesched.model.base import Loc, Model, raise_problems
+from finesched.model.base import FrozenDict, FrozenStrDict, Loc, Model, raise_problems
 from finesched.model.resources import ByteQuantity, CountQuantity, CPUQuantity
 
 
@@ -66,7 +66,7 @@ class Edge(Model):
 class Job(Model):
     name: str = Field(min_length=1)
     namespace: str = Field(default="default", min_length=1)
-    labels: dict[str, str] = Field(default_factory=dict)
+    labels: FrozenStrDict = Field(default_factory=FrozenDict)
     mode: Literal["streaming", "batch"] = "streaming"
     all_sources_in_same_region: bool | None = None
     default_slot: SlotProfile = Field(default_factory=SlotProfile)

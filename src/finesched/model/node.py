@@ -5,29 +5,35 @@ health, resources per device, NUMA/PCIe placement), S1.8 (interconnect links), S
 -> core, socket, NUMA node), S3.4/S3.6/S3.7 (node policies) and S3.8 (kubelet CPU manager).
 
 A node is validated as a whole: device NUMA ids must exist in the node's topology, minors are
-unique per device type, links and foreign allocations name devices that exist.
+unique per device type, links and foreign allocations name devices that exist, foreign
+allocations name dimensions their device has and together fit it, a GPU has at most 100 gpu-core
+and gpu-memory-ratio, and the device-strategy label names a known strategy.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from functools import cached_property
 from typing import Literal
 
 from pydantic import Field, PositiveInt, field_validator, model_validator
 
 from finesched.cpuset import MAX_CPU_ID, CPUSet
-from finesched.model.base import Loc, Model, raise_problems
+from finesched.model.base import FrozenDict, FrozenStrDict, Loc, Model, raise_problems
 from finesched.model.resources import (
     CPU,
     GPU,
     GPU_CORE,
+    GPU_MEMORY,
     GPU_MEMORY_RATIO,
     MEMORY,
     PODS,
     ByteQuantity,
     CPUQuantity,
     ResourceVector,
+    resource_kind,
 )
+from finesched.quantity import format_quantity
 
 CPUBindPolicyLabel = Literal["None", "FullPCPUsOnly", "SpreadByPCPUs"]
 NUMAAllocateStrategy = Literal["MostAllocated", "LeastAllocated", "DistributeEvenly"]
@@ -35,6 +41,11 @@ NUMATopologyPolicy = Literal["None", "BestEffort", "Restricted", "SingleNUMANode
 DeviceAllocateStrategy = Literal["LeastAllocated", "MostAllocated"]
 KubeletCPUManagerPolicy = Literal["none", "static"]
 DEFAULT_MAX_PODS = 110
+#: Node label naming the card-level device strategy when ``policies.deviceAllocateStrategy`` does not.
+STRATEGY_LABEL = "finesched.io/device-allocate-strategy"
+DEVICE_STRATEGIES = ("LeastAllocated", "MostAllocated")
+#: Per-GPU percentage dimensions: 100 is one whole GPU, so a card never has more.
+_GPU_PERCENT = (GPU_CORE, GPU_MEMORY_RATIO)
 
 #: The kubelet CPU manager static-policy options finesched understands (S3.8).
 KUBELET_CPU_OPTIONS = frozenset(
@@ -160,6 +171,36 @@ class Device(Model):
         return self
 
 
+def device_totals(device: Device) -> dict[str, int]:
+    """A device's total per dimension: its resources, and for a GPU core and ratio 100 unless given."""
+    totals = dict(device.resources)
+    if device.type == GPU:  # a GPU is one whole GPU unless the manifest says otherwise
+        totals.setdefault(GPU_CORE, 100)
+        totals.setdefault(GPU_MEMORY_RATIO, 100)
+    return totals
+
+
+def foreign_amounts(kind: str, amounts: Mapping[str, int], totals: Mapping[str, int]) -> dict[str, int]:
+    """What a foreign allocation takes on a device with `totals`: for a GPU the missing one of
+    gpu-memory / gpu-memory-ratio is filled in per card (Koordinator's fill: bytes = ratio·total/100,
+    ratio = ⌊bytes·100/total⌋), so ratio and bytes shares are counted against each other."""
+    out = dict(amounts)
+    memory = totals.get(GPU_MEMORY, 0)
+    if kind != GPU or memory <= 0:
+        return out
+    if GPU_MEMORY_RATIO in out and GPU_MEMORY not in out:
+        out[GPU_MEMORY] = out[GPU_MEMORY_RATIO] * memory // 100
+    elif GPU_MEMORY in out and GPU_MEMORY_RATIO not in out:
+        out[GPU_MEMORY_RATIO] = out[GPU_MEMORY] * 100 // memory
+    return out
+
+
+def _shown(name: str, amount: int) -> int | str:
+    """An amount as the user wrote it: percentages and counts as numbers, bytes as "40Gi"."""
+    kind = resource_kind(name)
+    return amount if kind == "count" else format_quantity(amount, kind)
+
+
 class DeviceLink(Model):
     """An interconnect between two devices of one type (S1.8), e.g. an NVLink between GPUs 0 and 1."""
 
@@ -225,7 +266,7 @@ class Node(Model):
     """A node and everything it offers, as the scheduler sees it."""
 
     name: str = Field(min_length=1)
-    labels: dict[str, str] = Field(default_factory=dict)
+    labels: FrozenStrDict = Field(default_factory=FrozenDict)
     allocatable: ResourceVector = Field(default_factory=ResourceVector)
     cpu_topology: CPUTopology | None = None
     numa_zones: tuple[NUMAZone, ...] = ()
@@ -260,11 +301,62 @@ class Node(Model):
                 minor = getattr(link, end)
                 if (link.type, minor) not in seen:
                     problems.append((("links", i, end), f"no {link.type} device has this minor", minor))
+        for i, device in enumerate(self.devices):
+            if device.type != GPU:
+                continue
+            for name in _GPU_PERCENT:
+                amount = device.resources.get(name, 0)
+                if amount > 100:
+                    rule = f"a GPU has at most 100 {name} (100 = one whole GPU)"
+                    problems.append((("devices", i, "resources", name), rule, _shown(name, amount)))
+        problems += self.foreign_problems()
+        label = self.labels.get(STRATEGY_LABEL)
+        if label is not None and label not in DEVICE_STRATEGIES:
+            rule = f"unknown device allocate strategy; allowed: {list(DEVICE_STRATEGIES)}"
+            problems.append((("labels", STRATEGY_LABEL), rule, label))
+        return problems
+
+    def foreign_problems(self) -> list[tuple[Loc, str, object]]:
+        """Foreign allocations must name existing devices and dimensions, and all of them together
+        must fit each device: the accounts count them as used, and free below zero means nothing.
+
+        Public so the device accounts can refuse a node built without validation (`model_construct`)
+        instead of silently capping what it claims.
+        """
+        totals = {(d.type, d.minor): device_totals(d) for d in self.devices}
+        problems: list[tuple[Loc, str, object]] = []
+        used: dict[tuple[str, int, str], int] = {}
         for i, alloc in enumerate(self.foreign_allocations):
-            if (alloc.type, alloc.minor) not in seen:
+            have = totals.get((alloc.type, alloc.minor))
+            if have is None:
                 problems.append(
                     (("foreignAllocations", i, "minor"), f"no {alloc.type} device has this minor", alloc.minor)
                 )
+                continue
+            where = f"{alloc.type} {alloc.minor}"
+            for name, amount in alloc.resources.items():
+                if have.get(name, 0) <= 0:
+                    dims = sorted(n for n, t in have.items() if t > 0)
+                    rule = f"{where} has no {name} (its dimensions: {dims})"
+                    problems.append((("foreignAllocations", i, "resources", name), rule, _shown(name, amount)))
+            blamed: set[str] = set()
+            for name, amount in foreign_amounts(alloc.type, alloc.resources, have).items():
+                key = (alloc.type, alloc.minor, name)
+                before = used.get(key, 0)
+                used[key] = before + amount
+                total = have.get(name, 0)
+                # a filled-in memory dimension is blamed on the one the entry gave
+                given = name if name in alloc.resources else ({GPU_MEMORY, GPU_MEMORY_RATIO} - {name}).pop()
+                if total > 0 and before <= total < before + amount and given not in blamed:
+                    blamed.add(given)  # reported once, at the entry where the sum goes over
+                    unit = resource_kind(name)
+                    rule = (
+                        f"foreign {name} on {where} adds up to {format_quantity(before + amount, unit)}, "
+                        f"above the device's total {format_quantity(total, unit)}"
+                    )
+                    problems.append(
+                        (("foreignAllocations", i, "resources", given), rule, _shown(given, alloc.resources[given]))
+                    )
         return problems
 
     def _numa_problems(self) -> list[tuple[Loc, str, object]]:

@@ -16,7 +16,7 @@ from typing import Literal
 
 from pydantic import Field, PositiveInt, model_validator
 
-from finesched.model.base import Loc, Model, raise_problems
+from finesched.model.base import FrozenDict, FrozenStrDict, Loc, Model, raise_problems
 from finesched.model.resources import CPU, MEMORY, ResourceVector
 
 QoS = Literal["LSE", "LSR", "LS", "BE"]
@@ -105,8 +105,8 @@ class Workload(Model):
 
     name: str = Field(min_length=1)
     namespace: str = Field(default="default", min_length=1)
-    labels: dict[str, str] = Field(default_factory=dict)
-    annotations: dict[str, str] = Field(default_factory=dict)
+    labels: FrozenStrDict = Field(default_factory=FrozenDict)
+    annotations: FrozenStrDict = Field(default_factory=FrozenDict)
     tenant: str = ""
     priority: int = 0
     qos: QoS | None = None
@@ -116,11 +116,11 @@ class Workload(Model):
     numa_topology_policy: NUMATopologyPolicy | None = None
     device_allocate_strategy: DeviceAllocateStrategy | None = None
     device_joint_allocate: DeviceJointAllocate | None = None
-    node_selector: dict[str, str] = Field(default_factory=dict)
+    node_selector: FrozenStrDict = Field(default_factory=FrozenDict)
     node_affinity: tuple[NodeAffinityTerm, ...] = ()
     gang: Gang | None = None
     command: tuple[str, ...] = ()
-    env: dict[str, str] = Field(default_factory=dict)
+    env: FrozenStrDict = Field(default_factory=FrozenDict)
 
     @model_validator(mode="after")
     def _derive_and_check(self) -> Workload:

@@ -203,12 +203,29 @@ class ClusterState:
         self.nodes.append(node)
         self._on_node.append(set())
         self._write_node(i, node)
-        for extra in self.extras.values():
-            extra.set_node(i, node)
+        try:
+            for extra in self.extras.values():
+                extra.set_node(i, node)
+        except StateError:
+            self._drop_last_slot()  # an extra refused the node: the state is as before the call
+            raise
         self._refresh(i)
         self.capacity_version += 1
         self.nodes_version += 1
         return i
+
+    def _drop_last_slot(self) -> None:
+        """Undo the slot `add_node` appended (the last one), in arrays, labels, extras and indexes."""
+        last = self.n - 1
+        for array in (self._alloc, self._free, self._used_f, self._inv_alloc):
+            array[:, last] = 0
+        self.labels.clear(last)
+        for extra in self.extras.values():
+            extra.clear(last)
+        del self.index[self.names.pop()]
+        self.nodes.pop()
+        self._on_node.pop()
+        self.n -= 1
 
     def update_node(self, node: Node) -> None:
         """Replace a node's manifest; its bindings stay, and must still fit (else nothing changes).

@@ -13,12 +13,26 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from finesched.model.node import Device
-from finesched.model.resources import GPU, GPU_CORE, GPU_MEMORY, GPU_MEMORY_RATIO
+from finesched.model.node import device_totals as device_totals  # re-exported: node validation shares it
+from finesched.model.resources import ALIAS_PREFIXES, GPU_MEMORY, GPU_MEMORY_RATIO
 
 Int64Array = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 NO_SCOPE = -1
+#: Koordinator's pod annotation with the device grants (read by the accounts, written by DeviceShare).
+DEVICE_ALLOCATED = "scheduling.koordinator.sh/device-allocated"
+
+
+def device_dimension(name: str) -> str:
+    """A device dimension's own name: ``koordinator.sh/`` and ``kubernetes.io/`` stripped for any type.
+
+    `canonical_name` strips them only for the fixed GPU/RDMA/FPGA names; device types defined in
+    manifests alone (S1.4, e.g. ``xpu``) come back from Koordinator as ``koordinator.sh/xpu``.
+    """
+    for prefix in ALIAS_PREFIXES:
+        if name.startswith(prefix):
+            return name[len(prefix) :]
+    return name
 
 
 def fill_gpu_amounts(amounts: Mapping[str, int], memory_total: int) -> dict[str, int]:
@@ -35,14 +49,6 @@ def fill_gpu_amounts(amounts: Mapping[str, int], memory_total: int) -> dict[str,
     elif GPU_MEMORY in out and GPU_MEMORY_RATIO not in out:
         out[GPU_MEMORY_RATIO] = out[GPU_MEMORY] * 100 // memory_total
     return out
-
-
-def device_totals(device: Device) -> dict[str, int]:
-    totals = dict(device.resources)
-    if device.type == GPU:  # a GPU is one whole GPU unless the manifest says otherwise
-        totals.setdefault(GPU_CORE, 100)
-        totals.setdefault(GPU_MEMORY_RATIO, 100)
-    return totals
 
 
 def resized(a: np.ndarray, shape: tuple[int, ...], fill: Any) -> np.ndarray:

@@ -52,8 +52,11 @@ def export_encoded(accounts: DeviceAccounts, index: int) -> dict[str, dict[str, 
     return out
 
 
-def apply_encoded(accounts: DeviceAccounts, updates: Mapping[int, Mapping[str, Mapping[str, EncodedInput]]]) -> None:
+def _apply_encoded(accounts: DeviceAccounts, updates: Mapping[int, Mapping[str, Mapping[str, EncodedInput]]]) -> None:
     """Apply agents' encoded free vectors ``{node index: {type: {dim: (k, count, bits)}}}``.
+
+    Private: it changes free amounts without telling the ClusterState, so the scheduler's per-shape
+    memo would keep stale verdicts. Callers go through `apply_encoded_updates`, which marks the nodes.
 
     Groups of equal (type, dim, count, bits) are decoded together with `decode_many`. What the
     agent reports below the scheduler's own free is use outside finesched: it becomes foreign.
@@ -124,10 +127,11 @@ def encode_node_devices(node: Node) -> dict[str, dict[str, EncodedVector]]:
 
 
 def apply_encoded_updates(state: ClusterState, updates: Mapping[str, Mapping[str, Mapping[str, EncodedInput]]]) -> None:
-    """`DeviceAccounts.apply_encoded` keyed by node name (unknown names are rejected, nothing changes).
+    """Apply agents' encoded free vectors ``{node name: {type: {dim: (k, count, bits)}}}`` (all or nothing).
 
-    Drivers should use this rather than the accounts' method: it also tells the state which
-    nodes changed, so per-shape memos (sched/memo.py) and retry logic see the new free amounts.
+    The only public way to apply them: it also tells the state which nodes changed, so per-shape
+    memos (sched/memo.py) and retry logic see the new free amounts. Unknown names, mismatched
+    count or bits and out-of-range values raise `EncodedUpdateError` and change nothing.
     """
     from finesched.state.devices import attach_device_accounts
 
@@ -135,6 +139,16 @@ def apply_encoded_updates(state: ClusterState, updates: Mapping[str, Mapping[str
     unknown = [name for name in updates if name not in state.index]
     if unknown:
         raise EncodedUpdateError([f"no node named {name!r}" for name in unknown])
-    apply_encoded(accounts, {state.index[name]: by_type for name, by_type in updates.items()})
+    _apply_encoded(accounts, {state.index[name]: by_type for name, by_type in updates.items()})
     for name in updates:
         state.mark_changed(state.index[name])
+
+
+def export_node_state(state: ClusterState, name: str) -> dict[str, dict[str, EncodedVector]]:
+    """Node `name`'s free amount per device, per type and dimension, as (k, count, bits): the
+    by-name counterpart of `apply_encoded_updates` (raises KeyError naming an unknown node)."""
+    from finesched.state.devices import attach_device_accounts
+
+    if name not in state.index:
+        raise KeyError(f"no node named {name!r}")
+    return export_encoded(attach_device_accounts(state), state.index[name])

@@ -40,32 +40,30 @@ import numpy as np
 import numpy.typing as npt
 
 from finesched.codec import EncodedVector
-from finesched.model.binding import Binding
-from finesched.model.node import Device, Node
-from finesched.model.resources import GPU, GPU_MEMORY
+from finesched.model.base import fast_copy
+from finesched.model.binding import Binding, DeviceGrant
+from finesched.model.node import DEVICE_STRATEGIES, STRATEGY_LABEL, Device, Node, foreign_amounts
+from finesched.model.resources import GPU, GPU_MEMORY, GPU_MEMORY_RATIO, ResourceVector
 from finesched.state.cluster import ClusterState, StateError
 from finesched.state.device_types import (
+    DEVICE_ALLOCATED,
     NO_SCOPE,
     DeviceTypeAccounts,
     NodeDevices,
+    device_dimension,
     device_totals,
     fill_gpu_amounts,
     resized,
 )
-from finesched.state.device_wire import (
-    EncodedInput,
-    apply_encoded,
-    export_encoded,
-)
+from finesched.state.device_wire import export_encoded
 
 Int64Array = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 #: evaluate(free [K, rows, D], total [K, rows, D], healthy [rows, D]) -> [rows, D] "one instance fits here".
 FitEvaluator = Callable[[Int64Array, Int64Array, BoolArray], BoolArray]
 
-#: Node label naming the card-level strategy when the manifest's policies do not.
-STRATEGY_LABEL = "finesched.io/device-allocate-strategy"
-STRATEGIES = ("LeastAllocated", "MostAllocated")
+#: Card-level strategies; STRATEGY_LABEL (model/node.py, checked there) names one per node.
+STRATEGIES = DEVICE_STRATEGIES
 _CACHE_SIZE = 96
 _LOG_MIN = 4096
 
@@ -116,11 +114,16 @@ class DeviceAccounts:
 
     def set_node(self, index: int, node: Node) -> None:
         i = index
+        if node.foreign_allocations:  # validated manifests pass; a node built unchecked must not be capped
+            problems = node.foreign_problems()
+            if problems:
+                shown = "; ".join(f"{'.'.join(map(str, loc))}: {value} {rule}" for loc, rule, value in problems)
+                raise StateError(f"node {node.name}: {shown}")
         self._names[i] = node.name
         self._replay[i] |= set(self._held[i])  # re-applied by update_node right after
         self._held[i] = {}
         self._tolerated[i] = set()
-        label = node.labels.get(STRATEGY_LABEL)
+        label = node.labels.get(STRATEGY_LABEL)  # node validation rejects unknown values
         strategy = node.policies.device_allocate_strategy or (label if label in STRATEGIES else None)
         self._strategy[i] = STRATEGIES.index(strategy) + 1 if strategy else 0
         for acc in self.types.values():
@@ -158,18 +161,13 @@ class DeviceAccounts:
                 NO_SCOPE if device.pcie is None else self._pcie_codes.setdefault(device.pcie, len(self._pcie_codes))
             )
         acc.count[i] = len(devices)
-        mem = acc.dim_index.get(GPU_MEMORY)
         for alloc in node.foreign_allocations:
             if alloc.type != kind:
                 continue
             slot = slot_of_minor[alloc.minor]
-            amounts = dict(alloc.resources)
-            if kind == GPU:
-                amounts = fill_gpu_amounts(amounts, int(acc.total[mem, i, slot]) if mem is not None else 0)
-            for name, amount in amounts.items():
-                k = acc.dim_index.get(name)
-                if k is not None:  # dimensions the device lacks cannot be used by anyone
-                    acc.foreign[k, i, slot] = min(int(acc.total[k, i, slot]), acc.foreign[k, i, slot] + amount)
+            # set_node checked them (Node.foreign_problems): every dimension exists and the sums fit
+            for name, amount in foreign_amounts(kind, alloc.resources, totals[slot]).items():
+                acc.foreign[acc.dim_index[name], i, slot] += amount
         acc.free[:, i] = acc.total[:, i] - acc.foreign[:, i]
         acc.links[i] = self._link_matrix(node, kind, slot_of_minor)
 
@@ -209,13 +207,17 @@ class DeviceAccounts:
     def assume(self, index: int, binding: Binding) -> None:
         """Take the binding's device grants; raise StateError and change nothing if one does not fit."""
         i, key = index, binding.workload
-        if not binding.devices:
-            return
+        devices = binding.devices
+        if not devices:
+            text = binding.annotations.get(DEVICE_ALLOCATED)
+            if text is None:
+                return
+            devices = self._annotated_devices(i, key, text)
         where = f"{self._names[i]}"
         replay = key in self._replay[i] or self.rebuilding
         plan: list[tuple[DeviceTypeAccounts, int, int, int]] = []
-        on_unhealthy = False
-        for kind, grants in binding.devices.items():
+        on_unhealthy = renamed = False
+        for kind, grants in devices.items():
             acc = self.types.get(kind)
             seen: set[int] = set()
             for grant in grants:
@@ -231,6 +233,8 @@ class DeviceAccounts:
                     on_unhealthy = True
                 for name, amount in grant.resources.items():
                     k = acc.dim_index.get(name)
+                    if k is None and (k := acc.dim_index.get(device_dimension(name))) is not None:
+                        renamed = True  # "koordinator.sh/xpu" on an xpu device: held under "xpu"
                     if k is None or amount < 0:
                         raise StateError(f"binding {key}: {kind} {grant.minor} has no {name} dimension")
                     have = int(acc.free[k, i, slot])
@@ -242,11 +246,39 @@ class DeviceAccounts:
                     plan.append((acc, k, slot, amount))
         for acc, k, slot, amount in plan:
             acc.take(i, k, slot, amount)
-        self._held[i][key] = binding
+        if renamed:
+            devices = {kind: [_bare_grant(g) for g in grants] for kind, grants in devices.items()}
+        # forget, granted and violations read the held copy: it names what was actually taken
+        self._held[i][key] = binding if devices is binding.devices else fast_copy(binding, {"devices": devices})
         self._replay[i].discard(key)
         if on_unhealthy:
             self._tolerated[i].add(key)
         self.note_changed(i)
+
+    def _annotated_devices(self, i: int, key: str, text: str) -> dict[str, list[DeviceGrant]]:
+        """A binding's grants read from Koordinator's device-allocated annotation (the source of
+        truth when ``devices`` is empty, as for a pod Koordinator placed), GPU memory filled per card."""
+        from finesched.plugins.deviceshare.annotations import AnnotationError, parse_device_allocated
+
+        try:
+            devices = parse_device_allocated(text)
+        except AnnotationError as exc:
+            raise StateError(f"binding {key}: {exc}") from None
+        acc = self.types.get(GPU)
+        mem = None if acc is None else acc.dim_index.get(GPU_MEMORY)
+        if acc is None or mem is None:
+            return devices
+        filled = []
+        for grant in devices.get(GPU, ()):
+            slot = acc.slot_of(i, grant.minor)
+            total = 0 if slot is None else int(acc.total[mem, i, slot])
+            if total > 0 and (GPU_MEMORY in grant.resources) != (GPU_MEMORY_RATIO in grant.resources):
+                resources = ResourceVector(fill_gpu_amounts(grant.resources, total))
+                grant = DeviceGrant.model_construct(minor=grant.minor, resources=resources)
+            filled.append(grant)
+        if GPU in devices:
+            devices[GPU] = filled
+        return devices
 
     def forget(self, index: int, binding: Binding) -> None:
         """Give back exactly what `assume` took for this workload (nothing if it holds nothing here)."""
@@ -420,14 +452,11 @@ class DeviceAccounts:
         self._epoch += 1
         self._cache.clear()
 
-    # Encoded device state (S0.2): the wire form lives in state/device_wire.py ----------------------
+    # Encoded device state (S0.2): the wire form lives in state/device_wire.py; applying an update
+    # goes through `device_wire.apply_encoded_updates` (it marks the nodes changed in the state) ----
     def export_encoded(self, index: int) -> dict[str, dict[str, EncodedVector]]:
         """Node `index`'s free amount per device, per type and dimension, as (k, count, bits)."""
         return export_encoded(self, index)
-
-    def apply_encoded(self, updates: Mapping[int, Mapping[str, Mapping[str, EncodedInput]]]) -> None:
-        """Apply agents' encoded free vectors ``{node index: {type: {dim: (k, count, bits)}}}`` (all or nothing)."""
-        apply_encoded(self, updates)
 
     def slot_name(self, index: int) -> str | None:
         """The name of the node in slot `index` (None for an empty or out-of-range slot)."""
@@ -480,6 +509,11 @@ class DeviceAccounts:
             ):
                 out.append(f"{kind}: per-node sums out of step with the device arrays")
         return out
+
+
+def _bare_grant(grant: DeviceGrant) -> DeviceGrant:
+    resources = ResourceVector({device_dimension(name): amount for name, amount in grant.resources.items()})
+    return DeviceGrant.model_construct(minor=grant.minor, resources=resources)
 
 
 def node_rows(acc: DeviceTypeAccounts, rows: slice | npt.NDArray[np.intp]) -> tuple[Int64Array, Int64Array, BoolArray]:

@@ -9,8 +9,13 @@ resource names sorted, no spaces::
     "koordinator.sh/gpu-memory-ratio":"50"}}]}
 
 We read ``koordinator.sh/*``, ``kubernetes.io/*`` and short names, quantities as strings or
-numbers, and ignore the optional ``id`` and ``extension`` fields. ``parse(format(x)) == x`` for any
-grants and ``format(parse(s)) == s`` for any value written as above.
+numbers, and ignore the optional ``id`` and ``extension`` fields. The prefixes are stripped for
+every dimension, so a manifest-defined type (``koordinator.sh/xpu``) reads back as ``xpu``; we
+write such dimensions bare, as finesched names them. ``parse(format(x)) == x`` for any grants and
+``format(parse(s)) == s`` for any value written as above.
+
+A binding without ``devices`` that carries this annotation takes the annotated grants when the
+state assumes it (state/devices.py): for a pod Koordinator placed, the annotation is the record.
 """
 
 from __future__ import annotations
@@ -20,10 +25,11 @@ from collections.abc import Mapping, Sequence
 from functools import lru_cache
 
 from finesched.model.binding import DeviceGrant
-from finesched.model.resources import ResourceVector, canonical_name, koordinator_name, resource_kind
+from finesched.model.resources import ResourceVector, koordinator_name, resource_kind
 from finesched.quantity import QuantityError, format_quantity, parse_quantity
+from finesched.state.device_types import DEVICE_ALLOCATED, device_dimension
 
-DEVICE_ALLOCATED = "scheduling.koordinator.sh/device-allocated"
+__all__ = ["DEVICE_ALLOCATED", "AnnotationError", "format_device_allocated", "parse_device_allocated"]
 
 
 class AnnotationError(ValueError):
@@ -73,7 +79,7 @@ def _grant(where: str, entry: object) -> DeviceGrant:
         raise AnnotationError(f"{where}.resources: expected an object of name -> quantity")
     amounts: dict[str, int] = {}
     for name, value in raw.items():
-        short = canonical_name(name)
+        short = device_dimension(name)  # any type's dimension, not only the fixed alias list
         if short in amounts:
             raise AnnotationError(f"{where}.resources: {name} names {short} twice")
         try:

@@ -7,8 +7,9 @@ sharing" rule by rule, so a Koordinator pod asks for the same thing here:
   ``gpu`` shortcut X -> gpu-core = gpu-memory-ratio = X; zero amounts are dropped;
 * validation: ``gpu``, ``rdma``, ``fpga`` (and manifest-defined types) must be <= 100 or a
   multiple of 100 ("invalid resource unit <name>: <value>"); the GPU names must form an allowed
-  combination ("invalid resource device requests: [<names>]"); gpu-core and gpu-memory-ratio
-  follow the same percentage rule, or with ``gpu.shared`` = S must be multiples of S and <= 100·S;
+  combination ("invalid resource device requests: [<names>]"; ``huawei.com/npu-core`` only with
+  gpu-memory-ratio, never alone); gpu-core and gpu-memory-ratio follow the same percentage rule,
+  or with ``gpu.shared`` = S must be multiples of S and <= 100·S;
 * per-GPU split: count = S with gpu.shared, else ratio/100 when ratio > 100, else 1; every
   quantity is divided by the count; gpu-memory is dropped when the ratio is given (it is filled
   in per card after allocation, S1.3); RDMA/FPGA above 100 are value/100 whole devices.
@@ -49,8 +50,10 @@ from finesched.sched.framework import Code
 BoolArray = npt.NDArray[np.bool_]
 Int64Array = npt.NDArray[np.int64]
 
+#: Huawei Ascend NPU compute (AI cores, not a percentage); Koordinator counts NPUs as GPU-type devices.
+HUAWEI_NPU_CORE = "huawei.com/npu-core"
 #: Canonical names that ask for GPUs.
-GPU_NAMES = frozenset({GPU, GPU_CORE, GPU_MEMORY, GPU_MEMORY_RATIO, GPU_SHARED, *WHOLE_GPU_NAMES})
+GPU_NAMES = frozenset({GPU, GPU_CORE, GPU_MEMORY, GPU_MEMORY_RATIO, GPU_SHARED, HUAWEI_NPU_CORE, *WHOLE_GPU_NAMES})
 _PERCENT_GPU = frozenset({GPU_CORE, GPU_MEMORY_RATIO})
 _KOORD = (
     frozenset({GPU}),
@@ -61,10 +64,16 @@ _KOORD = (
     frozenset({GPU_MEMORY_RATIO}),
     frozenset({GPU_MEMORY, GPU_MEMORY_RATIO}),
 )
-#: Allowed GPU name sets: a whole-GPU name alone, or Koordinator names (optionally with gpu.shared).
-#: So gpu-core alone, gpu.shared alone, and nvidia.com/gpu mixed with koordinator names are invalid.
+#: Koordinator's one NPU form built from names finesched knows: npu-core with gpu-memory-ratio
+#: (deviceshare/utils.go ``HuaweiNPUCore | GPUMemoryRatio``). npu-core alone is invalid, like gpu-core
+#: alone: it says nothing about device memory. Koordinator's shared NPU forms also need
+#: huawei.com/npu-cpu (and npu-dvpp), names the reference files do not define, so they stay invalid.
+_NPU = (frozenset({HUAWEI_NPU_CORE, GPU_MEMORY_RATIO}),)
+#: Allowed GPU name sets: a whole-GPU name alone, Koordinator names (optionally with gpu.shared), or
+#: npu-core with gpu-memory-ratio. So gpu-core alone, npu-core alone, gpu.shared alone, and
+#: nvidia.com/gpu mixed with koordinator names are invalid.
 VALID_GPU_COMBINATIONS = frozenset(
-    {frozenset({name}) for name in WHOLE_GPU_NAMES} | set(_KOORD) | {c | {GPU_SHARED} for c in _KOORD}
+    {frozenset({name}) for name in WHOLE_GPU_NAMES} | set(_KOORD) | {c | {GPU_SHARED} for c in _KOORD} | set(_NPU)
 )
 JOINT_SCOPES = ("SamePCIe", "SameNUMA")
 
@@ -217,6 +226,8 @@ def _gpu_request(gpu: dict[str, int]) -> TypeRequest:
     per: dict[str, int] = {}
     if core:
         per[GPU_CORE] = core // count
+    if HUAWEI_NPU_CORE in gpu:  # AI cores per NPU, in the device's own dimension (no percentage rule)
+        per[HUAWEI_NPU_CORE] = gpu[HUAWEI_NPU_CORE] // count
     if ratio:
         per[GPU_MEMORY_RATIO] = ratio // count
     elif GPU_MEMORY in gpu:
@@ -349,11 +360,11 @@ def explain_type(
 ) -> dict[str, tuple[BoolArray, Code]]:
     """Why nodes (rows of [K, n, D] arrays) cannot give `count` devices: reason -> (node mask, code).
 
-    Reasons: "node has no gpu" (unresolvable), "GPUs report no gpu-memory ..." (a ratio share on
-    cards without a memory figure; unresolvable), "gpu device unhealthy" (only unhealthy devices
-    would fit), "insufficient <dim> on any single GPU" (one device asked, none has enough of that
-    dimension), otherwise "insufficient free GPUs". A reason is unresolvable when none of its
-    nodes could fit even empty.
+    Reasons: "node has no gpu" (unresolvable), "GPUs report no gpu-memory (a <gpu-memory-ratio |
+    gpu-memory> share needs it)" (a ratio or bytes share on cards without a memory figure;
+    unresolvable), "gpu device unhealthy" (only unhealthy devices would fit), "insufficient <dim>
+    on any single GPU" (one device asked, none has enough of that dimension), otherwise
+    "insufficient free GPUs". A reason is unresolvable when none of its nodes could fit even empty.
     """
     fits = fit_mask(rule, free, total, healthy).sum(axis=-1)
     failing = fits < count
@@ -373,11 +384,9 @@ def explain_type(
         memoryless = rest & ~(valid & (total[rule.needs_memory] > 0)).any(axis=-1)
     else:
         memoryless = np.zeros_like(rest)
-    add(
-        f"{device_label(kind, True)} report no gpu-memory (a gpu-memory-ratio share needs it)",
-        memoryless,
-        Code.UNRESOLVABLE,
-    )
+    # a ratio share asks for the ratio dimension; a bytes share does not (it asks for gpu-memory itself)
+    share = GPU_MEMORY_RATIO if any(dims[k] == GPU_MEMORY_RATIO for k, _ in rule.thresholds) else GPU_MEMORY
+    add(f"{device_label(kind, True)} report no gpu-memory (a {share} share needs it)", memoryless, Code.UNRESOLVABLE)
     rest = rest & ~memoryless
     unhealthy = rest & (fit_mask(rule, free, total, valid).sum(axis=-1) >= count)
     add(f"{kind} device unhealthy", unhealthy, Code.UNSCHEDULABLE)
