@@ -264,8 +264,21 @@ def test_plugin_args_are_validated(args, message):
         scheduler(node(), args=args)
 
 
+class _Unchecked:
+    """A node builder whose labels are set after validation (as a node that skipped it would be)."""
+
+    def __init__(self, builder, labels):
+        self.builder, self.labels = builder, labels
+
+    def obj(self):
+        built = self.builder.obj()
+        return built.model_copy(update={"labels": {**built.labels, **self.labels}})
+
+
 def test_invalid_node_label_filters_exclusive_workloads_with_the_valid_values():
-    s = scheduler(node(labels={BIND_LABEL: "Packed"}))
+    with pytest.raises(pydantic.ValidationError, match="is not one of None, FullPCPUsOnly, SpreadByPCPUs"):
+        node(labels={BIND_LABEL: "Packed"}).obj()  # refused when the node is loaded
+    s = scheduler(_Unchecked(node(), {BIND_LABEL: "Packed"}))  # and filtered if it skipped validation
     with pytest.raises(FitError, match="invalid CPU/NUMA policy label"):
         s.schedule_one(lse("a", 2))
     assert s.schedule_one(make_workload("ls").req(cpu="1").obj()).node == "n1"

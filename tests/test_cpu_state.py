@@ -218,10 +218,22 @@ def test_node_config(labels, policies, kubelet, want):
     assert {k: getattr(config, k) for k in want} == want
 
 
+class _Unchecked:
+    """A node builder whose labels are set after validation (as a node that skipped it would be)."""
+
+    def __init__(self, labels: dict[str, str]):
+        self.labels = labels
+
+    def obj(self):
+        built = node().obj()
+        return built.model_copy(update={"labels": {**built.labels, **self.labels}})
+
+
 def test_bad_label_values_are_problems_listing_valid_values():
-    config = node_cpu_config(node(**{"node.koordinator.sh/cpu-bind-policy": "Packed"}).obj())
+    # Manifests refuse these labels (tests/test_manifest.py); a node built unchecked is still caught.
+    config = node_cpu_config(_Unchecked({"node.koordinator.sh/cpu-bind-policy": "Packed"}).obj())
     assert config.problems == (
         "node label node.koordinator.sh/cpu-bind-policy='Packed' is not one of None, FullPCPUsOnly, SpreadByPCPUs",
     )
-    _, acc = attached(node(**{"node.koordinator.sh/numa-topology-policy": "Strict"}))
+    _, acc = attached(_Unchecked({"node.koordinator.sh/numa-topology-policy": "Strict"}))
     assert acc.bad_config[0] and "BestEffort, Restricted, SingleNUMANode" in acc.config[0].problems[0]

@@ -450,3 +450,22 @@ def test_foreign_allocations_that_fit_exactly_are_accepted() -> None:
     doc = gpu_node_doc([foreign(gpu_core=60, gpu_memory_ratio=50), foreign(gpu_core=40, gpu_memory="40Gi")])
     node = parse_manifest(doc, where="ok.yaml")
     assert isinstance(node, Node) and len(node.foreign_allocations) == 2
+
+
+@pytest.mark.parametrize(
+    ("label", "value", "valid"),
+    [
+        ("node.koordinator.sh/cpu-bind-policy", "FullPCPUs", "None, FullPCPUsOnly, SpreadByPCPUs"),
+        ("node.koordinator.sh/numa-allocate-strategy", "Most", "MostAllocated, LeastAllocated, DistributeEvenly"),
+        ("node.koordinator.sh/numa-topology-policy", "single", "None, BestEffort, Restricted, SingleNUMANode"),
+    ],
+)
+def test_koordinator_node_policy_labels_are_checked(label: str, value: str, valid: str) -> None:
+    doc = node_doc()
+    doc["metadata"]["labels"] = {label: value}
+    with pytest.raises(ValidationError) as caught:
+        parse_manifest(doc)
+    (error,) = caught.value.errors
+    assert error.path == f"metadata.labels.{label}" and error.message == f"is not one of {valid}"
+    doc["metadata"]["labels"] = {"node.koordinator.sh/numa-topology-policy": "SingleNUMANodePodLevel"}
+    assert parse_manifest(doc).labels["node.koordinator.sh/numa-topology-policy"] == "SingleNUMANodePodLevel"

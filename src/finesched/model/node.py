@@ -44,6 +44,32 @@ DEFAULT_MAX_PODS = 110
 #: Node label naming the card-level device strategy when ``policies.deviceAllocateStrategy`` does not.
 STRATEGY_LABEL = "finesched.io/device-allocate-strategy"
 DEVICE_STRATEGIES = ("LeastAllocated", "MostAllocated")
+#: Koordinator's node policy labels and their values (plugins/cpu/config.py reads them). A NUMA
+#: topology policy may carry a PodLevel/ContainerLevel suffix; "" means unset.
+LABEL_CPU_BIND_POLICY = "node.koordinator.sh/cpu-bind-policy"
+LABEL_NUMA_ALLOCATE_STRATEGY = "node.koordinator.sh/numa-allocate-strategy"
+LABEL_NUMA_TOPOLOGY_POLICY = "node.koordinator.sh/numa-topology-policy"
+LABEL_NUMA_TOPOLOGY_POLICY_OLD = "node.koordinator.sh/numa-topology-alignment-policy"
+NODE_BIND_POLICIES = ("None", "FullPCPUsOnly", "SpreadByPCPUs")
+NODE_NUMA_STRATEGIES = ("MostAllocated", "LeastAllocated", "DistributeEvenly")
+NUMA_POLICIES = ("None", "BestEffort", "Restricted", "SingleNUMANode")
+NUMA_POLICY_SUFFIXES = ("PodLevel", "ContainerLevel")
+_POLICY_LABELS = {
+    LABEL_CPU_BIND_POLICY: NODE_BIND_POLICIES,
+    LABEL_NUMA_ALLOCATE_STRATEGY: NODE_NUMA_STRATEGIES,
+    LABEL_NUMA_TOPOLOGY_POLICY: NUMA_POLICIES,
+    LABEL_NUMA_TOPOLOGY_POLICY_OLD: NUMA_POLICIES,
+}
+
+
+def numa_policy_of(value: str) -> str:
+    """A NUMA topology policy label's value without its PodLevel/ContainerLevel suffix."""
+    for suffix in NUMA_POLICY_SUFFIXES:
+        if value.endswith(suffix) and value[: -len(suffix)] in NUMA_POLICIES:
+            return value[: -len(suffix)]
+    return value
+
+
 #: Per-GPU percentage dimensions: 100 is one whole GPU, so a card never has more.
 _GPU_PERCENT = (GPU_CORE, GPU_MEMORY_RATIO)
 
@@ -314,6 +340,10 @@ class Node(Model):
         if label is not None and label not in DEVICE_STRATEGIES:
             rule = f"unknown device allocate strategy; allowed: {list(DEVICE_STRATEGIES)}"
             problems.append((("labels", STRATEGY_LABEL), rule, label))
+        for key, valid in _POLICY_LABELS.items():
+            value = self.labels.get(key)
+            if value and (numa_policy_of(value) if valid is NUMA_POLICIES else value) not in valid:
+                problems.append((("labels", key), f"is not one of {', '.join(valid)}", value))
         return problems
 
     def foreign_problems(self) -> list[tuple[Loc, str, object]]:

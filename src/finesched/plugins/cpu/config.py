@@ -27,18 +27,20 @@ from dataclasses import dataclass, field, fields
 from functools import lru_cache
 from operator import attrgetter
 
-from finesched.model.node import Node
+from finesched.model.node import (
+    LABEL_CPU_BIND_POLICY,
+    LABEL_NUMA_ALLOCATE_STRATEGY,
+    LABEL_NUMA_TOPOLOGY_POLICY,
+    LABEL_NUMA_TOPOLOGY_POLICY_OLD,
+    NODE_BIND_POLICIES,
+    NODE_NUMA_STRATEGIES,
+    NUMA_POLICIES,
+    Node,
+    numa_policy_of,
+)
 from finesched.model.resources import CPU
 from finesched.plugins.cpu.topology import DISTRIBUTE_EVENLY, FULL_PCPUS, SPREAD_BY_PCPUS, topo_info
 
-LABEL_CPU_BIND_POLICY = "node.koordinator.sh/cpu-bind-policy"
-LABEL_NUMA_ALLOCATE_STRATEGY = "node.koordinator.sh/numa-allocate-strategy"
-LABEL_NUMA_TOPOLOGY_POLICY = "node.koordinator.sh/numa-topology-policy"
-LABEL_NUMA_TOPOLOGY_POLICY_OLD = "node.koordinator.sh/numa-topology-alignment-policy"
-
-NODE_BIND_POLICIES = ("None", "FullPCPUsOnly", "SpreadByPCPUs")
-NODE_NUMA_STRATEGIES = ("MostAllocated", "LeastAllocated", "DistributeEvenly")
-NUMA_POLICIES = ("None", "BestEffort", "Restricted", "SingleNUMANode")
 #: Policy codes for the vectorized arrays (index into NUMA_POLICIES).
 NUMA_POLICY_CODE = {name: k for k, name in enumerate(NUMA_POLICIES)}
 
@@ -92,9 +94,7 @@ def _numa_policy(labels: dict[str, str], fallback: str | None, problems: list[st
         value = labels.get(label)
         if value is None or value == "":
             continue
-        for suffix in ("PodLevel", "ContainerLevel"):
-            if value.endswith(suffix) and value[: -len(suffix)] in NUMA_POLICIES:
-                value = value[: -len(suffix)]
+        value = numa_policy_of(value)
         if value in NUMA_POLICIES:
             return value
         problems.append(f"node label {label}={value!r} is not one of {', '.join(NUMA_POLICIES)}")
