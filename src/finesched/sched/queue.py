@@ -22,6 +22,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from finesched.model.resources import PODS, translate_gpu_shortcuts
 from finesched.model.tenant import Tenant
@@ -50,8 +51,9 @@ class QueuedUnit:
     def priority(self) -> int:
         return max(w.priority for w in self.workloads)
 
-    @property
+    @cached_property
     def demand(self) -> dict[str, int]:
+        """What the unit will hold once placed (its workloads are fixed: computed once)."""
         total: dict[str, int] = {}
         for w in self.workloads:
             for name, amount in demand_of(w).items():
@@ -121,9 +123,10 @@ class SchedulingQueue:
         self._release_backoff(self._clock())
         for priority in sorted(self._active, reverse=True):
             tenants = self._active[priority]
-            for tenant in sorted(tenants, key=lambda t: (self.dominant_share(t) / self._account(t).weight, t)):
+            order = tenants if len(tenants) == 1 else sorted(tenants, key=self._drf_key)
+            for tenant in order:
                 unit = tenants[tenant][0]
-                if self._over_quota(tenant, unit.demand):
+                if self._account(tenant).quota and self._over_quota(tenant, unit.demand):
                     continue
                 tenants[tenant].popleft()
                 if not tenants[tenant]:
@@ -199,6 +202,9 @@ class SchedulingQueue:
 
     def _held(self, tenant: str) -> Mapping[str, int]:
         return self._usage_of(tenant) if self._usage_of is not None else self._account(tenant).usage
+
+    def _drf_key(self, tenant: str) -> tuple[float, str]:
+        return self.dominant_share(tenant) / self._account(tenant).weight, tenant
 
     def dominant_share(self, tenant: str) -> float:
         """max over resources of usage / cluster capacity (pods not counted)."""
