@@ -33,7 +33,7 @@ class TenantUsage:
         self._usage: dict[str, dict[str, int]] = {}
         #: The workloads counted, so that re-assuming one (`ClusterState.update_node` replays a
         #: node's bindings into every extra) replaces its amounts instead of adding them twice.
-        self._counted: dict[str, tuple[str, dict[str, int]]] = {}
+        self._counted: dict[str, tuple[str, Mapping[str, int]]] = {}
 
     def of(self, tenant: str) -> Mapping[str, int]:
         """The amounts `tenant`'s bindings hold (empty when it holds nothing)."""
@@ -53,20 +53,27 @@ class TenantUsage:
         pass
 
     def assume(self, index: int, binding: Binding) -> None:
-        self.forget(index, binding)  # a replayed binding is counted once
-        amounts = binding_amounts(binding) if binding.devices else dict(binding.requests)
-        self._counted[binding.workload] = (binding.tenant, amounts)
-        self._add(binding.tenant, amounts, 1)
+        key = binding.workload
+        if key in self._counted:  # a replayed binding is counted once
+            self._uncount(key)
+        # Without device grants a binding holds exactly its requests (an immutable vector: no copy).
+        amounts: Mapping[str, int] = binding_amounts(binding) if binding.devices else binding.requests
+        self._counted[key] = (binding.tenant, amounts)
+        usage = self._usage.get(binding.tenant)
+        if usage is None:
+            usage = self._usage[binding.tenant] = {}
+        for name, amount in amounts.items():
+            usage[name] = usage.get(name, 0) + amount
 
     def forget(self, index: int, binding: Binding) -> None:
-        counted = self._counted.pop(binding.workload, None)
-        if counted is not None:
-            self._add(counted[0], counted[1], -1)
+        if binding.workload in self._counted:
+            self._uncount(binding.workload)
 
-    def _add(self, tenant: str, amounts: Mapping[str, int], sign: int) -> None:
-        usage = self._usage.setdefault(tenant, {})
+    def _uncount(self, key: str) -> None:
+        tenant, amounts = self._counted.pop(key)
+        usage = self._usage[tenant]
         for name, amount in amounts.items():
-            usage[name] = usage.get(name, 0) + sign * amount
+            usage[name] -= amount
 
     def snapshot(self) -> object:
         return ({t: dict(a) for t, a in self._usage.items()}, dict(self._counted))
