@@ -25,8 +25,6 @@ import gc
 import os
 import sys
 import time
-from collections import defaultdict
-from collections.abc import Callable
 from functools import cache
 from typing import Any
 
@@ -43,11 +41,7 @@ from finesched.sched.profile import Profile
 from finesched.sched.registry import default_registry
 from finesched.sched.scheduler import Scheduler
 from finesched.state.cluster import ClusterState
-
-try:  # reuse the shared generators when present (bench/synthetic.py, another module's file)
-    from synthetic import gpu_devices
-except ImportError:  # pragma: no cover
-    gpu_devices = None
+from synthetic import gpu_devices, instrument
 
 GiB = 2**30
 POLICY_LABEL = "node.koordinator.sh/numa-topology-policy"
@@ -74,7 +68,7 @@ def nodes(count: int, numa: int, gpu_share: float, seed: int) -> list[Node]:
             "cpu_topology": topo,
             "numa_zones": zones,
         }
-        if gpus[i] and gpu_devices is not None:
+        if gpus[i]:
             devices = gpu_devices((80,) * 8)
             if numa == 4:  # 2 GPUs per NUMA node
                 devices = tuple(d.model_copy(update={"numa": d.minor // 2}) if d.type == "gpu" else d for d in devices)
@@ -135,32 +129,12 @@ def scheduler(node_list: list[Node], devices: bool, baseline: bool = False) -> S
     return Scheduler(ClusterState.from_nodes(node_list), profile=profile, registry=registry)
 
 
-def instrument(sched: Scheduler) -> dict[str, float]:
-    """Wrap every plugin's extension points to add up their time (``--breakdown``)."""
-    spent: dict[str, float] = defaultdict(float)
-    for plugin in sched.framework.plugins:
-        for point in ("pre_filter", "filter", "pre_score", "score", "reserve", "unreserve", "pre_bind"):
-            method = getattr(plugin, point, None)
-            if method is None:
-                continue
-
-            def timed(*args: object, _m: Callable[..., Any] = method, _k: str = f"{plugin.NAME}.{point}") -> Any:
-                t = time.perf_counter()
-                try:
-                    return _m(*args)
-                finally:
-                    spent[_k] += time.perf_counter() - t
-
-            setattr(plugin, point, timed)
-    return spent
-
-
 def run(stream: str, count: int, decisions: int, numa: int, seed: int, breakdown: bool = False) -> dict[str, Any]:
     """One stream on a fresh cluster; `baseline` is the exclusive stream with ResourcesFit only."""
     mixed = stream == "mixed"
     t0 = time.perf_counter()
     node_list = nodes(count, numa, 0.3 if mixed else 0.0, seed)
-    sched = scheduler(node_list, devices=mixed and gpu_devices is not None, baseline=stream == "baseline")
+    sched = scheduler(node_list, devices=mixed, baseline=stream == "baseline")
     build = time.perf_counter() - t0
     # The cluster is long-lived: move it out of the cyclic GC's reach, or every full collection
     # walks 10,000 nodes' objects (a pause of tens of ms, every few hundred decisions).
@@ -168,7 +142,7 @@ def run(stream: str, count: int, decisions: int, numa: int, seed: int, breakdown
     gc.freeze()
     spent = instrument(sched) if breakdown else {}
     if mixed:
-        workloads = mixed_stream(decisions, seed + 1, gpu_devices is not None)
+        workloads = mixed_stream(decisions, seed + 1, True)
     else:
         workloads = exclusive_stream(decisions, seed + 1)
     warm = min(200, decisions // 10)

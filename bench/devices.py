@@ -21,8 +21,7 @@ import gc
 import random
 import sys
 import time
-from collections import Counter, defaultdict
-from collections.abc import Callable
+from collections import Counter
 
 import numpy as np
 
@@ -34,6 +33,7 @@ from finesched.sched.profile import Profile
 from finesched.sched.registry import default_registry
 from finesched.sched.scheduler import Scheduler
 from finesched.state.cluster import ClusterState
+from synthetic import instrument
 
 PROFILE = {
     "name": "bench-devices",
@@ -115,27 +115,6 @@ def build(n: int, memoize: bool = True) -> tuple[Scheduler, float]:
     profile = Profile.model_validate(PROFILE)
     scheduler = Scheduler(state, profile=profile, registry=registry, memoize=memoize)
     return scheduler, time.perf_counter() - start
-
-
-def instrument(scheduler: Scheduler) -> dict[str, float]:
-    """Wrap every plugin's extension points to accumulate their time (for --breakdown)."""
-    spent: dict[str, float] = defaultdict(float)
-    points = ("pre_filter", "filter", "pre_score", "score", "reserve", "unreserve", "pre_bind")
-    for plugin in scheduler.framework.plugins:
-        for point in points:
-            method = getattr(plugin, point, None)
-            if method is None:
-                continue
-
-            def timed(*args: object, _m: Callable = method, _k: str = f"{plugin.NAME}.{point}") -> object:
-                t = time.perf_counter()
-                try:
-                    return _m(*args)
-                finally:
-                    spent[_k] += time.perf_counter() - t
-
-            setattr(plugin, point, timed)
-    return spent
 
 
 def run(n: int, decisions: int, warmup: int, breakdown: bool, memoize: bool = True) -> None:

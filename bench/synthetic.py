@@ -17,6 +17,9 @@ device list out (the scalar benchmark does not need it).
 
 from __future__ import annotations
 
+import time
+from collections import defaultdict
+from collections.abc import Callable
 from functools import cache
 from typing import Any
 
@@ -24,6 +27,7 @@ import numpy as np
 
 from finesched.model.node import CPUTopology, Device, Node
 from finesched.model.workload import Workload
+from finesched.sched.scheduler import Scheduler
 
 GiB = 2**30
 ZONES = ("a", "b", "c", "d")
@@ -109,3 +113,23 @@ def scalar_workloads(count: int, seed: int = 1, *, selector_share: float = 0.1) 
             spec["node_selector"] = {"zone": ZONES[zones[i]]}
         out.append(Workload(**spec))
     return out
+
+
+def instrument(scheduler: Scheduler) -> dict[str, float]:
+    """Wrap every plugin's extension points to add up their time (the benchmarks' ``--breakdown``)."""
+    spent: dict[str, float] = defaultdict(float)
+    for plugin in scheduler.framework.plugins:
+        for point in ("pre_filter", "filter", "pre_score", "score", "reserve", "unreserve", "pre_bind"):
+            method = getattr(plugin, point, None)
+            if method is None:
+                continue
+
+            def timed(*args: object, _m: Callable[..., Any] = method, _k: str = f"{plugin.NAME}.{point}") -> Any:
+                t = time.perf_counter()
+                try:
+                    return _m(*args)
+                finally:
+                    spent[_k] += time.perf_counter() - t
+
+            setattr(plugin, point, timed)
+    return spent

@@ -84,6 +84,18 @@ def _check_file(path: Path, what: str) -> str:
     return str(path)
 
 
+def _runs_wanted(output: str, jobs: int, policy: str, seeds: str) -> tuple[list[str], list[int]]:
+    """The options `fill` and `replay` share, checked: the policies and seeds to run (usage errors exit 2)."""
+    if output not in OUTPUTS:
+        raise _Fail(f"--output must be one of {', '.join(OUTPUTS)}, got {output!r}", 2)
+    if jobs < 1:
+        raise _Fail(f"--jobs must be >= 1, got {jobs}", 2)
+    try:
+        return parse_policies(policy), _seeds(seeds)
+    except ValueError as exc:
+        raise _Fail(str(exc), 2) from None
+
+
 def _preflight(nodes: Path, pods: Path, need_times: bool = False) -> tuple[str, str]:
     """Load both files once in this process so a bad CSV fails here, with its line, before any worker runs."""
     from finesched.sim.runner import _nodes, _pods
@@ -162,16 +174,9 @@ def fill(
 ) -> None:
     """Fill protocol of the FGD paper: allocation rate at 90-130 % arrived GPU demand, per policy and seed."""
     try:
-        if output not in OUTPUTS:
-            raise _Fail(f"--output must be one of {', '.join(OUTPUTS)}, got {output!r}", 2)
         if not 0 < inflation <= 10:
             raise _Fail(f"--inflation must be in (0, 10], got {inflation}", 2)
-        if jobs < 1:
-            raise _Fail(f"--jobs must be >= 1, got {jobs}", 2)
-        try:
-            names, seed_list = parse_policies(policy), _seeds(seeds)
-        except ValueError as exc:
-            raise _Fail(str(exc), 2) from None
+        names, seed_list = _runs_wanted(output, jobs, policy, seeds)
         node_path, pod_path = _preflight(nodes, pods)
         _prepare_out(out_dir)
         from finesched.sim.runner import RunSpec, bounds
@@ -272,16 +277,9 @@ def replay(
 ) -> None:
     """Replay pods by their timestamps (arrive, run, leave; waiting pods queue with DRF by QoS class)."""
     try:
-        if output not in OUTPUTS:
-            raise _Fail(f"--output must be one of {', '.join(OUTPUTS)}, got {output!r}", 2)
         if time_scale <= 0:
             raise _Fail(f"--time-scale must be > 0, got {time_scale}", 2)
-        if jobs < 1:
-            raise _Fail(f"--jobs must be >= 1, got {jobs}", 2)
-        try:
-            names, seed_list = parse_policies(policy), _seeds(seeds)
-        except ValueError as exc:
-            raise _Fail(str(exc), 2) from None
+        names, seed_list = _runs_wanted(output, jobs, policy, seeds)
         node_path, pod_path = _preflight(nodes, pods, need_times=True)
         _prepare_out(out_dir)
         from finesched.sim.report import replay_summary, write_replay
