@@ -237,3 +237,16 @@ def test_bad_label_values_are_problems_listing_valid_values():
     )
     _, acc = attached(_Unchecked({"node.koordinator.sh/numa-topology-policy": "Strict"}))
     assert acc.bad_config[0] and "BestEffort, Restricted, SingleNUMANode" in acc.config[0].problems[0]
+
+
+def test_memo_keys_hash_once_and_survive_pickling():
+    """NodeView, NodeCPUConfig and CPURequest hash their fields once (finesched/hashed.py)."""
+    import pickle
+
+    _, acc = attached(node())
+    view = acc.view(0)
+    config = acc.config[0]
+    for key in (view, config):
+        copy = pickle.loads(pickle.dumps(key))
+        assert copy == key and hash(copy) == hash(key) and {key: 1}[copy] == 1
+    assert hash(config) == config._hash

@@ -28,13 +28,14 @@ about 11 MB (measured with tracemalloc; about 1 KB a node).
 from __future__ import annotations
 
 from array import array
-from dataclasses import dataclass, field, fields
-from operator import attrgetter, sub
+from dataclasses import dataclass, field
+from operator import sub
 from typing import Any
 
 import numpy as np
 
 from finesched.cpuset import CPUSet
+from finesched.hashed import HashedOnce
 from finesched.model.binding import Binding
 from finesched.model.node import Node
 from finesched.model.resources import CPU, MEMORY
@@ -91,7 +92,7 @@ class Hold:
 
 
 @dataclass(frozen=True, slots=True)
-class NodeView:
+class NodeView(HashedOnce):
     """One node's per-NUMA numbers as Python ints, per NUMA slot (ids ascending).
 
     The exact step and small filter batches read one or a few nodes, where numpy's per-call
@@ -109,20 +110,7 @@ class NodeView:
     mem_free: tuple[int, ...] | None
     _hash: int = field(default=0, init=False, repr=False, compare=False)
 
-    def __post_init__(self) -> None:
-        # A memo key (several lookups per decision): hash the fields once, not on every lookup.
-        object.__setattr__(self, "_hash", hash(_VIEW_FIELDS(self)))
-
-    def __hash__(self) -> int:
-        return self._hash
-
-    def __reduce__(self) -> tuple[object, ...]:
-        # Rebuilt through __init__, so a copy in another process hashes with that process's seed.
-        return (type(self), _VIEW_FIELDS(self))
-
-
-#: The compared fields of `NodeView`, as one tuple (a C-level getter).
-_VIEW_FIELDS = attrgetter(*(f.name for f in fields(NodeView) if f.compare))
+    __hash__ = HashedOnce.__hash__  # not the dataclass's: hashed once (finesched/hashed.py)
 
 
 @dataclass(frozen=True, slots=True)

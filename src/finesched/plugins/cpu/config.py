@@ -23,10 +23,10 @@ reservation packed(all CPUs, ceil((capacity - allocatable cpu) / 1000)).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from functools import lru_cache
-from operator import attrgetter
 
+from finesched.hashed import HashedOnce
 from finesched.model.node import (
     LABEL_CPU_BIND_POLICY,
     LABEL_NUMA_ALLOCATE_STRATEGY,
@@ -46,7 +46,7 @@ NUMA_POLICY_CODE = {name: k for k, name in enumerate(NUMA_POLICIES)}
 
 
 @dataclass(frozen=True, slots=True)
-class NodeCPUConfig:
+class NodeCPUConfig(HashedOnce):
     """What the CPU and NUMA plugins need to know about one node's policies (see the module docstring)."""
 
     required_bind: str = ""  # "", FullPCPUs or SpreadByPCPUs
@@ -63,20 +63,7 @@ class NodeCPUConfig:
     problems: tuple[str, ...] = ()
     _hash: int = field(default=0, init=False, repr=False, compare=False)
 
-    def __post_init__(self) -> None:
-        # A memo key (several lookups per decision): hash the fields once, not on every lookup.
-        object.__setattr__(self, "_hash", hash(_CONFIG_FIELDS(self)))
-
-    def __hash__(self) -> int:
-        return self._hash
-
-    def __reduce__(self) -> tuple[object, ...]:
-        # Rebuilt through __init__, so a copy in another process hashes with that process's seed.
-        return (type(self), _CONFIG_FIELDS(self))
-
-
-#: The compared fields of `NodeCPUConfig`, as one tuple (a C-level getter).
-_CONFIG_FIELDS = attrgetter(*(f.name for f in fields(NodeCPUConfig) if f.compare))
+    __hash__ = HashedOnce.__hash__  # not the dataclass's: hashed once (finesched/hashed.py)
 
 
 def _pick(labels: dict[str, str], label: str, fallback: str | None, valid: tuple[str, ...], problems: list[str]) -> str:

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Hashable
-from dataclasses import dataclass, field, fields
-from operator import attrgetter
+from dataclasses import dataclass, field
 
 from finesched.cpuset import CPUSet
+from finesched.hashed import HashedOnce
 from finesched.model.resources import CPU, MEMORY
 from finesched.model.workload import Workload
 from finesched.plugins.cpu.topology import check_choice
@@ -33,7 +33,7 @@ POD_NUMA_POLICIES = ("", "None", "BestEffort", "Restricted", "SingleNUMANode")
 
 
 @dataclass(frozen=True, slots=True)
-class CPURequest:
+class CPURequest(HashedOnce):
     """The CPU/NUMA side of one workload, in canonical units."""
 
     cpu_milli: int
@@ -48,16 +48,7 @@ class CPURequest:
     numa_policy: str  # the workload's NUMA topology policy, "" if none
     _hash: int = field(default=0, init=False, repr=False, compare=False)
 
-    def __post_init__(self) -> None:
-        # A memo key (several lookups per decision): hash the fields once, not on every lookup.
-        object.__setattr__(self, "_hash", hash(_CPU_REQUEST_FIELDS(self)))
-
-    def __hash__(self) -> int:
-        return self._hash
-
-    def __reduce__(self) -> tuple[object, ...]:
-        # Rebuilt through __init__, so a copy in another process hashes with that process's seed.
-        return (type(self), _CPU_REQUEST_FIELDS(self))
+    __hash__ = HashedOnce.__hash__  # not the dataclass's: hashed once (finesched/hashed.py)
 
     @property
     def cpus(self) -> int:
@@ -72,10 +63,6 @@ class CPURequest:
     def exclusive_on(self, kubelet_static: bool) -> bool:
         """Whether the workload gets an exclusive cpuset on a node (of this kubelet policy)."""
         return self.exclusive or (self.static_exclusive and kubelet_static)
-
-
-#: The compared fields of `CPURequest`, as one tuple (a C-level getter).
-_CPU_REQUEST_FIELDS = attrgetter(*(f.name for f in fields(CPURequest) if f.compare))
 
 
 CPU_REQUEST = StateKey("CPUOrchestration/request", CPURequest)
