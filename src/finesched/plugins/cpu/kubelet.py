@@ -19,7 +19,7 @@ multiple of the group size), we treat that subset as unable to take the remainde
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 from finesched.cpuset import CPUSet
 from finesched.model.node import CPUTopology
@@ -169,23 +169,21 @@ class _Acc:
 
     def take_full_numas(self) -> None:
         topo = self.topo
-        for n in self.sorted_numas():
-            cpus = topo.numa_cpus[n]
-            if self.count(cpus) == len(cpus) and self.need >= len(cpus):
-                self.take(cpus)
+        self._take_whole([topo.numa_cpus[n] for n in self.sorted_numas()], None)
 
     def take_full_sockets(self) -> None:
         topo = self.topo
-        for s in self.sorted_sockets():
-            cpus = topo.socket_cpus[s]
-            if self.count(cpus) == topo.cpus_per_socket and self.need >= len(cpus):
-                self.take(cpus)
+        self._take_whole([topo.socket_cpus[s] for s in self.sorted_sockets()], topo.cpus_per_socket)
 
     def take_full_cores(self) -> None:
         topo = self.topo
-        for c in self.sorted_cores():
-            cpus = topo.core_cpus[c]
-            if self.count(cpus) == topo.cpus_per_core and self.need >= len(cpus):
+        self._take_whole([topo.core_cpus[c] for c in self.sorted_cores()], topo.cpus_per_core)
+
+    def _take_whole(self, units: Sequence[Sequence[int]], size: int | None) -> None:
+        """Take every unit (in order) that is wholly free, while the need covers it. A unit is whole
+        when all its CPUs are free and, for sockets and cores, it has the topology's full size."""
+        for cpus in units:
+            if self.count(cpus) == (len(cpus) if size is None else size) and self.need >= len(cpus):
                 self.take(cpus)
 
     def take_remaining(self) -> None:
