@@ -55,6 +55,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from finesched.errors import ValidationError
+from finesched.hashed import HashedOnce
 from finesched.model.binding import Binding
 from finesched.model.resources import CPU, MEMORY
 from finesched.plugins.cpu.config import NUMA_POLICIES
@@ -81,21 +82,14 @@ from finesched.state.cpus import CPUAccounts
 
 
 @dataclass(frozen=True, slots=True)
-class TopologyHint:
+class TopologyHint(HashedOnce):
     """A set of NUMA ids that could hold a request (None: any node, no preference) and whether it is preferred."""
 
     affinity: frozenset[int] | None
     preferred: bool
     _hash: int = field(default=0, init=False, repr=False, compare=False)
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "_hash", hash((self.affinity, self.preferred)))  # merge memo keys hash hints
-
-    def __hash__(self) -> int:
-        return self._hash
-
-    def __reduce__(self) -> tuple[object, ...]:
-        return (TopologyHint, (self.affinity, self.preferred))  # rehashed where unpickled
+    __hash__ = HashedOnce.__hash__  # merge memo keys hash hints: once each (finesched/hashed.py)
 
 
 _HINTS: dict[tuple[frozenset[int] | None, bool], TopologyHint] = {}
