@@ -27,6 +27,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from finesched.errors import ValidationError
+from finesched.hashed import HashedOnce
 from finesched.model.base import fast_copy
 from finesched.model.binding import Binding
 from finesched.model.workload import Workload
@@ -68,20 +69,13 @@ DEVICE_OFFERS = StateKey("DeviceShare/offers", DeviceOffers)
 
 
 @dataclass(frozen=True, slots=True)
-class _Rules:
+class _Rules(HashedOnce):
     """Each requested type with its fit rule against the type's dimensions (None: no node has the type)."""
 
     items: tuple[tuple[TypeRequest, FitRule | None], ...]
     _hash: int = field(default=0, init=False, repr=False, compare=False)
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "_hash", hash(self.items))  # part of the offer memo's key: hashed once
-
-    def __hash__(self) -> int:
-        return self._hash
-
-    def __reduce__(self) -> tuple[object, ...]:
-        return (_Rules, (self.items,))  # rehashed where unpickled (str hashes are per process)
+    __hash__ = HashedOnce.__hash__  # part of the offer memo's key: hashed once (finesched/hashed.py)
 
 
 _RULES = StateKey("DeviceShare/rules", _Rules)
