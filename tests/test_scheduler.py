@@ -451,3 +451,19 @@ def test_profile_errors_found_at_start_name_the_file_and_refuse_weights_on_filte
     lines = [str(e) for e in caught.value.errors]
     assert lines[0].startswith(f"{path}: plugins[0].weight: 5 ResourcesFit does not score")
     assert lines[1].startswith(f'{path}: plugins[1].name: "LeastRequsted" unknown plugin')
+
+
+def test_a_gang_with_an_invalid_member_places_none_of_it() -> None:
+    from finesched.sched.diagnosis import InvalidRequest
+
+    state = three_nodes()
+    sched = Scheduler(state)
+    members = [make_workload("g0").req(cpu="1").gang("g", 2).obj(), bad_gpu_request("g1")]
+    members[1] = members[1].model_copy(update={"gang": members[0].gang})
+    with pytest.raises(ValidationError):
+        sched.schedule_gang(members)
+    assert not state.bindings
+    sched.submit(members)
+    results = sched.run()
+    assert [type(r) for r in results] == [InvalidRequest, InvalidRequest] and not state.bindings
+    state.check_invariants()

@@ -272,14 +272,17 @@ class Scheduler:
         return {state.names[int(i)]: self._score_of(int(key[i])) for i in np.flatnonzero(feasible)}
 
     def schedule_gang(self, workloads: Sequence[Workload]) -> list[Binding]:
-        """Place all of `workloads` or none of them (then raise the first member's FitError)."""
+        """Place all of `workloads` or none of them (then raise the first member's FitError, or its
+        ValidationError when a member's request is invalid)."""
         placed: list[Binding] = []
         try:
             for workload in workloads:
                 placed.append(self._place(workload))
-        except FitError as exc:
+        except (FitError, ValidationError) as exc:
             for binding in reversed(placed):
                 self.state.forget(binding.workload)
+            if isinstance(exc, ValidationError):  # an invalid member: none placed, the user's error
+                raise
             name = workloads[0].gang.name if workloads[0].gang else "gang"
             raise FitError(
                 exc.workload,
