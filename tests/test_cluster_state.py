@@ -212,3 +212,20 @@ def test_a_failed_update_leaves_every_account_of_the_node_as_it_was() -> None:
     assert (before[0] == after[0]).all() and before[1:] == after[1:]
     assert len(state.node("g").devices) == 2
     state.check_invariants()
+
+
+def test_a_refused_node_leaves_no_new_resource_rows() -> None:
+    from finesched.model.node import ForeignAllocation
+    from finesched.state.devices import attach_device_accounts
+
+    state = ClusterState.from_nodes([make_node("a").cpu("4").memory("8Gi").obj()])
+    attach_device_accounts(state)  # the extra that refuses the node below
+    rows = list(state.resources)
+    over = ForeignAllocation(type="gpu", minor=0, resources={"gpu-core": 500})
+    good = make_node("b").cpu("4").memory("8Gi").resource("example.com/foo", "1").gpus(1).obj()
+    with pytest.raises(StateError, match="500 foreign gpu-core"):
+        state.add_node(good.model_copy(update={"foreign_allocations": (over,)}))  # skips validation
+    assert state.resources == rows and set(state.res_index) == set(rows) and state.free.shape[0] == len(rows)
+    state.add_node(good)
+    assert "example.com/foo" in state.res_index
+    state.check_invariants()

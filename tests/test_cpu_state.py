@@ -250,3 +250,20 @@ def test_memo_keys_hash_once_and_survive_pickling():
         copy = pickle.loads(pickle.dumps(key))
         assert copy == key and hash(copy) == hash(key) and {key: 1}[copy] == 1
     assert hash(config) == config._hash
+
+
+def test_a_one_field_memo_key_survives_copying():
+    import copy
+    from dataclasses import dataclass, field
+
+    from finesched.hashed import HashedOnce
+
+    @dataclass(frozen=True)
+    class One(HashedOnce):
+        items: tuple[int, ...]
+        _hash: int = field(default=0, init=False, repr=False, compare=False)
+        __hash__ = HashedOnce.__hash__
+
+    for key in (One(()), One((1,)), One((1, 2))):  # copy and deepcopy go through __reduce__, as pickle does
+        for copied in (copy.copy(key), copy.deepcopy(key)):
+            assert copied == key and hash(copied) == hash(key)

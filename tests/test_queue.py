@@ -155,3 +155,15 @@ def test_tenant_usage_counts_a_binding_once_when_its_node_is_updated() -> None:
     sched.schedule_one(make_workload("x").req(cpu="2").tenant("A").obj())
     state.update_node(make_node("n1").cpu("8").memory("8Gi").obj())  # replays x into every extra
     assert sched.queue.usage("A")["cpu"] == 2000
+
+
+def test_tenant_usage_counts_devices_granted_by_the_annotation_alone() -> None:
+    from finesched.model.device_allocated import DEVICE_ALLOCATED
+
+    node = make_node("n1").cpu("8").memory("16Gi").gpus(2, memory="80Gi").obj()
+    state = ClusterState.from_nodes([node])
+    sched = Scheduler(state, tenants=[Tenant(name="A")])
+    resources = '{"koordinator.sh/gpu-core":"100","koordinator.sh/gpu-memory-ratio":"100"}'
+    grant = '{"gpu":[{"minor":0,"resources":' + resources + "}]}"
+    state.assume(Binding(workload="A/koord", node="n1", tenant="A", annotations={DEVICE_ALLOCATED: grant}))
+    assert sched.queue.usage("A") == {"gpu-core": 100, "gpu-memory-ratio": 100}

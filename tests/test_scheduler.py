@@ -467,3 +467,13 @@ def test_a_gang_with_an_invalid_member_places_none_of_it() -> None:
     results = sched.run()
     assert [type(r) for r in results] == [InvalidRequest, InvalidRequest] and not state.bindings
     state.check_invariants()
+
+
+def test_a_gang_that_only_partly_fits_is_reported_and_the_run_ends() -> None:
+    """The gang's rollback frees what it took; that must not count as new capacity for it."""
+    state = cluster(make_node("a").cpu("4").memory("8Gi").obj())
+    sched = Scheduler(state)
+    sched.submit([make_workload(f"g{i}").req(cpu="3", memory="1Gi").gang("g", 2).obj() for i in range(2)])
+    results = sched.run()
+    assert [type(r) for r in results] == [FitError, FitError] and not state.bindings
+    assert "none placed" in str(results[0])

@@ -15,6 +15,7 @@ Equality stays the dataclass's (field by field), so equal keys still meet in a d
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import fields
 from operator import attrgetter
 from typing import Any
@@ -37,12 +38,18 @@ class HashedOnce:
         return (type(self), _compared(type(self))(self))
 
 
-_GETTERS: dict[type, attrgetter[Any]] = {}
+_GETTERS: dict[type, Callable[[Any], tuple[Any, ...]]] = {}
 
 
-def _compared(cls: type) -> attrgetter[Any]:
-    """The class's compared fields as one tuple, through a C-level getter built once per class."""
+def _compared(cls: type) -> Callable[[Any], tuple[Any, ...]]:
+    """The class's compared fields as one tuple, through a C-level getter built once per class.
+
+    (`attrgetter` of one name returns the bare value: a one-field class gets it wrapped in a tuple,
+    so `__reduce__` always passes the fields as the constructor's positional arguments.)
+    """
     getter = _GETTERS.get(cls)
     if getter is None:
-        getter = _GETTERS[cls] = attrgetter(*(f.name for f in fields(cls) if f.compare))
+        names = [f.name for f in fields(cls) if f.compare]
+        single = attrgetter(names[0]) if len(names) == 1 else None
+        getter = _GETTERS[cls] = (lambda obj: (single(obj),)) if single is not None else attrgetter(*names)
     return getter

@@ -283,3 +283,15 @@ CPUQuantity = _quantity_type("cpu")
 ByteQuantity = _quantity_type("bytes")
 #: A whole count, written like "4".
 CountQuantity = _quantity_type("count")
+
+
+def device_dimension(name: str) -> str:
+    """A device dimension's own name: ``koordinator.sh/`` and ``kubernetes.io/`` stripped for any type.
+
+    `canonical_name` strips them only for the fixed GPU/RDMA/FPGA names; device types defined in
+    manifests alone (S1.4, e.g. ``xpu``) come back from Koordinator as ``koordinator.sh/xpu``.
+    """
+    for prefix in ALIAS_PREFIXES:
+        if name.startswith(prefix):
+            return name[len(prefix) :]
+    return name

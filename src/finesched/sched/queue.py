@@ -151,7 +151,8 @@ class SchedulingQueue:
         """Capacity may have grown: parked units become ready after their backoff."""
         now = self._clock()
         for unit in self._unschedulable:
-            unit.not_before = now + min(MAX_BACKOFF_S, INITIAL_BACKOFF_S * 2 ** (unit.attempts - 1))
+            doublings = min(unit.attempts - 1, 16)  # the cap is reached long before; no float overflow
+            unit.not_before = now + min(MAX_BACKOFF_S, INITIAL_BACKOFF_S * 2**doublings)
             self._backoff.append(unit)
         self._unschedulable.clear()
 

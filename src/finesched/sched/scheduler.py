@@ -324,13 +324,19 @@ class Scheduler:
                 self.queue.cluster_changed()
                 self.queue.flush_backoff()
                 continue
-            results += self._run_unit(unit)
+            placed, parked = self._run_unit(unit)
+            results += placed
+            if parked:
+                # A gang's rollback freed what it had just taken, which the state counts as a capacity
+                # change; it must not wake the gang (or any parked unit) again, or `run` never ends.
+                seen_version = self.state.capacity_version
         self._capacity_seen = self.state.capacity_version
         for unit, why in self.queue.waiting():
             results += [self._waiting_error(unit, why, w) for w in unit.workloads]
         return results
 
-    def _run_unit(self, unit: QueuedUnit) -> list[Result]:
+    def _run_unit(self, unit: QueuedUnit) -> tuple[list[Result], bool]:
+        """Schedule one queued unit: its results, and whether it was parked as unschedulable."""
         try:
             if len(unit.workloads) == 1:
                 bindings = [self.schedule_one(unit.workloads[0])]
@@ -338,12 +344,12 @@ class Scheduler:
                 bindings = self.schedule_gang(unit.workloads)
         except FitError as exc:
             self.queue.park(unit, exc)
-            return []
+            return [], True
         except ValidationError as exc:  # an invalid request: reported, dropped from the queue, not retried
             self.queue.done(unit)
-            return [InvalidRequest(w.key, self.state.n, _problem_text(exc, w.key)) for w in unit.workloads]
+            return [InvalidRequest(w.key, self.state.n, _problem_text(exc, w.key)) for w in unit.workloads], False
         self.queue.done(unit)
-        return list(bindings)
+        return list(bindings), False
 
     def _waiting_error(self, unit: QueuedUnit, why: str, workload: Workload) -> FitError:
         if why == "unschedulable" and unit.last_error is not None:

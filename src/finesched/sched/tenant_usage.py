@@ -11,13 +11,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from finesched.model.binding import Binding
+from finesched.model.device_allocated import DEVICE_ALLOCATED, binding_devices
 from finesched.model.node import Node
 
 
 def binding_amounts(binding: Binding) -> dict[str, int]:
-    """Everything a binding holds, by resource name: scalar requests plus device grants summed."""
+    """Everything a binding holds, by resource name: scalar requests plus device grants summed
+    (its ``devices``, or those of its device-allocated annotation: `binding_devices`)."""
     out = dict(binding.requests)
-    for grants in binding.devices.values():
+    for grants in binding_devices(binding).values():
         for grant in grants:
             for name, amount in grant.resources.items():
                 out[name] = out.get(name, 0) + amount
@@ -57,7 +59,8 @@ class TenantUsage:
         if key in self._counted:  # a replayed binding is counted once
             self._uncount(key)
         # Without device grants a binding holds exactly its requests (an immutable vector: no copy).
-        amounts: Mapping[str, int] = binding_amounts(binding) if binding.devices else binding.requests
+        holds_devices = binding.devices or DEVICE_ALLOCATED in binding.annotations
+        amounts: Mapping[str, int] = binding_amounts(binding) if holds_devices else binding.requests
         self._counted[key] = (binding.tenant, amounts)
         usage = self._usage.get(binding.tenant)
         if usage is None:

@@ -193,6 +193,7 @@ class ClusterState:
         """Add `node` (its name must be new); return its index."""
         if node.name in self.index:
             raise StateError(f"node {node.name!r} already exists")
+        rows = len(self.resources)
         self._ensure_rows(node.allocatable)
         if self.n == self._capacity:
             self._grow(self._capacity * 2)
@@ -208,6 +209,7 @@ class ClusterState:
                 extra.set_node(i, node)
         except StateError:
             self._drop_last_slot()  # an extra refused the node: the state is as before the call
+            self._drop_rows_from(rows)
             raise
         self._refresh(i)
         self.capacity_version += 1
@@ -234,11 +236,12 @@ class ClusterState:
         touches this node alone: no whole-state snapshot, so an update costs the same at any size.
         """
         i = self._node_index(node.name)
-        old = self.nodes[i]
+        old, rows = self.nodes[i], len(self.resources)
         try:
             self._apply_node(i, node)
         except StateError as exc:
             self._apply_node(i, old)
+            self._drop_rows_from(rows)
             raise StateError(f"cannot update node {node.name!r}: its bindings no longer fit ({exc})") from None
         self._refresh(i)
         self.capacity_version += 1
@@ -312,6 +315,14 @@ class ClusterState:
         with np.errstate(divide="ignore"):
             self._inv_alloc[:, i] = np.where(column > 0, 1.0 / np.maximum(column, 1), 0.0)
         self.labels.set(i, node.labels)
+
+    def _drop_rows_from(self, rows: int) -> None:
+        """Forget resource rows `rows`.. (added by a node update or add that was then refused)."""
+        for name in self.resources[rows:]:
+            del self.res_index[name]
+        del self.resources[rows:]
+        self._alloc, self._free = self._alloc[:rows].copy(), self._free[:rows].copy()
+        self._used_f, self._inv_alloc = self._used_f[:rows].copy(), self._inv_alloc[:rows].copy()
 
     def _ensure_rows(self, names: Iterable[str]) -> None:
         new = [r for r in names if r not in self.res_index]

@@ -13,26 +13,14 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from finesched.model.device_allocated import DEVICE_ALLOCATED as DEVICE_ALLOCATED  # re-exported
 from finesched.model.node import device_totals as device_totals  # re-exported: node validation shares it
-from finesched.model.resources import ALIAS_PREFIXES, GPU_MEMORY, GPU_MEMORY_RATIO
+from finesched.model.resources import GPU_MEMORY, GPU_MEMORY_RATIO
+from finesched.model.resources import device_dimension as device_dimension  # re-exported
 
 Int64Array = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 NO_SCOPE = -1
-#: Koordinator's pod annotation with the device grants (read by the accounts, written by DeviceShare).
-DEVICE_ALLOCATED = "scheduling.koordinator.sh/device-allocated"
-
-
-def device_dimension(name: str) -> str:
-    """A device dimension's own name: ``koordinator.sh/`` and ``kubernetes.io/`` stripped for any type.
-
-    `canonical_name` strips them only for the fixed GPU/RDMA/FPGA names; device types defined in
-    manifests alone (S1.4, e.g. ``xpu``) come back from Koordinator as ``koordinator.sh/xpu``.
-    """
-    for prefix in ALIAS_PREFIXES:
-        if name.startswith(prefix):
-            return name[len(prefix) :]
-    return name
 
 
 def fill_gpu_amounts(amounts: Mapping[str, int], memory_total: int) -> dict[str, int]:

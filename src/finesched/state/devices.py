@@ -42,6 +42,7 @@ import numpy.typing as npt
 from finesched.codec import EncodedVector
 from finesched.model.base import fast_copy
 from finesched.model.binding import Binding, DeviceGrant
+from finesched.model.device_allocated import AnnotationError, parse_device_allocated
 from finesched.model.node import DEVICE_STRATEGIES, STRATEGY_LABEL, Device, Node, foreign_amounts
 from finesched.model.resources import GPU, GPU_MEMORY, GPU_MEMORY_RATIO, ResourceVector
 from finesched.state.cluster import ClusterState, StateError
@@ -258,8 +259,6 @@ class DeviceAccounts:
     def _annotated_devices(self, i: int, key: str, text: str) -> dict[str, list[DeviceGrant]]:
         """A binding's grants read from Koordinator's device-allocated annotation (the source of
         truth when ``devices`` is empty, as for a pod Koordinator placed), GPU memory filled per card."""
-        from finesched.plugins.deviceshare.annotations import AnnotationError, parse_device_allocated
-
         try:
             devices = parse_device_allocated(text)
         except AnnotationError as exc:

@@ -6,13 +6,13 @@ in the scheduling cycle over `DeviceAccounts` (state/devices.py), `DeviceScore` 
 scores nodes by device use, and annotations.py reads and writes Koordinator's annotation.
 """
 
-from finesched.plugins.deviceshare.allocator import DeviceAllocation, InsufficientDevices, allocate_devices
-from finesched.plugins.deviceshare.annotations import (
+from finesched.model.device_allocated import (
     DEVICE_ALLOCATED,
     AnnotationError,
     format_device_allocated,
     parse_device_allocated,
 )
+from finesched.plugins.deviceshare.allocator import DeviceAllocation, InsufficientDevices, allocate_devices
 from finesched.plugins.deviceshare.plugin import DEVICE_OFFERS, DEVICE_REQUEST, DeviceOffers, DeviceShare
 from finesched.plugins.deviceshare.request import (
     DeviceRequest,

@@ -30,9 +30,9 @@ from finesched.errors import ValidationError
 from finesched.hashed import HashedOnce
 from finesched.model.base import fast_copy
 from finesched.model.binding import Binding
+from finesched.model.device_allocated import DEVICE_ALLOCATED, format_device_allocated
 from finesched.model.workload import Workload
 from finesched.plugins.deviceshare.allocator import DeviceAllocation, InsufficientDevices, allocate_devices
-from finesched.plugins.deviceshare.annotations import DEVICE_ALLOCATED, format_device_allocated
 from finesched.plugins.deviceshare.request import (
     DeviceRequest,
     FitRule,

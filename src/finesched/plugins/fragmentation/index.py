@@ -10,6 +10,7 @@ import numpy as np
 import numpy.typing as npt
 
 from finesched.model.binding import Binding
+from finesched.model.device_allocated import binding_devices
 from finesched.model.node import Node
 from finesched.model.resources import CPU, GPU, GPU_CORE
 from finesched.plugins.fragmentation.target import GPU_MODEL_LABEL, MAX_CLASSES, MILLI, Shape, TargetWorkload
@@ -91,7 +92,7 @@ class GpuView:
         self._apply(index, binding, +1)
 
     def _apply(self, index: int, binding: Binding, sign: int) -> None:
-        grants = binding.devices.get(GPU, ())
+        grants = binding_devices(binding).get(GPU, ())  # the annotation's grants when `devices` is empty
         if not grants:
             return
         core = 0

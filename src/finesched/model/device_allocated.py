@@ -14,8 +14,9 @@ every dimension, so a manifest-defined type (``koordinator.sh/xpu``) reads back 
 write such dimensions bare, as finesched names them. ``parse(format(x)) == x`` for any grants and
 ``format(parse(s)) == s`` for any value written as above.
 
-A binding without ``devices`` that carries this annotation takes the annotated grants when the
-state assumes it (state/devices.py): for a pod Koordinator placed, the annotation is the record.
+A binding without ``devices`` that carries this annotation holds the annotated grants (a pod that
+Koordinator placed: the annotation is the record). `binding_devices` gives every reader (the device
+accounts, tenant usage, the fragmentation view) the same grants.
 """
 
 from __future__ import annotations
@@ -24,12 +25,20 @@ import json
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
 
-from finesched.model.binding import DeviceGrant
-from finesched.model.resources import ResourceVector, koordinator_name, resource_kind
+from finesched.model.binding import Binding, DeviceGrant
+from finesched.model.resources import ResourceVector, device_dimension, koordinator_name, resource_kind
 from finesched.quantity import QuantityError, format_quantity, parse_quantity
-from finesched.state.device_types import DEVICE_ALLOCATED, device_dimension
 
-__all__ = ["DEVICE_ALLOCATED", "AnnotationError", "format_device_allocated", "parse_device_allocated"]
+__all__ = [
+    "DEVICE_ALLOCATED",
+    "AnnotationError",
+    "binding_devices",
+    "format_device_allocated",
+    "parse_device_allocated",
+]
+
+#: Koordinator's pod annotation with the device grants (written by DeviceShare, read back by the state).
+DEVICE_ALLOCATED = "scheduling.koordinator.sh/device-allocated"
 
 
 class AnnotationError(ValueError):
@@ -87,3 +96,14 @@ def _grant(where: str, entry: object) -> DeviceGrant:
         except QuantityError as exc:
             raise AnnotationError(f"{where}.resources.{name}: {exc}") from None
     return DeviceGrant.model_construct(minor=minor, resources=ResourceVector(amounts))
+
+
+def binding_devices(binding: Binding) -> Mapping[str, Sequence[DeviceGrant]]:
+    """The binding's device grants: its ``devices``, else those of its device-allocated annotation.
+
+    Raises AnnotationError for an annotation that cannot be read (the state refuses such a binding).
+    """
+    if binding.devices:
+        return binding.devices
+    text = binding.annotations.get(DEVICE_ALLOCATED)
+    return parse_device_allocated(text) if text else {}
