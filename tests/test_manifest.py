@@ -469,3 +469,13 @@ def test_koordinator_node_policy_labels_are_checked(label: str, value: str, vali
     assert error.path == f"metadata.labels.{label}" and error.message == f"is not one of {valid}"
     doc["metadata"]["labels"] = {"node.koordinator.sh/numa-topology-policy": "SingleNUMANodePodLevel"}
     assert parse_manifest(doc).labels["node.koordinator.sh/numa-topology-policy"] == "SingleNUMANodePodLevel"
+
+
+def test_read_only_mappings_dump_as_yaml_and_empty_policies_mean_unset() -> None:
+    doc = workload_doc()
+    doc["metadata"]["labels"] = {"app": "web"}
+    doc["metadata"]["annotations"] = {"scheduling.koordinator.sh/numa-topology-spec": '{"numaTopologyPolicy": ""}'}
+    w = parse_manifest(doc)
+    assert yaml.safe_load(yaml.safe_dump(w.labels)) == {"app": "web"}
+    with pytest.raises(TypeError, match="read-only"):
+        w.labels["app"] = "db"  # type: ignore[index]

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, NoReturn, TypeVar
 
 import pydantic_core
+import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict
 from pydantic.alias_generators import to_camel
 from pydantic_core import InitErrorDetails, PydanticCustomError
@@ -63,6 +64,9 @@ class FrozenDict(dict[str, str]):
 
 #: A model field holding a read-only str -> str mapping (labels, annotations, selectors, env).
 FrozenStrDict = Annotated[dict[str, str], AfterValidator(FrozenDict)]
+
+# YAML's safe dumper accepts exact dicts only; a FrozenDict dumps as the mapping it is.
+yaml.SafeDumper.add_representer(FrozenDict, yaml.representer.SafeRepresenter.represent_dict)
 
 
 def raise_problems(problems: Sequence[tuple[Loc, str, object]], title: str = "model") -> None:

@@ -88,7 +88,7 @@ def _annotation_problems(annotations: dict[str, str]) -> list[tuple[Loc, str, ob
             continue
         for field, valid in fields.items():
             given = value.get(field)
-            if given is not None and given not in valid:
+            if given not in (None, "") and given not in valid:  # "" means unset, as in Koordinator
                 problems.append((("annotations", key, field), f"is not one of {', '.join(valid)}", given))
     return problems
 
