@@ -38,8 +38,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-import numpy as np
-
 from finesched.cpuset import CPUSet
 from finesched.errors import ValidationError
 from finesched.model.base import fast_copy
@@ -53,6 +51,7 @@ from finesched.plugins.cpu.prefilter import (
     NO_SHARED_POOL,
     NO_TOPOLOGY,
     exclusive_checks,
+    filter_result,
 )
 from finesched.plugins.cpu.request import CPU_OFFER, CPU_REQUEST, NUMA_OFFER, CPUOffer, CPURequest, cpu_request
 from finesched.plugins.cpu.topology import (
@@ -162,11 +161,7 @@ class CPUOrchestration:
 
     def filter(self, cycle: CycleState, request: ScheduleRequest, nodes: NodeBatch) -> FilterResult:
         req = cycle.read(CPU_REQUEST)
-        checks = exclusive_checks(self.accounts, req, nodes)
-        mask = np.ones(nodes.n, dtype=bool)
-        for failed, _ in checks.values():
-            mask &= ~failed
-        return FilterResult(mask, lambda: dict(checks))
+        return filter_result(exclusive_checks(self.accounts, req, nodes), nodes.n)
 
     # Reserve -------------------------------------------------------------------------------------------------
     def reserve(self, cycle: CycleState, request: ScheduleRequest, node: int) -> Status:

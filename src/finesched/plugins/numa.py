@@ -66,6 +66,7 @@ from finesched.plugins.cpu.prefilter import (
     RESTRICTED,
     SINGLE,
     DeviceFits,
+    filter_result,
     numa_checks,
     numa_inputs,
     usable_cpus_of,
@@ -299,11 +300,7 @@ class NUMAAlign:
 
     def filter(self, cycle: CycleState, request: ScheduleRequest, nodes: NodeBatch) -> FilterResult:
         req = cpu_request(cycle, request.workload, request.shape)
-        checks = numa_checks(self.accounts, req, nodes, _device_fits(cycle, self.state, nodes))
-        mask = np.ones(nodes.n, dtype=bool)
-        for failed, _ in checks.values():
-            mask &= ~failed
-        return FilterResult(mask, lambda: dict(checks))
+        return filter_result(numa_checks(self.accounts, req, nodes, _device_fits(cycle, self.state, nodes)), nodes.n)
 
     def reserve(self, cycle: CycleState, request: ScheduleRequest, node: int) -> Status:
         req = cpu_request(cycle, request.workload, request.shape)

@@ -19,7 +19,7 @@ import numpy as np
 
 from finesched.plugins.cpu.config import NUMA_POLICY_CODE
 from finesched.plugins.cpu.request import CPURequest
-from finesched.sched.framework import BoolArray, Code, NodeBatch
+from finesched.sched.framework import BoolArray, Code, FilterResult, NodeBatch
 from finesched.state.cpus import CPUAccounts
 
 NO_TOPOLOGY = "node(s) have no CPU topology for an exclusive cpuset"
@@ -49,6 +49,16 @@ SINGLE = NUMA_POLICY_CODE["SingleNUMANode"]
 RESTRICTED = NUMA_POLICY_CODE["Restricted"]
 
 Checks = dict[str, tuple[BoolArray, Code]]
+
+
+def filter_result(checks: Checks, n: int) -> FilterResult:
+    """The FilterResult of `checks` over a batch of `n` nodes: a node passes when no check failed it."""
+    mask = np.ones(n, dtype=bool)
+    for failed, _ in checks.values():
+        mask &= ~failed
+    return FilterResult(mask, lambda: dict(checks))
+
+
 #: Per requested device type: (count, [n, D] one instance fits on the device, [n, D] its NUMA id), batch rows.
 DeviceFits = Sequence[tuple[int, np.ndarray, np.ndarray]]
 
