@@ -175,6 +175,17 @@ def _unterminated(path: Path, start: int, end: int, cause: str = "") -> TraceErr
     return TraceError(f"{path}:{start}: unterminated quote starting on line {start}{reader_said}")
 
 
+def _new_name(path: Path, line: int, text: str, column: str, what: str, seen: dict[str, int]) -> str:
+    """A row's name, stripped: not empty and not seen before in the file (`seen` maps name -> line)."""
+    name = text.strip()
+    if not name:
+        raise TraceError(f"{path}:{line}: {column} is empty")
+    if name in seen:
+        raise TraceError(f"{path}:{line}: duplicate {what} {name!r} (first on line {seen[name]})")
+    seen[name] = line
+    return name
+
+
 def _int(path: Path, line: int, row: dict[str, str], column: str, *, optional: bool = False) -> int:
     text = row.get(column, "").strip()
     if not text and optional:
@@ -202,12 +213,7 @@ def load_nodes(path: str | Path) -> NodeTable:
     models: list[str] = []
     seen: dict[str, int] = {}
     for line, row in _rows(path, NODE_COLUMNS):
-        name = row["sn"].strip()
-        if not name:
-            raise TraceError(f"{path}:{line}: sn (node name) is empty")
-        if name in seen:
-            raise TraceError(f"{path}:{line}: duplicate node {name!r} (first on line {seen[name]})")
-        seen[name] = line
+        name = _new_name(path, line, row["sn"], "sn (node name)", "node", seen)
         for column in cols:
             cols[column].append(_int(path, line, row, column))
         model = row["model"].strip()
@@ -239,12 +245,7 @@ def load_pods(path: str | Path) -> PodTable:
     seen: dict[str, int] = {}
     has_times = True
     for line, row in _rows(path, POD_COLUMNS):
-        name = row["name"].strip()
-        if not name:
-            raise TraceError(f"{path}:{line}: name is empty")
-        if name in seen:
-            raise TraceError(f"{path}:{line}: duplicate pod {name!r} (first on line {seen[name]})")
-        seen[name] = line
+        name = _new_name(path, line, row["name"], "name", "pod", seen)
         for column in cols:
             cols[column].append(_int(path, line, row, column))
         _check_gpu(path, line, cols["num_gpu"][-1], cols["gpu_milli"][-1])
