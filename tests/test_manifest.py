@@ -194,7 +194,9 @@ def test_bad_documents_name_the_field_and_rule(doc: dict[str, Any], path: str, m
 def test_error_line_shows_file_doc_path_value_and_rule(tmp_path: Path) -> None:
     path = tmp_path / "bad.yaml"
     good = yaml.safe_dump(workload_doc())
-    bad = yaml.safe_dump(workload_doc(requests={"cpu": "abc"}))
+    bad_doc = workload_doc(requests={"cpu": "abc"})
+    bad_doc["metadata"]["name"] = "w2"  # its own name (a repeated one would be a second error)
+    bad = yaml.safe_dump(bad_doc)
     path.write_text(good + "---\n" + bad)
     with pytest.raises(ValidationError) as info:
         load_manifests(path)
@@ -479,3 +481,19 @@ def test_read_only_mappings_dump_as_yaml_and_empty_policies_mean_unset() -> None
     assert yaml.safe_load(yaml.safe_dump(w.labels)) == {"app": "web"}
     with pytest.raises(TypeError, match="read-only"):
         w.labels["app"] = "db"  # type: ignore[index]
+
+
+def test_duplicates_are_reported_even_when_a_copy_is_invalid(tmp_path: Path) -> None:
+    bad = node_doc(allocatable={"cpu": "zz"})
+    path = tmp_path / "dup.yaml"
+    path.write_text(yaml.safe_dump_all([bad, node_doc()]))
+    with pytest.raises(ValidationError) as caught:
+        load_manifests(path)
+    assert [e.path for e in caught.value.errors] == ["spec.allocatable.cpu", "metadata.name"]
+    assert "duplicate Node" in caught.value.errors[1].message
+
+
+def test_an_unknown_topology_field_lists_both_forms() -> None:
+    doc = node_doc(cpuTopology={"sockets": 1, "coresPerNuma": 4, "threadPerCore": 2})
+    with pytest.raises(ValidationError, match=r"allowed: .*'cpus', 'sockets', 'numaPerSocket', 'coresPerNuma'"):
+        parse_manifest(doc)

@@ -154,6 +154,9 @@ def _allowed_fields(model: type[pydantic.BaseModel], loc: Sequence[str | int], e
         current = _model_in(info.annotation) if info is not None else None
     if current is None:
         return []
+    spelled = getattr(current, "MANIFEST_FIELDS", None)  # a model with two manifest forms lists both
+    if spelled is not None:
+        return list(spelled)
     return [f.alias or n for n, f in current.model_fields.items() if n not in exclude]
 
 
@@ -240,19 +243,35 @@ def load_manifests(*paths: str | Path) -> Manifests:
         for number, doc in enumerate(documents, start=1):
             where = f"{path} doc {number}"
             try:
-                obj = parse_manifest(doc, where=where)
+                obj: Object | None = parse_manifest(doc, where=where)
             except ValidationError as exc:
                 errors += exc.errors
-                continue
-            key = (type(obj).__name__, _object_key(obj))
-            if key in seen:
+                obj = None
+            # Every document claims its name, an invalid one too, so a duplicate is reported either way.
+            key = _document_key(doc) if obj is None else (type(obj).__name__, _object_key(obj))
+            if key is not None and key in seen:
                 errors.append(ErrorDetail("metadata.name", f"duplicate {key[0]} (first in {seen[key]})", key[1], where))
                 continue
-            seen[key] = where
-            manifests.add(obj)
+            if key is not None:
+                seen[key] = where
+            if obj is not None:
+                manifests.add(obj)
     if errors:
         raise ValidationError(errors)
     return manifests
+
+
+def _document_key(doc: object) -> tuple[str, str] | None:
+    """The (kind, key) a document claims, read from its raw fields; None when it names none."""
+    if not isinstance(doc, Mapping) or not isinstance(doc.get("metadata"), Mapping):
+        return None
+    kind, metadata = doc.get("kind"), doc["metadata"]
+    name = metadata.get("name")
+    if not isinstance(kind, str) or kind not in KINDS or not isinstance(name, str) or not name:
+        return None
+    if kind in ("Workload", "Job"):
+        return kind, f"{metadata.get('namespace') or 'default'}/{name}"
+    return kind, name
 
 
 def _object_key(obj: Object) -> str:

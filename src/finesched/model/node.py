@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from functools import cached_property
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, PositiveInt, field_validator, model_validator
 
@@ -98,6 +98,8 @@ class CPUTopology(Model):
     """
 
     cpus: tuple[CPUInfo, ...]
+    #: Every field a manifest may write here: the list form and the builder form's fields.
+    MANIFEST_FIELDS: ClassVar[tuple[str, ...]] = ("cpus", "sockets", "numaPerSocket", "coresPerNuma", "threadsPerCore")
 
     @model_validator(mode="before")
     @classmethod
