@@ -198,15 +198,22 @@ class _Acc:
             self.take([cpu])
 
 
-def _packed(topo: TopoInfo, free: Iterable[int], request: int, spread: bool) -> list[int]:
-    free = frozenset(free)
-    acc = _Acc(topo, free, request, spread)
+def _needs_cpus(request: int, free: frozenset[int]) -> bool:
+    """False for a request of nothing; InsufficientCPUs (the kubelet's words) when `free` is too small."""
     if request < 1:
-        return []
+        return False
     if request > len(free):
         raise InsufficientCPUs(
             f"not enough cpus available to satisfy request: requested={request}, available={len(free)}"
         )
+    return True
+
+
+def _packed(topo: TopoInfo, free: Iterable[int], request: int, spread: bool) -> list[int]:
+    free = frozenset(free)
+    acc = _Acc(topo, free, request, spread)
+    if not _needs_cpus(request, free):
+        return []
     steps = [acc.take_full_numas, acc.take_full_sockets]
     if not acc.numa_first():
         steps.reverse()
@@ -264,12 +271,8 @@ def _distributed(topo: TopoInfo, free: Iterable[int], request: int, group: int, 
     if request % group:
         return _packed(topo, free, request, spread)
     acc = _Acc(topo, free, request, spread)
-    if request < 1:
+    if not _needs_cpus(request, free):
         return []
-    if request > len(free):
-        raise InsufficientCPUs(
-            f"not enough cpus available to satisfy request: requested={request}, available={len(free)}"
-        )
     numas = acc.sorted_numas()
     in_numa = {n: acc.count(topo.numa_cpus[n]) for n in numas}
     lo, hi = _numa_range(topo, len(numas), request, group)

@@ -26,7 +26,6 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from finesched.errors import ValidationError
 from finesched.hashed import HashedOnce
 from finesched.model.base import fast_copy
 from finesched.model.binding import Binding
@@ -44,14 +43,14 @@ from finesched.plugins.deviceshare.request import (
     fit_mask,
     normalize_device_request,
 )
-from finesched.plugins.deviceshare.scoring import DEVICE_SHARES, DeviceShares, device_shares
+from finesched.plugins.deviceshare.scoring import DEVICE_SHARES, DeviceShares, device_shares, strategy_arg
 from finesched.plugins.shared_keys import DEVICE_CHOOSER, NUMA_AFFINITY, NUMAAffinity
 from finesched.plugins.shares import add_shares
 from finesched.sched.cycle_state import CycleState, MissingState, StateKey
 from finesched.sched.framework import SKIP, SUCCESS, BoolArray, Code, Explanation, FilterResult, NodeBatch, Status
 from finesched.sched.request import ScheduleRequest
 from finesched.state.cluster import ClusterState
-from finesched.state.devices import STRATEGIES, DeviceAccounts, attach_device_accounts, node_rows
+from finesched.state.devices import DeviceAccounts, attach_device_accounts, node_rows
 
 DEVICE_REQUEST = StateKey("DeviceShare/request", DeviceRequest)
 
@@ -102,13 +101,7 @@ class DeviceShare:
     @classmethod
     def from_args(cls, args: Mapping[str, Any]) -> DeviceShare:
         """args: ``{strategy: LeastAllocated | MostAllocated}`` (the card-level default)."""
-        unknown = sorted(set(args) - {"strategy"})
-        if unknown:
-            raise ValidationError(f"unknown args {unknown}; valid: ['strategy']", path="args")
-        strategy = args.get("strategy", "LeastAllocated")
-        if strategy not in STRATEGIES:
-            raise ValidationError(f"must be one of {list(STRATEGIES)}", path="args.strategy", value=strategy)
-        return cls(strategy)
+        return cls(strategy_arg(args, "LeastAllocated"))
 
     def attach(self, state: ClusterState) -> None:
         self.accounts = attach_device_accounts(state)

@@ -62,6 +62,17 @@ def device_shares(accounts: DeviceAccounts, requests: Sequence[TypeRequest], nod
     return out
 
 
+def strategy_arg(args: Mapping[str, Any], default: str) -> str:
+    """The ``strategy`` of a device plugin's profile args (its only arg), checked against STRATEGIES."""
+    unknown = sorted(set(args) - {"strategy"})
+    if unknown:
+        raise ValidationError(f"unknown args {unknown}; valid: ['strategy']", path="args")
+    strategy = args.get("strategy", default)
+    if strategy not in STRATEGIES:
+        raise ValidationError(f"must be one of {list(STRATEGIES)}", path="args.strategy", value=strategy)
+    return str(strategy)
+
+
 class DeviceScore:
     """Score: node-level device binpack (MostAllocated, default) or spread (LeastAllocated).
 
@@ -77,13 +88,7 @@ class DeviceScore:
 
     @classmethod
     def from_args(cls, args: Mapping[str, Any]) -> DeviceScore:
-        unknown = sorted(set(args) - {"strategy"})
-        if unknown:
-            raise ValidationError(f"unknown args {unknown}; valid: ['strategy']", path="args")
-        strategy = args.get("strategy", "MostAllocated")
-        if strategy not in STRATEGIES:
-            raise ValidationError(f"must be one of {list(STRATEGIES)}", path="args.strategy", value=strategy)
-        return cls(strategy)
+        return cls(strategy_arg(args, "MostAllocated"))
 
     def score(self, cycle: CycleState, request: ScheduleRequest, nodes: NodeBatch) -> ScoreArray:
         shares = cycle.get(DEVICE_SHARES)
