@@ -76,7 +76,7 @@ def _profile(name: str, *plugins: tuple[str, int] | str, **extra: Any) -> Profil
 
 #: Reserve runs in profile order: NUMAAlign writes the NUMA affinity that CPUOrchestration and
 #: DeviceShare then allocate under.
-_FILTERS = ("NodeSelector", "ResourcesFit", "NUMAAlign", "CPUOrchestration", "DeviceShare")
+_FILTERS = ("NodeUnschedulable", "NodeSelector", "ResourcesFit", "NUMAAlign", "CPUOrchestration", "DeviceShare")
 
 #: Built-in profiles. "default" spreads like kube-scheduler's default (least requested + balanced,
 #: device classes included); "binpack" packs nodes and their devices (DeviceScore MostAllocated).

@@ -53,6 +53,7 @@ def default_registry() -> Registry:
     from finesched.plugins.deviceshare.scoring import DeviceScore
     from finesched.plugins.fragmentation import FGDScore
     from finesched.plugins.node_selector import NodeSelector
+    from finesched.plugins.node_unschedulable import NodeUnschedulable
     from finesched.plugins.numa import NUMAAlign
     from finesched.plugins.resources_fit import ResourcesFit
     from finesched.plugins.scoring import LeastRequested, MostAllocated, MostBalanced
@@ -60,6 +61,7 @@ def default_registry() -> Registry:
     return Registry(
         {
             "NodeSelector": no_args(NodeSelector),
+            "NodeUnschedulable": no_args(NodeUnschedulable),
             "ResourcesFit": no_args(ResourcesFit),
             "LeastRequested": no_args(LeastRequested),
             "MostAllocated": no_args(MostAllocated),
