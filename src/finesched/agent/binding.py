@@ -1,0 +1,97 @@
+"""A binding as the agent receives it (GET /v1/bindings?node=): parsed once, checked, then immutable.
+
+The server sends ``{"workload": "ns/name", "node", "cpuset": "0-3", "devices": {type: [{"minor",
+"resources"}]}, "numa": [...], "version", "acked", "workloadSpec": {...}}``. `raw` keeps the item
+without the spec: it is what the child gets as FINESCHED_BINDING.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from finesched.cpuset import CPUSet
+from finesched.model.resources import ResourceVector
+
+#: QoS classes whose cpuset is exclusive (Koordinator: LSE and LSR own their CPUs).
+EXCLUSIVE_QOS = frozenset({"LSE", "LSR"})
+
+
+class BindingError(ValueError):
+    """A binding item the agent cannot read; the message names the field and the value."""
+
+
+@dataclass(frozen=True)
+class AgentBinding:
+    workload: str
+    node: str
+    cpuset: CPUSet
+    #: type -> [(minor, per-dimension amounts in canonical units)], in the server's order.
+    devices: dict[str, list[tuple[int, ResourceVector]]]
+    numa: tuple[int, ...]
+    version: int
+    acked: bool
+    spec: Mapping[str, Any] = field(default_factory=dict)
+    raw: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def namespace(self) -> str:
+        return self.workload.partition("/")[0]
+
+    @property
+    def name(self) -> str:
+        return self.workload.partition("/")[2]
+
+    @property
+    def exclusive(self) -> bool:
+        """Whether this binding owns its CPUs: LSE/LSR QoS, or an explicit exclusive policy."""
+        qos = self.raw.get("qos") or self.spec.get("qos")
+        policy = self.raw.get("cpuExclusivePolicy") or "None"
+        return qos in EXCLUSIVE_QOS or policy not in ("None", "")
+
+    @property
+    def command(self) -> list[str]:
+        return [str(x) for x in (*(self.spec.get("command") or ()), *(self.spec.get("args") or ()))]
+
+
+def parse_binding(item: Mapping[str, Any]) -> AgentBinding:
+    """An API binding item -> AgentBinding; BindingError names the bad field."""
+    if not isinstance(item, Mapping):
+        raise BindingError(f"a binding is an object, got {type(item).__name__}")
+    workload = item.get("workload")
+    if not isinstance(workload, str) or workload.count("/") != 1:
+        raise BindingError(f'workload: {workload!r} is not "namespace/name"')
+    try:
+        cpuset = CPUSet(item.get("cpuset") or "")
+    except ValueError as exc:
+        raise BindingError(f"cpuset: {exc}") from None
+    devices: dict[str, list[tuple[int, ResourceVector]]] = {}
+    for kind, grants in (item.get("devices") or {}).items():
+        devices[kind] = []
+        for i, grant in enumerate(grants or ()):
+            try:
+                minor = int(grant["minor"])
+                amounts = ResourceVector.parse(grant.get("resources") or {})
+            except (KeyError, TypeError, ValueError) as exc:
+                raise BindingError(f"devices.{kind}.{i}: {exc}") from None
+            devices[kind].append((minor, amounts))
+    numa: list[int] = []
+    for i, entry in enumerate(item.get("numa") or ()):
+        value = entry.get("numa") if isinstance(entry, Mapping) else entry
+        if not isinstance(value, int):
+            raise BindingError(f"numa.{i}: {entry!r} names no NUMA node")
+        numa.append(value)
+    spec = item.get("workloadSpec") or {}
+    raw = {k: v for k, v in item.items() if k != "workloadSpec"}
+    return AgentBinding(
+        workload=workload,
+        node=str(item.get("node", "")),
+        cpuset=cpuset,
+        devices=devices,
+        numa=tuple(sorted(set(numa))),
+        version=int(item.get("version") or 0),
+        acked=bool(item.get("acked")),
+        spec=spec,
+        raw=raw,
+    )

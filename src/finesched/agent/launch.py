@@ -1,0 +1,225 @@
+"""Starting a workload process pinned to its binding (S0.6 deploy, S1.7 GPU env, S3.9 cpuset).
+
+The child gets:
+* CPU affinity = the binding's cpuset (or, with no cpuset, the shared pool: online CPUs not held
+  exclusively). Linux gives a new process the affinity of the thread that forks it, so the
+  launching thread pins itself, starts the child and restores its own mask; no code runs between
+  fork and exec.
+* a cgroup v2 group when one can be made (cgroup.py);
+* ``NVIDIA_VISIBLE_DEVICES`` and ``CUDA_VISIBLE_DEVICES`` (GPU UUIDs, minors when a GPU has none;
+  ``CUDA_DEVICE_ORDER=PCI_BUS_ID``); for a shared GPU the HAMi-core limits
+  ``CUDA_DEVICE_MEMORY_LIMIT_<i>`` (bytes) and ``CUDA_DEVICE_SM_LIMIT[_<i>]`` (percent), i = the
+  device's position among the visible ones; ``FINESCHED_DEVICES_<TYPE>`` (minors) for every type;
+  ``FINESCHED_BINDING`` (the binding as JSON), ``FINESCHED_WORKLOAD``, ``FINESCHED_CPUSET``.
+
+The command runs under ``/bin/sh`` which writes its exit status to a file, so an agent that
+restarts (and is no longer the parent) still learns how an adopted process ended.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from finesched.agent.binding import AgentBinding
+from finesched.agent.cgroup import CgroupSupport, Group, make_group
+from finesched.cpuset import CPUSet
+from finesched.model.node import Node
+from finesched.model.resources import GPU, GPU_CORE, GPU_MEMORY, GPU_MEMORY_RATIO, MEMORY, ResourceVector
+
+#: Environment variables the agent owns: a workload's own env cannot override them.
+OWNED_PREFIXES = ("FINESCHED_", "NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_")
+_WRAPPER = 'f="$1"; shift; "$@"; rc=$?; echo "$rc" > "$f"; exit "$rc"'
+_pin_lock = threading.Lock()
+
+
+class LaunchError(RuntimeError):
+    """The process could not be started; the message is the reason reported to the server."""
+
+
+@dataclass
+class Launched:
+    pid: int
+    start_time: int
+    log: Path
+    exit_file: Path
+    info: dict[str, Any]
+    group: Group | None
+    proc: subprocess.Popen[bytes] | None
+
+
+def gpu_env(binding: AgentBinding, node: Node) -> dict[str, str]:
+    """The GPU variables for `binding` on `node` (see the module docstring)."""
+    grants = binding.devices.get(GPU, [])
+    if not grants:
+        return {"NVIDIA_VISIBLE_DEVICES": "none", "CUDA_VISIBLE_DEVICES": ""}
+    by_minor = {d.minor: d for d in node.devices_of(GPU)}
+    ids = []
+    for minor, _ in grants:
+        device = by_minor.get(minor)
+        ids.append(device.uuid if device is not None and device.uuid else str(minor))
+    env = {
+        "NVIDIA_VISIBLE_DEVICES": ",".join(ids),
+        "CUDA_VISIBLE_DEVICES": ",".join(ids),
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+    }
+    shared = any(_is_shared(amounts) for _, amounts in grants)
+    if not shared:
+        return env
+    cores = []
+    for i, (minor, amounts) in enumerate(grants):
+        core = amounts.get(GPU_CORE, 100)
+        cores.append(core)
+        env[f"CUDA_DEVICE_SM_LIMIT_{i}"] = str(core)
+        memory = _grant_memory(amounts, by_minor.get(minor))
+        if memory:
+            env[f"CUDA_DEVICE_MEMORY_LIMIT_{i}"] = str(memory)
+    if len(set(cores)) == 1:
+        env["CUDA_DEVICE_SM_LIMIT"] = str(cores[0])
+    return env
+
+
+def _is_shared(amounts: ResourceVector) -> bool:
+    return amounts.get(GPU_CORE, 100) < 100 or amounts.get(GPU_MEMORY_RATIO, 100) < 100
+
+
+def _grant_memory(amounts: ResourceVector, device: Any) -> int:
+    """Bytes of GPU memory granted: gpu-memory, else the ratio of the card's memory."""
+    if amounts.get(GPU_MEMORY):
+        return int(amounts[GPU_MEMORY])
+    total = device.resources.get(GPU_MEMORY, 0) if device is not None else 0
+    return int(amounts.get(GPU_MEMORY_RATIO, 0)) * int(total) // 100
+
+
+def workload_env(binding: AgentBinding, node: Node, cpus: CPUSet, base: Mapping[str, str]) -> dict[str, str]:
+    """The child's environment: the agent's (minus agent-owned names), the workload's, then ours."""
+    env = {k: v for k, v in base.items() if not k.startswith(OWNED_PREFIXES)}
+    for key, value in (binding.spec.get("env") or {}).items():
+        if not str(key).startswith(OWNED_PREFIXES):
+            env[str(key)] = str(value)
+    env.update(gpu_env(binding, node))
+    for kind, grants in binding.devices.items():
+        env[f"FINESCHED_DEVICES_{kind.upper().replace('-', '_').replace('.', '_')}"] = ",".join(
+            str(minor) for minor, _ in grants
+        )
+    env["FINESCHED_WORKLOAD"] = binding.workload
+    env["FINESCHED_CPUSET"] = cpus.format()
+    env["FINESCHED_BINDING"] = json.dumps(dict(binding.raw), sort_keys=True, default=str)
+    return env
+
+
+def memory_limit(binding: AgentBinding) -> int | None:
+    """memory.max: the workload's memory limit, else its request; None when it names neither."""
+    spec = binding.spec
+    for part in ("limits", "requests"):
+        amounts = spec.get(part) or {}
+        if MEMORY in amounts:
+            try:
+                return ResourceVector.parse({MEMORY: amounts[MEMORY]})[MEMORY]
+            except ValueError:
+                return None
+    return None
+
+
+def launch(
+    binding: AgentBinding,
+    node: Node,
+    cpus: CPUSet,
+    workdir: Path,
+    cgroups: CgroupSupport,
+    base_env: Mapping[str, str] | None = None,
+) -> Launched:
+    """Start the binding's command on `cpus`, logging to ``<workdir>/output.log``."""
+    command = binding.command
+    if not command:
+        raise LaunchError("the workload has no command")
+    workdir.mkdir(parents=True, exist_ok=True)
+    log, exit_file = workdir / "output.log", workdir / "exit-code"
+    exit_file.unlink(missing_ok=True)
+    env = workload_env(binding, node, cpus, os.environ if base_env is None else base_env)
+    group = make_group(cgroups, f"{binding.namespace}.{binding.name}", cpus, binding.numa, memory_limit(binding))
+    argv = ["/bin/sh", "-c", _WRAPPER, "finesched-run", str(exit_file), *command]
+    with _pin_lock, log.open("ab") as out:
+        before = os.sched_getaffinity(0)
+        try:
+            os.sched_setaffinity(0, set(cpus))
+            proc = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=workdir,
+                start_new_session=True,
+            )  # fmt: skip
+        except OSError as exc:
+            raise LaunchError(f"cannot start {command[0]!r}: {exc.strerror or exc}") from None
+        finally:
+            os.sched_setaffinity(0, before)
+    if group is not None:
+        group.add(proc.pid)
+    info = process_info(proc.pid, cpus, group, cgroups)
+    info["log"] = str(log)
+    return Launched(proc.pid, start_time(proc.pid) or 0, log, exit_file, info, group, proc)
+
+
+def process_info(pid: int, cpus: CPUSet, group: Group | None, cgroups: CgroupSupport) -> dict[str, Any]:
+    """What took effect, for the workload status (``finesched describe``)."""
+    try:
+        affinity = CPUSet(os.sched_getaffinity(pid)).format()
+    except OSError:
+        affinity = "unknown (process gone)"
+    info: dict[str, Any] = {"pid": pid, "cpuset": cpus.format(), "affinity": affinity}
+    if group is None:
+        info["cgroup"] = cgroups.describe()
+    else:
+        info["cgroup"] = {"path": str(group.path), **group.applied}
+    return info
+
+
+def start_time(pid: int) -> int | None:
+    """Field 22 of /proc/<pid>/stat (start time in clock ticks): with the pid, names one process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rpartition(")")[2].split()
+    return int(fields[19]) if len(fields) > 19 else None
+
+
+def is_running(pid: int, started: int) -> bool:
+    """The process `pid` that started at `started` still runs (not exited, not a zombie, not a reuse)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    fields = stat.rpartition(")")[2].split()
+    return len(fields) > 19 and fields[0] not in ("Z", "X") and int(fields[19]) == started
+
+
+def read_exit_code(exit_file: Path) -> int | None:
+    try:
+        return int(exit_file.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def stop(pid: int, started: int, grace: float = 5.0) -> None:
+    """SIGTERM the workload's process group, SIGKILL it after `grace` seconds if it still runs."""
+    import time
+
+    if not is_running(pid, started):
+        return
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except OSError:
+        return
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and is_running(pid, started):
+        time.sleep(0.05)
+    if is_running(pid, started):
+        with contextlib.suppress(OSError):
+            os.killpg(pid, signal.SIGKILL)

@@ -1,0 +1,264 @@
+"""The Deploy Executor with real child processes and a recording stand-in for the server."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from finesched.agent.binding import AgentBinding, parse_binding
+from finesched.agent.cgroup import CgroupSupport, detect
+from finesched.agent.discover import Discovery
+from finesched.agent.executor import UNKNOWN_AFTER_RESTART, Executor, ServerError
+from finesched.agent.launch import gpu_env
+from finesched.cpuset import CPUSet
+from finesched.model.node import Node
+
+CPUS = sorted(os.sched_getaffinity(0))
+NO_CGROUP = CgroupSupport(None, reason="test")
+# The child writes its affinity and environment to the file named by its first argument.
+PROBE = (
+    "import json, os, sys; "
+    "json.dump({'affinity': sorted(os.sched_getaffinity(0)), 'env': dict(os.environ)}, open(sys.argv[1], 'w'))"
+)
+
+
+class RecordingServer:
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+        self.fail_status = 0
+
+    def ack(self, workload: str) -> None:
+        self.calls.append(("ack", workload))
+
+    def reject(self, workload: str, reason: str) -> None:
+        self.calls.append(("reject", workload, reason))
+
+    def status(self, workload: str, phase: str, reason: str, exit_code: int | None, info: dict[str, Any]) -> None:
+        if self.fail_status:
+            raise ServerError(self.fail_status, "down")
+        self.calls.append(("status", workload, phase, exit_code, info))
+
+    def of(self, kind: str) -> list[tuple[Any, ...]]:
+        return [c for c in self.calls if c[0] == kind]
+
+
+def node(gpus: int = 0, unhealthy: tuple[int, ...] = ()) -> Discovery:
+    devices = [
+        {
+            "type": "gpu",
+            "minor": i,
+            "uuid": f"GPU-{i}",
+            "health": i not in unhealthy,
+            "resources": {"gpu-core": 100, "gpu-memory-ratio": 100, "gpu-memory": "16Gi"},
+        }
+        for i in range(gpus)
+    ]
+    cpus = [{"id": c, "core": c, "socket": 0, "numa": 0} for c in CPUS]
+    n = Node.model_validate({"name": "n1", "cpuTopology": {"cpus": cpus}, "devices": devices})
+    return Discovery(node=n, online=CPUSet(CPUS))
+
+
+def binding(name: str, command: list[str], cpuset: str = "", version: int = 1, **extra: Any) -> AgentBinding:
+    item = {"workload": f"team/{name}", "node": "n1", "cpuset": cpuset, "version": version, "acked": False}
+    spec = {"command": command, "env": {"GREETING": "hi", "NVIDIA_VISIBLE_DEVICES": "all"}, **extra.pop("spec", {})}
+    item.update(extra)
+    item["workloadSpec"] = spec
+    return parse_binding(item)
+
+
+def gpu(minor: int) -> dict[str, Any]:
+    return {"devices": {"gpu": [{"minor": minor, "resources": {"gpu-core": 100}}]}}
+
+
+def wait_for(predicate, what: str, timeout: float = 20.0) -> None:
+    end = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def run_to_end(ex: Executor, key: str) -> None:
+    def ended() -> bool:
+        ex.poll()
+        return ex.state.records[key].phase != "Running"
+
+    wait_for(ended, f"{key} to end")
+    ex.report()
+
+
+@pytest.fixture
+def ex(tmp_path: Path) -> Executor:
+    return Executor(tmp_path / "data", RecordingServer(), NO_CGROUP, base_env={"PATH": os.environ["PATH"]})
+
+
+def test_child_runs_pinned_with_env_and_succeeds(ex: Executor, tmp_path: Path) -> None:
+    out = tmp_path / "probe.json"
+    b = binding("p", [sys.executable, "-c", PROBE, str(out)], cpuset=str(CPUS[-1]))
+    ex.sync([b], node())
+    server = ex.server
+    assert server.of("ack") == [("ack", "team/p")]
+    ex.report()
+    running = server.of("status")[0]
+    assert running[2] == "Running" and running[4]["affinity"] == str(CPUS[-1])
+    assert running[4]["cgroup"] == "unavailable: test"
+    run_to_end(ex, "team/p")
+    assert server.of("status")[-1][2:4] == ("Succeeded", 0)
+    seen = json.loads(out.read_text())
+    assert seen["affinity"] == [CPUS[-1]]
+    env = seen["env"]
+    assert env["GREETING"] == "hi" and env["FINESCHED_CPUSET"] == str(CPUS[-1])
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "none" and env["CUDA_VISIBLE_DEVICES"] == ""  # the spec cannot widen
+    assert json.loads(env["FINESCHED_BINDING"])["workload"] == "team/p"
+    assert os.sched_getaffinity(0) == set(CPUS)  # the agent's own mask is restored
+
+
+def test_failure_exit_code_and_log(ex: Executor) -> None:
+    b = binding("f", [sys.executable, "-c", "print('to the log'); raise SystemExit(3)"])
+    ex.sync([b], node())
+    run_to_end(ex, "team/f")
+    final = ex.server.of("status")[-1]
+    assert final[2:4] == ("Failed", 3)
+    assert "to the log" in Path(final[4]["log"]).read_text()
+
+
+def test_status_is_resent_after_a_server_error(ex: Executor) -> None:
+    ex.sync([binding("r", ["true"])], node())
+    ex.server.fail_status = 503
+    run_to_end(ex, "team/r")
+    assert ex.server.of("status") == []
+    ex.server.fail_status = 0
+    ex.report()
+    assert [c[2] for c in ex.server.of("status")] == ["Succeeded"]  # Running was superseded
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "discovery", "reason"),
+    [
+        pytest.param(gpu(1), node(2, unhealthy=(1,)), "gpu 1 is unhealthy", id="unhealthy-gpu"),
+        pytest.param(gpu(5), node(2), "gpu 5 does not exist", id="missing-gpu"),
+        pytest.param({"cpuset": "63"}, node(), "CPUs 63 are not online", id="offline-cpu"),
+        pytest.param({"node": "other"}, node(), "binding is for node 'other'", id="wrong-node"),
+    ],
+)  # fmt: skip
+def test_rejects_with_reason(ex: Executor, kwargs: dict[str, Any], discovery: Discovery, reason: str) -> None:
+    b = binding("x", ["true"], **kwargs)
+    ex.sync([b], discovery)
+    (call,) = ex.server.calls
+    assert call[0] == "reject" and reason in call[2]
+    assert ex.state.records == {}
+
+
+def test_exclusive_cpus_are_not_shared(ex: Executor) -> None:
+    cpu = str(CPUS[0])
+    first = binding("a", ["sleep", "30"], cpuset=cpu, qos="LSR")
+    second = binding("b", ["true"], cpuset=cpu)
+    ex.sync([first, second], node())
+    assert ex.server.of("reject")[0][1:] == ("team/b", f"CPUs {cpu} are held by team/a (exclusive cpuset)")
+    ex.sync([], node())  # binding gone: the process is stopped and forgotten
+    assert ex.state.records == {}
+
+
+def test_no_cpuset_runs_in_the_shared_pool(ex: Executor) -> None:
+    if len(CPUS) < 2:
+        pytest.skip("needs two CPUs")
+    ex.sync([binding("a", ["sleep", "30"], cpuset=str(CPUS[0]), qos="LSE"), binding("s", ["true"])], node())
+    rec = ex.state.records["team/s"]
+    assert CPUSet(rec.cpuset) == CPUSet(CPUS) - CPUSet([CPUS[0]])
+    assert rec.info["cpusetSource"].startswith("shared pool")
+    ex.sync([], node())
+
+
+def test_restart_adopts_running_child_and_reports_its_end(tmp_path: Path) -> None:
+    data, go = tmp_path / "data", tmp_path / "go"
+    wait = f"import os, time\nwhile not os.path.exists({str(go)!r}): time.sleep(0.05)\nraise SystemExit(4)"
+    first = Executor(data, RecordingServer(), NO_CGROUP)
+    b = binding("long", [sys.executable, "-c", wait], cpuset=str(CPUS[0]))
+    first.sync([b], node())
+    first.report()
+    pid = first.state.records["team/long"].pid
+    del first  # the agent "crashes": nothing is stopped
+
+    acked = parse_binding({**b.raw, "acked": True, "workloadSpec": dict(b.spec)})
+    second = Executor(data, RecordingServer(), NO_CGROUP)
+    assert second.adopt() == {"team/long": f"adopted pid {pid}"}
+    second.sync([acked], node())
+    assert second.server.calls == []  # known, acked, reported: nothing to do
+    go.touch()
+    run_to_end(second, "team/long")
+    assert second.server.of("status")[-1][2:4] == ("Failed", 4)
+
+
+def test_restart_reports_a_child_that_ended_while_down(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    first = Executor(data, RecordingServer(), NO_CGROUP)
+    first.sync([binding("quick", ["true"])], node())
+    wait_for(lambda: Path(first.state.records["team/quick"].exit_file).exists(), "the exit file")
+    second = Executor(data, RecordingServer(), NO_CGROUP)
+    assert second.adopt() == {"team/quick": "Succeeded while the agent was down"}
+    second.report()
+    assert second.server.of("status")[0][2:4] == ("Succeeded", 0)
+
+
+def test_acked_binding_unknown_after_restart_is_rejected(ex: Executor) -> None:
+    b = parse_binding({"workload": "team/ghost", "node": "n1", "cpuset": "", "acked": True, "version": 2})
+    ex.sync([b], node())
+    assert ex.server.calls == [("reject", "team/ghost", UNKNOWN_AFTER_RESTART)]
+
+
+def test_new_version_replaces_the_process(ex: Executor) -> None:
+    ex.sync([binding("v", ["sleep", "30"], version=1)], node())
+    old = ex.state.records["team/v"].pid
+    ex.sync([binding("v", ["sleep", "30"], version=2)], node())
+    assert ex.state.records["team/v"].version == 2 and ex.state.records["team/v"].pid != old
+    ex.sync([], node())
+
+
+def test_shared_gpu_env() -> None:
+    d = node(gpus=4)
+    grants = {"gpu": [{"minor": 2, "resources": {"gpu-core": 50, "gpu-memory": "8Gi"}},
+                      {"minor": 3, "resources": {"gpu-core": 50, "gpu-memory-ratio": 25}}]}  # fmt: skip
+    env = gpu_env(binding("g", ["true"], devices=grants), d.node)
+    assert env["NVIDIA_VISIBLE_DEVICES"] == env["CUDA_VISIBLE_DEVICES"] == "GPU-2,GPU-3"
+    assert env["CUDA_DEVICE_MEMORY_LIMIT_0"] == str(8 * 2**30)
+    assert env["CUDA_DEVICE_MEMORY_LIMIT_1"] == str(4 * 2**30)  # 25% of 16Gi
+    assert env["CUDA_DEVICE_SM_LIMIT"] == env["CUDA_DEVICE_SM_LIMIT_1"] == "50"
+    whole = gpu_env(binding("w", ["true"], devices={"gpu": [{"minor": 0, "resources": {"gpu-core": 100}}]}), d.node)
+    assert whole == {
+        "NVIDIA_VISIBLE_DEVICES": "GPU-0",
+        "CUDA_VISIBLE_DEVICES": "GPU-0",
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+    }
+
+
+def test_cgroup_files_in_a_fake_hierarchy(tmp_path: Path) -> None:
+    mount = tmp_path / "cg"
+    (mount / "agent.slice").mkdir(parents=True)
+    (mount / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
+    (mount / "agent.slice/cgroup.controllers").write_text("cpuset cpu memory\n")
+    proc = tmp_path / "proc-cgroup"
+    proc.write_text("0::/agent.slice\n")
+    support = detect(mount, proc)
+    assert support.base == mount / "agent.slice/finesched"
+    assert support.controllers == {"cpuset", "memory"}
+    ex = Executor(tmp_path / "data", RecordingServer(), support)
+    b = binding("c", ["sleep", "30"], cpuset=str(CPUS[0]), numa=[{"numa": 0}], spec={"limits": {"memory": "64Mi"}})
+    ex.sync([b], node())
+    group = support.base / "team.c"
+    assert (group / "cpuset.cpus").read_text() == str(CPUS[0])
+    assert (group / "cpuset.mems").read_text() == "0"
+    assert (group / "memory.max").read_text() == str(64 * 2**20)
+    info = ex.state.records["team/c"].info["cgroup"]
+    assert info["memory.max"] == str(64 * 2**20) and info["cgroup.procs"] == str(ex.state.records["team/c"].pid)
+    ex.sync([], node())
+
+
+def test_no_cgroup_v2_is_reported(tmp_path: Path) -> None:
+    support = detect(tmp_path, tmp_path / "none")
+    assert not support.available and "no cgroup v2" in support.describe()
