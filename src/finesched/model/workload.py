@@ -100,8 +100,27 @@ class Gang(Model):
     min_member: PositiveInt = 1
 
 
+PreemptionPolicy = Literal["PreemptLowerPriority", "Never"]
+
+
+class DisruptionBudget(Model):
+    """How many workloads of a group must stay bound when others are preempted (a PodDisruptionBudget).
+
+    The group is the bound workloads whose labels match `selector` (in this workload's
+    namespace), or, with no selector, this workload's gang (or the workload alone). Preemption
+    prefers victims that leave every group at or above `min_available` (plugins/preemption.py).
+    """
+
+    min_available: int = Field(ge=0)
+    selector: FrozenStrDict = Field(default_factory=FrozenDict)
+
+
 class Workload(Model):
-    """A schedulable unit (a pod, a service instance, a dataflow slot)."""
+    """A schedulable unit (a pod, a service instance, a dataflow slot).
+
+    `preemption_policy` Never: the workload waits instead of preempting others (it can still be a
+    victim). `disruption_budget`: see DisruptionBudget.
+    """
 
     name: str = Field(min_length=1)
     namespace: str = Field(default="default", min_length=1)
@@ -119,7 +138,11 @@ class Workload(Model):
     node_selector: FrozenStrDict = Field(default_factory=FrozenDict)
     node_affinity: tuple[NodeAffinityTerm, ...] = ()
     gang: Gang | None = None
+    preemption_policy: PreemptionPolicy = "PreemptLowerPriority"
+    disruption_budget: DisruptionBudget | None = None
     command: tuple[str, ...] = ()
+    #: Appended to `command` by the node agent (Kubernetes' command/args split).
+    args: tuple[str, ...] = ()
     env: FrozenStrDict = Field(default_factory=FrozenDict)
 
     @model_validator(mode="after")

@@ -25,7 +25,9 @@ import numpy.typing as npt
 from finesched.model.binding import Binding
 
 if TYPE_CHECKING:
+    from finesched.model.workload import Workload
     from finesched.sched.cycle_state import CycleState
+    from finesched.sched.elastic import ReclaimRule
     from finesched.sched.request import ScheduleRequest
     from finesched.state.cluster import ClusterState
 
@@ -239,6 +241,56 @@ class PreBindPlugin(Plugin, Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class Preemption:
+    """A preemption decision: evict `victims` from `node` so that `preemptor` fits there.
+
+    `binding` is the preemptor's exact binding on the state minus the victims (devices, cpuset,
+    NUMA), checked with the profile's real filters and reserve; `reason` says why each victim
+    may go ("priority 5 < 10", or "reclaim: tenant b borrows above its min"). `violations` is
+    how many disruption budgets the eviction breaks.
+    """
+
+    preemptor: str
+    node: str
+    victims: tuple[Binding, ...]
+    binding: Binding
+    reasons: Mapping[str, str] = field(default_factory=dict)
+    violations: int = 0
+
+    @property
+    def victim_keys(self) -> list[str]:
+        return [v.workload for v in self.victims]
+
+
+@runtime_checkable
+class PreemptionHandle(Protocol):
+    """What a post_filter plugin may ask of the scheduler (kube-scheduler's framework handle)."""
+
+    def reclaim_rule(self, workload: Workload) -> ReclaimRule | None:
+        """The quota-reclaim rule for `workload` (sched/elastic.py), None when its tenant may not reclaim."""
+        ...
+
+    def try_without(
+        self, cycle: CycleState, request: ScheduleRequest, node: int, victims: Iterable[str]
+    ) -> Binding | None:
+        """The preemptor's exact binding on `node` if the workloads `victims` were gone, else None.
+
+        Runs the profile's filters, reserve and pre_bind on the state minus the victims, then
+        restores the state exactly (nothing changes)."""
+        ...
+
+
+@runtime_checkable
+class PostFilterPlugin(Plugin, Protocol):
+    def post_filter(
+        self, cycle: CycleState, request: ScheduleRequest, handle: PreemptionHandle
+    ) -> tuple[Preemption | None, str]:
+        """Called when the workload fits on no node: a preemption that would make it fit, or None
+        with the reason none exists. Must not change the state (the scheduler applies the result)."""
+        ...
+
+
 @runtime_checkable
 class StateUser(Plugin, Protocol):
     """A plugin that keeps per-node accounts in the ClusterState (attached by the scheduler)."""
@@ -264,3 +316,4 @@ class ExtensionPoints:
     select: SelectPlugin | None = None
     reserve: list[ReservePlugin] = field(default_factory=list)
     pre_bind: list[PreBindPlugin] = field(default_factory=list)
+    post_filter: PostFilterPlugin | None = None

@@ -79,9 +79,10 @@ def _profile(name: str, *plugins: tuple[str, int] | str, **extra: Any) -> Profil
 _FILTERS = ("NodeUnschedulable", "NodeSelector", "ResourcesFit", "NUMAAlign", "CPUOrchestration", "DeviceShare")
 
 #: Built-in profiles. "default" spreads like kube-scheduler's default (least requested + balanced,
-#: device classes included); "binpack" packs nodes and their devices (DeviceScore MostAllocated).
+#: device classes included, and preemption on: DefaultPreemption); "binpack" packs nodes and their
+#: devices (DeviceScore MostAllocated).
 BUILTIN_PROFILES: dict[str, Profile] = {
-    "default": _profile("default", *_FILTERS, ("LeastRequested", 1), ("MostBalanced", 1)),
+    "default": _profile("default", *_FILTERS, ("LeastRequested", 1), ("MostBalanced", 1), "DefaultPreemption"),
     "binpack": _profile("binpack", *_FILTERS, ("MostAllocated", 1), ("DeviceScore", 1)),
     "spread": _profile("spread", *_FILTERS, ("LeastRequested", 1)),
     "buckets": _profile("buckets", *_FILTERS, "BucketFit"),

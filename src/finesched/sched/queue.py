@@ -7,8 +7,9 @@ Order of `pop`:
    (what its bindings hold / cluster capacity) — Ghodsi et al., NSDI 2011; ties by tenant name;
 3. FIFO within the tenant.
 
-A tenant whose next workload would take it over its quota is passed over (the workload waits
-and does not fail). Unschedulable workloads back off (1 s doubling to 10 s, as kube-scheduler)
+A tenant whose next workload would take it over its quota (hard `quota`, elastic `max`, or
+borrowing what other tenants' `min` guarantees: sched/elastic.py) is passed over (the workload
+waits and does not fail). Unschedulable workloads back off (1 s doubling to 10 s, as kube-scheduler)
 and return when the cluster's capacity changes. Gang members wait until `minMember` of them are
 queued, then travel as one unit.
 
@@ -28,6 +29,7 @@ from finesched.model.resources import PODS, translate_gpu_shortcuts
 from finesched.model.tenant import Tenant
 from finesched.model.workload import Workload
 from finesched.sched.diagnosis import FitError
+from finesched.sched.elastic import QuotaTree
 
 INITIAL_BACKOFF_S = 1.0
 MAX_BACKOFF_S = 10.0
@@ -82,10 +84,17 @@ class SchedulingQueue:
         capacity: Callable[[], Mapping[str, int]] = dict,
         clock: Callable[[], float] = time.monotonic,
         usage: Callable[[str], Mapping[str, int]] | None = None,
+        holders: Callable[[], Iterable[str]] | None = None,
     ):
         """`usage(tenant)`, when given, is what the tenant holds (the Scheduler passes the cluster
         state's `TenantUsage`, which follows every binding); without it the queue keeps its own
-        tally through `charge` and `refund`."""
+        tally through `charge` and `refund`. `holders()` names every tenant that holds something
+        (for the borrowing rule; defaults to the tenants the queue knows).
+
+        Raises ValidationError for a tenant tree with an unknown parent or a cycle."""
+        tenants = list(tenants)
+        self.quotas = QuotaTree(tenants)
+        self._holders = holders
         self._accounts: dict[str, _TenantAccount] = {t.name: _TenantAccount(t.weight, t.quota) for t in tenants}
         self._usage_of = usage
         self._capacity = capacity
@@ -121,12 +130,13 @@ class SchedulingQueue:
     def pop(self) -> QueuedUnit | None:
         """The next unit to schedule, or None when nothing is ready (empty, backing off, or over quota)."""
         self._release_backoff(self._clock())
+        quotas_empty = self.quotas.empty
         for priority in sorted(self._active, reverse=True):
             tenants = self._active[priority]
             order = tenants if len(tenants) == 1 else sorted(tenants, key=self._drf_key)
             for tenant in order:
                 unit = tenants[tenant][0]
-                if self._account(tenant).quota and self._over_quota(tenant, unit.demand):
+                if not quotas_empty and self._over_quota(tenant, unit.demand):
                     continue
                 tenants[tenant].popleft()
                 if not tenants[tenant]:
@@ -188,6 +198,15 @@ class SchedulingQueue:
         return key in self._keys
 
     # Accounting -------------------------------------------------------------------------------------
+    def set_tenant(self, tenant: Tenant) -> None:
+        """Add a tenant or change its weight and quota (a long-running driver's tenants change); work
+        waiting on the old quota is looked at again."""
+        quotas = self.quotas.with_tenant(tenant)  # checked first: an invalid tree changes nothing
+        account = self._account(tenant.name)
+        account.weight, account.quota = tenant.weight, tenant.quota
+        self.quotas = quotas
+        self.cluster_changed()
+
     def charge(self, tenant: str, amounts: Mapping[str, int]) -> None:
         usage = self._account(tenant).usage
         for name, amount in amounts.items():
@@ -215,20 +234,20 @@ class SchedulingQueue:
         return max(shares, default=0.0)
 
     def _over_quota(self, tenant: str, demand: Mapping[str, int]) -> bool:
-        account = self._account(tenant)
-        if not account.quota:
+        if not self.quotas.limited(tenant):
             return False
-        held = self._held(tenant)
-        return any(held.get(n, 0) + demand.get(n, 0) > limit for n, limit in account.quota.items())
+        return self._quota_check(tenant, demand) is not None
+
+    def _quota_check(self, tenant: str, demand: Mapping[str, int]) -> str | None:
+        holders = self._holders() if self._holders is not None else self._accounts
+        return self.quotas.problem(tenant, demand, self._held, holders, self._capacity())
 
     def quota_problem(self, tenant: str, demand: Mapping[str, int]) -> str:
-        account, held = self._account(tenant), self._held(tenant)
-        over = [
-            f"{n} (holds {held.get(n, 0)}, asks {demand.get(n, 0)}, quota {limit})"
-            for n, limit in (account.quota or {}).items()
-            if held.get(n, 0) + demand.get(n, 0) > limit
-        ]
-        return f"tenant {tenant} would exceed its quota: " + ", ".join(over)
+        return self._quota_check(tenant, demand) or f"tenant {tenant} is within its quota"
+
+    def reclaim_rule(self, tenant: str, demand: Mapping[str, int]):  # type: ignore[no-untyped-def]
+        """The quota-reclaim rule for a pending workload of `tenant` (sched/elastic.py), or None."""
+        return self.quotas.reclaim_rule(tenant, demand, self._held)
 
     def _account(self, tenant: str) -> _TenantAccount:
         account = self._accounts.get(tenant)

@@ -55,6 +55,7 @@ def default_registry() -> Registry:
     from finesched.plugins.node_selector import NodeSelector
     from finesched.plugins.node_unschedulable import NodeUnschedulable
     from finesched.plugins.numa import NUMAAlign
+    from finesched.plugins.preemption import DefaultPreemption
     from finesched.plugins.resources_fit import ResourcesFit
     from finesched.plugins.scoring import LeastRequested, MostAllocated, MostBalanced
 
@@ -72,5 +73,6 @@ def default_registry() -> Registry:
             "FGD": FGDScore.from_args,
             "NUMAAlign": NUMAAlign.from_args,
             "CPUOrchestration": CPUOrchestration.from_args,
+            "DefaultPreemption": DefaultPreemption.from_args,
         }
     )

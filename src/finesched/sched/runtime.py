@@ -25,6 +25,7 @@ from finesched.sched.framework import (
     NodeBatch,
     NormalizeScorePlugin,
     Plugin,
+    PostFilterPlugin,
     PreBindPlugin,
     PreFilterPlugin,
     PreScorePlugin,
@@ -122,6 +123,16 @@ class Framework:
             points.pre_bind.append(plugin)
         if isinstance(plugin, ResourceOwner):
             self.owners.append(plugin)
+        if isinstance(plugin, PostFilterPlugin):
+            if points.post_filter is not None:
+                errors.append(
+                    ValidationError(
+                        f"only one post_filter plugin per profile ({points.post_filter.NAME} already)",
+                        path=f"plugins[{index}].name",
+                        value=plugin.NAME,
+                    )
+                )
+            points.post_filter = plugin
 
     def owns(self, resource: str) -> bool:
         """Whether a plugin (not the scalar fit) owns this request name."""

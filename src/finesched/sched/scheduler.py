@@ -32,8 +32,15 @@ from finesched.model.tenant import Tenant
 from finesched.model.workload import Workload
 from finesched.sched.cycle_state import CycleState
 from finesched.sched.diagnosis import FitError, InvalidRequest, QuotaWait, diagnose
-from finesched.sched.framework import Code, NodeBatch, ScoreArray
+from finesched.sched.framework import Code, NodeBatch, Preemption, ScoreArray
 from finesched.sched.memo import MemoEntry, ScoreMemo, request_shape
+from finesched.sched.preempt import (
+    apply_preemption,
+    find_preemption,
+    place_gang_or_preempt,
+    place_or_preempt,
+    undo_preemption,
+)
 from finesched.sched.profile import Profile, resolve_profile
 from finesched.sched.queue import QueuedUnit, SchedulingQueue
 from finesched.sched.registry import Registry, default_registry
@@ -42,10 +49,13 @@ from finesched.sched.runtime import Framework, PreFilterFailed
 from finesched.sched.tenant_usage import TenantUsage, binding_amounts
 from finesched.state.cluster import ClusterState, StateError
 
-__all__ = ["Result", "Scheduler", "binding_amounts"]
+__all__ = ["CARRIED_ANNOTATIONS", "Result", "Scheduler", "binding_amounts"]
 
 Result = Binding | FitError
 EMPTY_CPUSET = CPUSet()
+#: Workload annotations its binding carries unchanged to the node agent: facts the agent applies
+#: that no plugin decides (a dataflow slot's managed-memory quotas per operator, seed S2.4).
+CARRIED_ANNOTATIONS = ("finesched.io/managed-memory-quotas",)
 
 
 class Scheduler:
@@ -60,7 +70,10 @@ class Scheduler:
         registry: Registry | None = None,
         auto_commit: bool = True,
         memoize: bool = True,
+        preemption: bool = True,
     ):
+        """`preemption=False` turns the profile's post_filter (DefaultPreemption) off: `run` then
+        never evicts anything (`finesched plan --no-preemption`)."""
         self.state = state
         self.profile = resolve_profile(profile)
         self.framework = Framework(self.profile, registry or default_registry(), state)
@@ -78,6 +91,15 @@ class Scheduler:
         #: The state's capacity version when `run` last looked: a change made between runs (added or
         #: updated nodes, releases through the state) wakes the workloads parked as unschedulable.
         self._capacity_seen = state.capacity_version
+        #: Whether `run` may preempt (needs a post_filter plugin in the profile; sched/preempt.py).
+        self.preemption = preemption
+        #: Preemptions applied, in order (`take_preemptions` hands them to a driver and clears them).
+        self.preemptions: list[Preemption] = []
+        #: Preemptor -> node, while its binding is assumed but not committed (capacity held for it).
+        self.nominated: dict[str, str] = {}
+        #: Why preemption found nothing for a workload that fits nowhere (its latest attempt).
+        self.preemption_misses: dict[str, str] = {}
+        self._victims_committed: dict[str, set[str]] = {}
 
     # One workload -----------------------------------------------------------------------------------
     def schedule_one(self, workload: Workload) -> Binding:
@@ -195,7 +217,7 @@ class Scheduler:
                 "cpu_exclusive_policy": "None",
                 "numa": (),
                 "devices": {},
-                "annotations": {},
+                "annotations": {k: w.annotations[k] for k in CARRIED_ANNOTATIONS if k in w.annotations},
                 "score": score,
             },
         )
@@ -308,21 +330,29 @@ class Scheduler:
         for workload in pending:
             self.queue.push(workload)
 
-    def run(self) -> list[Result]:
-        """Schedule everything queued; results in decision order, then what still waits (as FitErrors)."""
+    def run(self, limit: int | None = None, *, report_waiting: bool = True, flush_backoff: bool = True) -> list[Result]:
+        """Schedule everything queued; results in decision order, then what still waits (as FitErrors).
+
+        A long-running driver passes `limit` (at most that many queued units are decided, so it can
+        make a batch durable before deciding more), `report_waiting=False` (no FitError per waiting
+        workload on every call) and `flush_backoff=False` (backoff follows the wall clock)."""
         results: list[Result] = []
         seen_version = self.state.capacity_version
         if seen_version != self._capacity_seen:
             self.queue.cluster_changed()  # capacity changed since the last run: parked work may fit now
-        self.queue.flush_backoff()  # an offline run does not wait out wall-clock backoff
-        while True:
+        if flush_backoff:
+            self.queue.flush_backoff()  # an offline run does not wait out wall-clock backoff
+        decided = 0
+        while limit is None or decided < limit:
+            decided += 1
             unit = self.queue.pop()
             if unit is None:
                 if self.state.capacity_version == seen_version:
                     break
                 seen_version = self.state.capacity_version
                 self.queue.cluster_changed()
-                self.queue.flush_backoff()
+                if flush_backoff:
+                    self.queue.flush_backoff()
                 continue
             placed, parked = self._run_unit(unit)
             results += placed
@@ -331,17 +361,23 @@ class Scheduler:
                 # change; it must not wake the gang (or any parked unit) again, or `run` never ends.
                 seen_version = self.state.capacity_version
         self._capacity_seen = self.state.capacity_version
+        if not report_waiting:
+            return results
         for unit, why in self.queue.waiting():
             results += [self._waiting_error(unit, why, w) for w in unit.workloads]
         return results
 
     def _run_unit(self, unit: QueuedUnit) -> tuple[list[Result], bool]:
-        """Schedule one queued unit: its results, and whether it was parked as unschedulable."""
+        """Schedule one queued unit (preempting when it fits nowhere and the profile has a
+        post_filter): its results, and whether it was parked as unschedulable."""
+        preempt = self.preemption and self.framework.points.post_filter is not None
         try:
             if len(unit.workloads) == 1:
-                bindings = [self.schedule_one(unit.workloads[0])]
+                workload = unit.workloads[0]
+                bindings = [place_or_preempt(self, workload)[0] if preempt else self.schedule_one(workload)]
             else:
-                bindings = self.schedule_gang(unit.workloads)
+                gang = unit.workloads
+                bindings = place_gang_or_preempt(self, gang) if preempt else self.schedule_gang(gang)
         except FitError as exc:
             self.queue.park(unit, exc)
             return [], True
@@ -365,6 +401,35 @@ class Scheduler:
         have = len(unit.workloads)
         detail = f"waiting: gang {gang.name if gang else '?'} has {have}/{gang.min_member if gang else '?'} members"
         return FitError(workload.key, self.state.n, {}, detail=detail)
+
+    # Preemption (sched/preempt.py has the driver contract) ------------------------------------------
+    def find_preemption(self, workload: Workload) -> tuple[Preemption | None, str]:
+        """The preemption that would let `workload` fit (victims, node, its exact binding), or None
+        and why; changes nothing."""
+        return find_preemption(self, workload)
+
+    def apply_preemption(self, preemption: Preemption) -> Binding:
+        """Evict the victims and assume the preemptor's binding (nominated until committed)."""
+        return apply_preemption(self, preemption)
+
+    def undo_preemption(self, preemption: Preemption) -> None:
+        """Roll an applied preemption back: preemptor forgotten, victims re-admitted as they were."""
+        undo_preemption(self, preemption)
+
+    def confirm_preemption(self, preemptor: str) -> None:
+        """The driver made the evictions and the preemptor's binding durable: commit; nomination ends."""
+        self.state.commit(preemptor)
+        self.nominated.pop(preemptor, None)
+        self._victims_committed.pop(preemptor, None)
+
+    def preempt(self, workload: Workload) -> Binding:
+        """`schedule_one`, preempting when the workload fits nowhere (raises FitError if that fails too)."""
+        return place_or_preempt(self, workload)[0]
+
+    def take_preemptions(self) -> list[Preemption]:
+        """The preemptions applied since the last call, in order (then forgotten here)."""
+        out, self.preemptions = self.preemptions, []
+        return out
 
     def release(self, binding: Binding | str) -> Binding:
         """Remove a binding (the workload finished or was deleted) and give its resources back."""

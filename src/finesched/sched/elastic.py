@@ -1,0 +1,217 @@
+"""Quotas: the hard `quota`, and elastic `min`/`max` quotas in a tenant tree, with borrowing and reclaim.
+
+Rules (model/tenant.py says what users write):
+
+* hard quota: what a tenant holds plus what it asks must stay within `quota`; nothing else;
+* max: the same for the tenant and every ancestor, over the ancestor's whole subtree;
+* borrowing: a tenant of an elastic tree (a root with a `min` or `max`, or below one) may take
+  an amount above its root's `min` only from capacity no root's guarantee claims. With, per
+  resource, `reserved = sum over roots of max(subtree holds, min) + what tenants outside any
+  tree hold`, the extra reservation of an admission, `max(sub + d, min) - max(sub, min)`, must
+  fit in `capacity - reserved`;
+* reclaim: a tenant whose holdings plus a pending workload's demand stay within its `min` (in
+  every demanded resource its `min` names, at least one) may preempt *borrowers* at equal
+  priority: workloads of other tenants that hold more than their own `min` of a resource the
+  workload needs, and keep at least their `min` after the eviction. A tenant under its `min`
+  is never such a victim. A tenant with no `min` counts as `min` 0: all it holds is borrowed.
+
+Amounts are translated (`nvidia.com/gpu: 1` = gpu-core 100 + gpu-memory-ratio 100), so quotas
+count in the same names as requests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from finesched.errors import ErrorDetail, ValidationError
+from finesched.model.resources import PODS, translate_gpu_shortcuts
+from finesched.model.tenant import Tenant
+
+Amounts = Mapping[str, int]
+
+
+@dataclass(frozen=True)
+class ReclaimRule:
+    """Which victims a workload of `tenant` may evict at its own priority (quota reclaim)."""
+
+    tenant: str
+    needs: frozenset[str]
+    victim_ok: Callable[[str, Amounts], bool]
+
+
+class QuotaTree:
+    """Every tenant's quotas, translated, with the parent links checked (see the module docstring)."""
+
+    def __init__(self, tenants: Iterable[Tenant]):
+        tenants = list(tenants)
+        self.tenants = {t.name: t for t in tenants}
+        self.names = {t.name for t in tenants}
+        self.hard: dict[str, dict[str, int]] = {}
+        self.min: dict[str, dict[str, int]] = {}
+        self.max: dict[str, dict[str, int]] = {}
+        self.parent: dict[str, str] = {}
+        errors: list[ErrorDetail] = []
+        for t in tenants:
+            if t.quota is not None:
+                self.hard[t.name] = translate_gpu_shortcuts(t.quota)
+            if t.min is not None:
+                self.min[t.name] = translate_gpu_shortcuts(t.min)
+            if t.max is not None:
+                self.max[t.name] = translate_gpu_shortcuts(t.max)
+            if t.parent is not None:
+                if t.parent not in self.names:
+                    errors.append(ErrorDetail("parent", "names no tenant", t.parent, f"tenant {t.name}"))
+                else:
+                    self.parent[t.name] = t.parent
+        errors += self._cycles()
+        if errors:
+            raise ValidationError(errors)
+        self.children: dict[str, list[str]] = {}
+        for child, parent in self.parent.items():
+            self.children.setdefault(parent, []).append(child)
+        self._elastic_roots = {self.root(t) for t in (*self.min, *self.max)}
+        self.guaranteed = sorted({n for mins in self.min.values() for n in mins})
+
+    def with_tenant(self, tenant: Tenant) -> QuotaTree:
+        """The tree with `tenant` added or replaced (raises ValidationError, changing nothing, if invalid)."""
+        return QuotaTree([*(t for t in self.tenants.values() if t.name != tenant.name), tenant])
+
+    def _cycles(self) -> list[ErrorDetail]:
+        errors = []
+        for start in sorted(self.parent):
+            seen, at = [start], self.parent.get(start)
+            while at is not None and at not in seen:
+                seen.append(at)
+                at = self.parent.get(at)
+            if at == start:
+                path = " -> ".join([*seen, start])
+                errors.append(ErrorDetail("parent", f"makes a cycle ({path})", self.parent[start], f"tenant {start}"))
+        return errors
+
+    @property
+    def empty(self) -> bool:
+        return not (self.hard or self.min or self.max)
+
+    def limited(self, tenant: str) -> bool:
+        """Whether admitting work of `tenant` needs any check at all (fast path for the queue)."""
+        return tenant in self.hard or self.root(tenant) in self._elastic_roots
+
+    def root(self, tenant: str) -> str:
+        while tenant in self.parent:
+            tenant = self.parent[tenant]
+        return tenant
+
+    def ancestors(self, tenant: str) -> list[str]:
+        """`tenant` and its ancestors, nearest first."""
+        out = [tenant]
+        while out[-1] in self.parent:
+            out.append(self.parent[out[-1]])
+        return out
+
+    def subtree(self, tenant: str) -> list[str]:
+        out, stack = [], [tenant]
+        while stack:
+            t = stack.pop()
+            out.append(t)
+            stack += self.children.get(t, ())
+        return out
+
+    def subtree_held(self, tenant: str, held: Callable[[str], Amounts]) -> dict[str, int]:
+        total: dict[str, int] = {}
+        for t in self.subtree(tenant):
+            for name, amount in held(t).items():
+                total[name] = total.get(name, 0) + amount
+        return total
+
+    # Admission ---------------------------------------------------------------------------------------
+    def problem(
+        self,
+        tenant: str,
+        demand: Amounts,
+        held: Callable[[str], Amounts],
+        holders: Iterable[str],
+        capacity: Amounts,
+    ) -> str | None:
+        """Why admitting `demand` for `tenant` now would break a quota, or None when it may go."""
+        mine = held(tenant)
+        hard = self.hard.get(tenant)
+        if hard:
+            over = [
+                f"{n} (holds {mine.get(n, 0)}, asks {demand.get(n, 0)}, quota {limit})"
+                for n, limit in hard.items()
+                if mine.get(n, 0) + demand.get(n, 0) > limit
+            ]
+            if over:
+                return f"tenant {tenant} would exceed its quota: " + ", ".join(over)
+        if self.root(tenant) not in self._elastic_roots:
+            return None
+        for t in self.ancestors(tenant):
+            limit = self.max.get(t)
+            if not limit:
+                continue
+            sub = self.subtree_held(t, held) if t in self.children else dict(held(t))
+            over = [
+                f"{n} (holds {sub.get(n, 0)}, asks {demand.get(n, 0)}, max {cap})"
+                for n, cap in limit.items()
+                if sub.get(n, 0) + demand.get(n, 0) > cap
+            ]
+            if over:
+                return f"tenant {t} would exceed its max: " + ", ".join(over)
+        return self._borrow_problem(tenant, demand, held, holders, capacity)
+
+    def _borrow_problem(
+        self, tenant: str, demand: Amounts, held: Callable[[str], Amounts], holders: Iterable[str], capacity: Amounts
+    ) -> str | None:
+        if not self.guaranteed:
+            return None
+        root = self.root(tenant)
+        roots: dict[str, dict[str, int]] = {}
+        outside: dict[str, int] = {}
+        for t in set(holders) | set(self.min):
+            r = self.root(t) if t in self.names else t
+            if r in self._elastic_roots:
+                if r not in roots:
+                    roots[r] = self.subtree_held(r, held)
+            else:
+                for name, amount in held(t).items():
+                    outside[name] = outside.get(name, 0) + amount
+        mine = roots.get(root) or self.subtree_held(root, held)
+        for name in self.guaranteed:
+            ask = demand.get(name, 0)
+            if ask <= 0 or name == PODS:
+                continue
+            reserved = outside.get(name, 0) + sum(
+                max(sub.get(name, 0), self.min.get(r, {}).get(name, 0)) for r, sub in roots.items()
+            )
+            floor = self.min.get(root, {}).get(name, 0)
+            extra = max(mine.get(name, 0) + ask, floor) - max(mine.get(name, 0), floor)
+            spare = capacity.get(name, 0) - reserved
+            if extra > spare:
+                return (
+                    f"tenant {tenant} would borrow {extra} of {name} above its min, but only {max(spare, 0)} "
+                    "is not guaranteed to other tenants"
+                )
+        return None
+
+    # Reclaim -----------------------------------------------------------------------------------------
+    def reclaim_rule(self, tenant: str, demand: Amounts, held: Callable[[str], Amounts]) -> ReclaimRule | None:
+        """The reclaim rule for a pending workload of `tenant`, or None when it is not under its min."""
+        mins = self.min.get(tenant)
+        if not mins:
+            return None
+        mine = held(tenant)
+        named = [n for n, a in demand.items() if a > 0 and n in mins]
+        if not named or any(mine.get(n, 0) + demand[n] > mins[n] for n in named):
+            return None
+        needs = frozenset(n for n, a in demand.items() if a > 0 and n != PODS)
+
+        def victim_ok(victim_tenant: str, amounts: Amounts) -> bool:
+            if victim_tenant == tenant:
+                return False
+            floor, has = self.min.get(victim_tenant, {}), held(victim_tenant)
+            borrowing = any(has.get(n, 0) > floor.get(n, 0) for n in needs)
+            keeps_min = all(has.get(n, 0) - amounts.get(n, 0) >= floor.get(n, 0) for n in needs)
+            return borrowing and keeps_min
+
+        return ReclaimRule(tenant, needs, victim_ok)

@@ -1,0 +1,187 @@
+"""How the Scheduler asks its post_filter plugin for a preemption and applies the answer.
+
+Driver-facing contract (Scheduler methods, see sched/scheduler.py):
+
+* `Scheduler.find_preemption(workload) -> (Preemption | None, why)` decides and changes nothing;
+* `Scheduler.apply_preemption(p)` evicts `p.victims` from the state (`ClusterState.forget`) and
+  assumes `p.binding`, the preemptor's exact binding on `p.node`, in one step. The freed capacity
+  is therefore held for the preemptor at once: it is *nominated* to `p.node`
+  (`Scheduler.nominated[preemptor] == node`) while its binding is assumed but not committed. With
+  `auto_commit` the binding is committed at once and nothing stays nominated;
+* a driver with a durable store (auto_commit False) makes the evictions durable and tells the
+  victims' agents to stop, then writes the preemptor's binding and calls
+  `Scheduler.confirm_preemption(preemptor)` (commit; the nomination ends). If a write fails it
+  calls `Scheduler.undo_preemption(p)`: the preemptor's binding is forgotten and the victims are
+  assumed (and committed) again, exactly as before.
+* `Scheduler.run` does all this itself for queued work: a unit that fits nowhere preempts (a gang
+  only when every member can be placed, else nothing is evicted), and every decision is kept in
+  `Scheduler.preemptions` (`take_preemptions()` returns and clears them) so a driver sees which
+  bindings of the run's results need evictions made durable first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from finesched.errors import ValidationError
+from finesched.model.binding import Binding
+from finesched.model.workload import Workload
+from finesched.sched.cycle_state import CycleState
+from finesched.sched.diagnosis import FitError
+from finesched.sched.elastic import ReclaimRule
+from finesched.sched.framework import NodeBatch, Preemption
+from finesched.sched.memo import request_shape
+from finesched.sched.queue import demand_of
+from finesched.sched.request import ScheduleRequest
+from finesched.sched.runtime import PreFilterFailed
+from finesched.state.cluster import StateError
+
+if TYPE_CHECKING:
+    from finesched.sched.scheduler import Scheduler
+
+INDEX_NAME = "PreemptionIndex"
+
+
+class Handle:
+    """The scheduler's side of a post_filter call (framework.PreemptionHandle)."""
+
+    def __init__(self, scheduler: Scheduler, skipped: set[str]):
+        self.scheduler = scheduler
+        self.skipped = skipped
+
+    def reclaim_rule(self, workload: Workload) -> ReclaimRule | None:
+        return self.scheduler.queue.reclaim_rule(workload.tenant, demand_of(workload))
+
+    def try_without(
+        self, cycle: CycleState, request: ScheduleRequest, node: int, victims: Iterable[str]
+    ) -> Binding | None:
+        sched = self.scheduler
+        state, framework = sched.state, sched.framework
+        index = state.extras.get(INDEX_NAME)
+        version = state.capacity_version
+        saved: list[tuple[Binding, bool]] = []
+        if index is not None:
+            index.paused = True  # type: ignore[attr-defined]
+        try:
+            for key in victims:
+                committed = state.is_committed(key)
+                saved.append((state.forget(key), committed))
+            trial = cycle.clone()
+            if framework.node_local:
+                mask, _ = framework.run_filter(trial, request, NodeBatch(state, index=np.array([node])), self.skipped)
+                ok = bool(mask[0])
+            else:
+                mask, _ = framework.run_filter(trial, request, NodeBatch(state), self.skipped)
+                ok = bool(mask[node])
+            if not ok or not framework.run_reserve(trial, request, node).ok:
+                return None
+            binding = framework.run_pre_bind(trial, request, node, sched._binding(request, node, 0))
+            framework.run_unreserve(trial, request, node)
+            return binding
+        finally:
+            for binding, committed in saved:
+                state.assume(binding)
+                if committed:
+                    state.commit(binding.workload)
+            if index is not None:
+                index.paused = False  # type: ignore[attr-defined]
+            state.capacity_version = version  # the state is exactly as it was
+
+
+def find_preemption(sched: Scheduler, workload: Workload) -> tuple[Preemption | None, str]:
+    """The post_filter plugin's decision for `workload` (no state change); see the module docstring."""
+    plugin = sched.framework.points.post_filter
+    if plugin is None or not sched.preemption:
+        return None, "preemption is off"
+    state = sched.state
+    if workload.key in state.bindings or state.n == 0:
+        return None, "already bound" if state.n else "no nodes"
+    request = sched._compiler.compile(workload, request_shape(workload))
+    cycle = CycleState()
+    try:
+        skipped = sched.framework.run_pre_filter(cycle, request, NodeBatch(state))
+    except PreFilterFailed as exc:
+        return None, f"{exc.status.message()} ({exc.status.plugin})"
+    return plugin.post_filter(cycle, request, Handle(sched, skipped))
+
+
+def apply_preemption(sched: Scheduler, p: Preemption) -> Binding:
+    """Evict the victims and assume the preemptor's binding (module docstring); StateError changes nothing."""
+    state = sched.state
+    missing = [v.workload for v in p.victims if state.bindings.get(v.workload) != v]
+    if missing:
+        raise StateError(f"preemption for {p.preemptor}: victims no longer bound as decided: {', '.join(missing)}")
+    committed = {v.workload for v in p.victims if state.is_committed(v.workload)}
+    for victim in p.victims:
+        state.forget(victim.workload)
+    try:
+        state.assume(p.binding)
+    except StateError:
+        _readmit(sched, p.victims, committed)
+        raise
+    sched._victims_committed[p.preemptor] = committed
+    if sched.auto_commit:
+        state.commit(p.binding.workload)
+    else:
+        sched.nominated[p.preemptor] = p.node
+    sched.preemptions.append(p)
+    return p.binding
+
+
+def undo_preemption(sched: Scheduler, p: Preemption) -> None:
+    """Forget the preemptor's binding and re-admit its victims as they were."""
+    state = sched.state
+    if p.preemptor in state.bindings:
+        state.forget(p.preemptor)
+    committed = sched._victims_committed.pop(p.preemptor, {v.workload for v in p.victims})
+    _readmit(sched, p.victims, committed)
+    sched.nominated.pop(p.preemptor, None)
+    if p in sched.preemptions:
+        sched.preemptions.remove(p)
+
+
+def _readmit(sched: Scheduler, victims: Sequence[Binding], committed: set[str]) -> None:
+    for victim in victims:
+        sched.state.assume(victim)
+        if victim.workload in committed:
+            sched.state.commit(victim.workload)
+
+
+def place_or_preempt(sched: Scheduler, workload: Workload) -> tuple[Binding, Preemption | None]:
+    """Schedule `workload`; when it fits nowhere, preempt for it (raises the FitError when that fails too)."""
+    try:
+        return sched.schedule_one(workload), None
+    except FitError:
+        p, why = find_preemption(sched, workload)
+        if p is None:
+            sched.preemption_misses[workload.key] = why
+            raise
+        return apply_preemption(sched, p), p
+
+
+def place_gang_or_preempt(sched: Scheduler, workloads: Sequence[Workload]) -> list[Binding]:
+    """All members placed (preempting where needed) or none, and then nothing evicted either."""
+    steps: list[tuple[Binding, Preemption | None]] = []
+    try:
+        for workload in workloads:
+            steps.append(place_or_preempt(sched, workload))
+    except (FitError, ValidationError) as exc:
+        for binding, p in reversed(steps):
+            if p is None:
+                sched.state.forget(binding.workload)
+            else:
+                undo_preemption(sched, p)
+        if isinstance(exc, ValidationError):
+            raise
+        name = workloads[0].gang.name if workloads[0].gang else "gang"
+        raise FitError(
+            exc.workload,
+            exc.total_nodes,
+            exc.reasons,
+            unresolvable=exc.unresolvable,
+            detail=f"gang {name}: member {exc.workload} does not fit ({exc.message}); none placed, none evicted",
+        ) from None
+    return [binding for binding, _ in steps]

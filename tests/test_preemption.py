@@ -1,0 +1,237 @@
+"""DefaultPreemption: victim choice, every kube-scheduler tie-break, reprieve, Never, gangs, device precision.
+
+Every cluster here has nodes n1, n2 (4 CPUs, 8Gi unless a row says otherwise) labelled
+``node=<name>``; victims are pinned with a node selector and bound in the order listed (that
+order is their start order). The preemptor asks 4 CPUs at priority 10 unless a row says otherwise.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from builders import make_node, make_workload
+from finesched.model.workload import Workload
+from finesched.sched.diagnosis import FitError
+from finesched.sched.scheduler import Scheduler
+from finesched.state.cluster import ClusterState
+
+GPU1 = {"nvidia.com/gpu": "1"}
+
+
+def cluster(*nodes: str, cpu: str = "4", gpus: int = 0) -> Scheduler:
+    built = []
+    for name in nodes:
+        node = make_node(name).cpu(cpu).memory("8Gi").label("node", name)
+        built.append((node.gpus(gpus) if gpus else node).obj())
+    return Scheduler(ClusterState.from_nodes(built))
+
+
+def pinned(name: str, node: str, cpu: int, priority: int, **fields: object) -> Workload:
+    return make_workload(name).req(cpu=str(cpu)).priority(priority).selector(node=node).set(**fields).obj()
+
+
+def bind(s: Scheduler, *workloads: Workload) -> None:
+    for w in workloads:
+        s.schedule_one(w)
+
+
+def preemptor(cpu: int = 4, priority: int = 10, **fields: object) -> Workload:
+    return make_workload("hi").req(cpu=str(cpu)).priority(priority).set(**fields).obj()
+
+
+BUDGET_1 = {"disruptionBudget": {"minAvailable": 1}}
+
+TIE_BREAKS = [
+    # 1. fewest budget violations first: n1's only victim (priority 1) has a budget of
+    #    minAvailable 1 for itself -> 1 violation; n2's (priority 2) has none -> 0 violations. n2 wins
+    #    although its victim has the higher priority.
+    pytest.param(
+        [pinned("a", "n1", 4, 1, **BUDGET_1), pinned("b", "n2", 4, 2)], "n2", ["default/b"], id="fewest-violations"
+    ),
+    # 2. lowest highest-victim priority: n1 evicts {a: 5} -> 5, n2 evicts {b: 3} -> 3. n2.
+    pytest.param([pinned("a", "n1", 4, 5), pinned("b", "n2", 4, 3)], "n2", ["default/b"], id="lowest-top-priority"),
+    # 3. smallest sum of victim priorities at equal top priority: n1 {2, 2} -> 4, n2 {2, 1} -> 3. n2.
+    pytest.param(
+        [pinned("a1", "n1", 2, 2), pinned("a2", "n1", 2, 2), pinned("b1", "n2", 2, 2), pinned("b2", "n2", 2, 1)],
+        "n2",
+        ["default/b1", "default/b2"],
+        id="smallest-priority-sum",
+    ),
+    # 4. fewest victims at equal top (1) and sum (2): n1 {1, 1, 0} -> 3 victims, n2 {1, 1} -> 2. n2.
+    pytest.param(
+        [
+            pinned("a1", "n1", 2, 1),
+            pinned("a2", "n1", 1, 1),
+            pinned("a3", "n1", 1, 0),
+            pinned("b1", "n2", 2, 1),
+            pinned("b2", "n2", 2, 1),
+        ],
+        "n2",
+        ["default/b1", "default/b2"],
+        id="fewest-victims",
+    ),
+    # 5. latest-started victims at equal everything else: a (n1) started first, b (n2) later. n2.
+    pytest.param([pinned("a", "n1", 4, 1), pinned("b", "n2", 4, 1)], "n2", ["default/b"], id="latest-started"),
+    # 5'. the same with the start order swapped: b (n2) first, a (n1) later. n1 — the rule, not the node order.
+    pytest.param([pinned("b", "n2", 4, 1), pinned("a", "n1", 4, 1)], "n1", ["default/a"], id="latest-started-swapped"),
+]
+
+
+@pytest.mark.parametrize(("victims", "node", "evicted"), TIE_BREAKS)
+def test_tie_breaks(victims: list[Workload], node: str, evicted: list[str]) -> None:
+    s = cluster("n1", "n2")
+    bind(s, *victims)
+    p, why = s.find_preemption(preemptor())
+    assert p is not None, why
+    assert (p.node, sorted(p.victim_keys)) == (node, evicted)
+    assert p.binding.node == node
+
+
+def test_reprieve_keeps_what_is_not_needed() -> None:
+    # n1 (4 CPUs) holds a (1 CPU, prio 0), b (1 CPU, prio 3), c (2 CPUs, prio 1); the preemptor asks 2.
+    # Evict all -> 4 free. Reprieve by priority, high first: b back -> 3 free >= 2, kept; c back -> 1
+    # free < 2, a victim; a back -> 2 free >= 2, kept. Victims: only c (not the lowest-priority a).
+    s = cluster("n1")
+    bind(s, pinned("a", "n1", 1, 0), pinned("b", "n1", 1, 3), pinned("c", "n1", 2, 1))
+    p, _ = s.find_preemption(preemptor(cpu=2))
+    assert p is not None and p.victim_keys == ["default/c"]
+    assert p.reasons == {"default/c": "priority 1 < 10"}
+
+
+def test_never_policy_and_equal_priority_preempt_nothing() -> None:
+    s = cluster("n1")
+    bind(s, pinned("a", "n1", 4, 1))
+    p, why = s.find_preemption(preemptor(preemptionPolicy="Never"))
+    assert p is None and why == "preemptionPolicy is Never"
+    # equal priority (1 = 1) without quota reclaim: not a victim
+    p, why = s.find_preemption(preemptor(priority=1))
+    assert p is None, why
+
+
+def test_run_preempts_and_reports() -> None:
+    s = cluster("n1", "n2")
+    bind(s, pinned("a", "n1", 4, 5), pinned("b", "n2", 4, 3))
+    s.submit([preemptor()])
+    results = s.run()
+    assert [r.node for r in results] == ["n2"]
+    assert "default/b" not in s.state.bindings and "default/a" in s.state.bindings
+    (p,) = s.take_preemptions()
+    assert (p.preemptor, p.node, p.victim_keys) == ("default/hi", "n2", ["default/b"])
+    s.state.check_invariants()
+
+
+def test_no_preemption_flag_keeps_everything() -> None:
+    s = cluster("n1")
+    s.preemption = False
+    bind(s, pinned("a", "n1", 4, 1))
+    s.submit([preemptor()])
+    (result,) = s.run()
+    assert isinstance(result, FitError)
+    assert "default/a" in s.state.bindings and not s.preemptions
+
+
+def test_gang_victim_goes_with_its_whole_gang() -> None:
+    # g1 on n1 and g2 on n2 form gang g (prio 1); c on n2 has prio 2. The preemptor (4 CPUs) could
+    # evict g1 from n1 (top priority 1) — but g1 takes g2 along: victims {g1, g2}, top 1, sum 2 —
+    # versus c + g2 on n2 (top 2). Top priority decides: n1 with the whole gang.
+    s = cluster("n1", "n2")
+    gang = {"gang": {"name": "g", "minMember": 2}}
+    s.submit([pinned("g1", "n1", 4, 1, **gang), pinned("g2", "n2", 2, 1, **gang)])
+    s.run()
+    bind(s, pinned("c", "n2", 2, 2))
+    p, _ = s.find_preemption(preemptor())
+    assert p is not None and (p.node, sorted(p.victim_keys)) == ("n1", ["default/g1", "default/g2"])
+
+
+def test_gang_preemptor_all_or_nothing() -> None:
+    # Two members of 4 CPUs each at prio 10. n1 holds a low (prio 1) workload; n2 a prio-20 one.
+    # Member 1 can preempt on n1, member 2 cannot go anywhere: nothing is evicted, nothing placed.
+    s = cluster("n1", "n2")
+    bind(s, pinned("low", "n1", 4, 1), pinned("top", "n2", 4, 20))
+    gang = {"gang": {"name": "p", "minMember": 2}}
+    members = [make_workload(f"m{i}").req(cpu="4").priority(10).set(**gang).obj() for i in range(2)]
+    s.submit(members)
+    results = s.run()
+    assert all(isinstance(r, FitError) for r in results)
+    assert set(s.state.bindings) == {"default/low", "default/top"} and not s.preemptions
+    s.state.check_invariants()
+    # With a third node holding another low workload, both members preempt.
+    s2 = cluster("n1", "n2", "n3")
+    bind(s2, pinned("low", "n1", 4, 1), pinned("top", "n2", 4, 20), pinned("low3", "n3", 4, 1))
+    s2.submit(members)
+    placed = s2.run()
+    assert sorted(b.node for b in placed) == ["n1", "n3"]
+    assert set(s2.state.bindings) == {"default/top", "default/m0", "default/m1"}
+
+
+def test_victims_free_the_exact_gpu() -> None:
+    # n1 (2 GPUs): each GPU holds a prio-0 and a prio-20 half: evicting the prio-0 halves frees
+    # 100 gpu-core in total but no whole GPU. n2 (2 GPUs): GPU 0 holds two prio-0 halves, GPU 1 a
+    # prio-20 whole GPU. A whole-GPU preemptor must go to n2, evicting both halves of GPU 0.
+    s = cluster("n1", "n2", cpu="8", gpus=2)
+    half = {"koordinator.sh/gpu-core": "50", "koordinator.sh/gpu-memory-ratio": "50"}
+    for name, node, prio, req in [
+        ("l1", "n1", 0, half),
+        ("h1", "n1", 20, half),
+        ("l2", "n1", 0, half),
+        ("h2", "n1", 20, half),
+        ("l3", "n2", 0, half),
+        ("l4", "n2", 0, half),
+        ("h3", "n2", 20, GPU1),
+    ]:
+        w = make_workload(name).req(cpu="1", **req).priority(prio).selector(node=node)
+        w = (
+            w.set(deviceAllocateStrategy="MostAllocated")
+            if node == "n2"
+            else w.set(deviceAllocateStrategy="LeastAllocated")
+        )
+        s.schedule_one(w.obj())
+    p, why = s.find_preemption(make_workload("hi").req(cpu="1", **GPU1).priority(10).obj())
+    assert p is not None, why
+    assert (p.node, sorted(p.victim_keys)) == ("n2", ["default/l3", "default/l4"])
+    freed = {g.minor for v in p.victims for g in v.devices["gpu"]}
+    assert [g.minor for g in p.binding.devices["gpu"]] == sorted(freed)
+    s.apply_preemption(p)
+    s.state.check_invariants()
+
+
+def test_exclusive_cpuset_victims() -> None:
+    # n1: 4 CPUs, all taken by two LSR workloads with exclusive cpusets (prio 1 and 2). An LSR
+    # preemptor of 2 CPUs evicts the prio-1 one and gets exactly its CPUs.
+    node = (
+        make_node("n1")
+        .cpu("4")
+        .memory("8Gi")
+        .label("node", "n1")
+        .topology(sockets=1, cores_per_numa=4, threads=1)
+        .obj()
+    )
+    s = Scheduler(ClusterState.from_nodes([node]))
+    lsr = {"qos": "LSR"}
+    for name, prio in [("a", 1), ("b", 2)]:
+        s.schedule_one(
+            make_workload(name).req(cpu="2", memory="1Gi").lim(cpu="2", memory="1Gi").priority(prio).set(**lsr).obj()
+        )
+    hi = make_workload("hi").req(cpu="2", memory="1Gi").lim(cpu="2", memory="1Gi").priority(10).set(**lsr).obj()
+    p, why = s.find_preemption(hi)
+    assert p is not None, why
+    assert p.victim_keys == ["default/a"]
+    assert p.binding.cpuset == p.victims[0].cpuset
+    s.apply_preemption(p)
+    s.state.check_invariants()
+
+
+def test_undo_restores_everything() -> None:
+    s = cluster("n1")
+    s.auto_commit = False
+    bind(s, pinned("a", "n1", 4, 1))
+    s.state.commit("default/a")
+    p, _ = s.find_preemption(preemptor())
+    assert p is not None
+    s.apply_preemption(p)
+    assert s.nominated == {"default/hi": "n1"} and not s.state.is_committed("default/hi")
+    s.undo_preemption(p)
+    assert set(s.state.bindings) == {"default/a"} and s.state.is_committed("default/a") and not s.nominated
+    s.apply_preemption(p)
+    s.confirm_preemption("default/hi")
+    assert s.state.is_committed("default/hi") and not s.nominated
