@@ -167,6 +167,15 @@ def _add_sim() -> None:
 _add_sim()
 
 
+def _add_agent() -> None:
+    from finesched.commands.agent import register
+
+    register(app)  # agent, up, logs
+
+
+_add_agent()
+
+
 def main() -> None:
     """Console entry point: usage errors as one line naming the bad value (exit 2), bad input exit 1."""
     try:

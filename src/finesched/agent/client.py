@@ -1,0 +1,73 @@
+"""The agent's HTTP client for the control plane (the contract in the API notes; agent-role token).
+
+Every failure is a `ServerError`: the HTTP status and the server's reasons, or status 0 when the
+server could not be reached, so callers decide between "retry later" and "give up on this one".
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from finesched.agent.executor import ServerError
+from finesched.model.manifest import to_manifest
+from finesched.model.node import Node
+
+
+def _reasons(response: httpx.Response) -> str:
+    try:
+        detail = response.json().get("detail")
+    except ValueError:
+        return response.text[:500]
+    if isinstance(detail, list):
+        parts = []
+        for d in detail:
+            loc = ".".join(str(x) for x in d.get("loc", ()) if x != "body") if isinstance(d, dict) else ""
+            msg = d.get("msg", d) if isinstance(d, dict) else d
+            parts.append(f"{loc}: {msg}" if loc else str(msg))
+        return "; ".join(parts)
+    return str(detail)
+
+
+class AgentClient:
+    """One node's calls: register, report, bindings, ack, reject, status."""
+
+    def __init__(self, server: str, token: str, timeout: float = 10.0, transport: httpx.BaseTransport | None = None):
+        self.http = httpx.Client(
+            base_url=server.rstrip("/"),
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=timeout,
+            transport=transport,
+        )
+
+    def close(self) -> None:
+        self.http.close()
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+        try:
+            response = self.http.request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise ServerError(0, f"{method} {path}: {exc}") from None
+        if response.status_code >= 400:
+            raise ServerError(response.status_code, f"{method} {path}: {_reasons(response)}")
+        return response.json() if response.content else None
+
+    def register(self, node: Node) -> dict[str, Any]:
+        return self._call("PUT", f"/v1/nodes/{node.name}", json=to_manifest(node))
+
+    def report(self, name: str, body: dict[str, Any]) -> None:
+        self._call("POST", f"/v1/nodes/{name}/report", json=body)
+
+    def bindings(self, node: str) -> list[dict[str, Any]]:
+        return list((self._call("GET", "/v1/bindings", params={"node": node}) or {}).get("items", []))
+
+    def ack(self, workload: str) -> None:
+        self._call("POST", f"/v1/bindings/{workload}/ack")
+
+    def reject(self, workload: str, reason: str) -> None:
+        self._call("POST", f"/v1/bindings/{workload}/reject", json={"reason": reason})
+
+    def status(self, workload: str, phase: str, reason: str, exit_code: int | None, info: dict[str, Any]) -> None:
+        body = {"phase": phase, "reason": reason, "exitCode": exit_code, "info": info}
+        self._call("POST", f"/v1/workloads/{workload}/status", json=body)

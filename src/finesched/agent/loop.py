@@ -1,0 +1,163 @@
+"""The node agent's main loop: register, then watch bindings and report, until told to stop.
+
+Two clocks: bindings are fetched every `watch` seconds (a new binding starts within about that
+long), the Resource Manager report (also the heartbeat) is sent every `interval` seconds after a
+fresh discovery, so a GPU that starts failing or disappears is reported unhealthy. A server that
+cannot be reached is retried on the next tick; the agent never exits because of it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from finesched.agent.binding import AgentBinding, BindingError, parse_binding
+from finesched.agent.cgroup import CgroupSupport, detect
+from finesched.agent.client import AgentClient
+from finesched.agent.discover import Discovery, discover
+from finesched.agent.executor import Executor, ServerError
+from finesched.agent.gpus import load_nvml
+from finesched.agent.report import build_report
+from finesched.model.node import Node
+
+log = logging.getLogger("finesched.agent")
+
+
+@dataclass
+class AgentConfig:
+    server: str
+    token: str
+    data: Path
+    node_name: str | None = None
+    interval: float = 5.0
+    watch: float = 1.0
+    labels: dict[str, str] = field(default_factory=dict)
+    #: Stop the workload processes when the agent stops (`finesched up`); a plain agent leaves
+    #: them running so that its next start adopts them.
+    stop_workloads_on_exit: bool = False
+
+
+def default_discovery(name: str | None, labels: dict[str, str]) -> Callable[[], Discovery]:
+    """Discovery of this machine with NVML loaded once (an absent NVML is reported every time)."""
+    nvml, why = load_nvml()
+
+    def run() -> Discovery:
+        return discover(name, nvml=nvml, labels=labels, load=lambda: (None, why))
+
+    return run
+
+
+class Agent:
+    def __init__(
+        self,
+        config: AgentConfig,
+        client: Any = None,
+        discovery: Callable[[], Discovery] | None = None,
+        cgroups: CgroupSupport | None = None,
+    ):
+        self.config = config
+        self.client = client if client is not None else AgentClient(config.server, config.token)
+        self.discover = discovery or default_discovery(config.node_name, config.labels)
+        self.cgroups = cgroups if cgroups is not None else detect()
+        config.data.mkdir(parents=True, exist_ok=True)
+        self.executor = Executor(config.data, self.client, self.cgroups)
+        self.discovery: Discovery | None = None
+        self.node: Node | None = None  # as registered
+        self.bindings: list[AgentBinding] = []
+        self.last_report_error = ""
+        self.stopping = threading.Event()
+
+    @property
+    def name(self) -> str:
+        assert self.discovery is not None, "start() first"
+        return self.discovery.node.name
+
+    def start(self) -> dict[str, str]:
+        """Discover, adopt recorded processes, and register (retrying until the server answers)."""
+        self.discovery = self.discover()
+        adopted = self.executor.adopt()
+        for key, what in adopted.items():
+            log.info("reconciled %s: %s", key, what)
+        while not self.stopping.is_set():
+            try:
+                self.client.register(self.discovery.node)
+                break
+            except ServerError as exc:
+                if exc.status not in (0, 502, 503, 504):
+                    raise
+                log.warning("registration failed (%s); retrying", exc)
+                self.stopping.wait(min(self.config.watch, 1.0))
+        self.node = self.discovery.node
+        log.info("node %s registered: %s", self.name, self.discovery.sources)
+        return adopted
+
+    def tick_bindings(self) -> None:
+        """Fetch this node's bindings, apply them, and send pending statuses."""
+        assert self.discovery is not None
+        try:
+            items = self.client.bindings(self.name)
+        except ServerError as exc:
+            log.warning("bindings not fetched: %s", exc)
+            items = None
+        if items is not None:
+            parsed: list[AgentBinding] = []
+            for item in items:
+                try:
+                    parsed.append(parse_binding(item))
+                except BindingError as exc:
+                    self._reject_unreadable(item, str(exc))
+            self.bindings = parsed
+            self.executor.sync(parsed, self.discovery)
+        self.executor.poll()
+        self.executor.report()
+
+    def _reject_unreadable(self, item: Any, reason: str) -> None:
+        workload = item.get("workload") if isinstance(item, dict) else None
+        log.warning("unreadable binding %r: %s", workload, reason)
+        if isinstance(workload, str) and workload.count("/") == 1:
+            with contextlib.suppress(ServerError):
+                self.client.reject(workload, f"agent cannot read the binding: {reason}")
+
+    def tick_report(self) -> None:
+        """Rediscover, re-register when new hardware appeared, and send the report (heartbeat)."""
+        assert self.node is not None
+        self.discovery = self.discover()
+        fresh = {(d.type, d.minor) for d in self.discovery.node.devices}
+        if fresh - {(d.type, d.minor) for d in self.node.devices}:
+            try:
+                self.client.register(self.discovery.node)
+                self.node = self.discovery.node
+            except ServerError as exc:
+                log.warning("re-registration failed: %s", exc)
+        extra = {"cgroup": self.cgroups.describe(), "agentPid": os.getpid()}
+        body = build_report(self.node, self.bindings, self.discovery, extra)
+        try:
+            self.client.report(self.name, body)
+            self.last_report_error = ""
+        except ServerError as exc:
+            self.last_report_error = str(exc)
+            log.warning("report refused: %s", exc)
+
+    def run(self) -> None:
+        """Start, then tick until `stopping` is set."""
+        self.start()
+        next_report = 0.0
+        try:
+            while not self.stopping.is_set():
+                now = time.monotonic()
+                if now >= next_report:
+                    self.tick_report()
+                    next_report = now + self.config.interval
+                self.tick_bindings()
+                self.stopping.wait(self.config.watch)
+        finally:
+            if self.config.stop_workloads_on_exit:
+                self.executor.stop_all()
+                self.executor.report()

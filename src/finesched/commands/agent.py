@@ -1,0 +1,197 @@
+"""`finesched agent`, `finesched up` and `finesched logs`: the node side of a real cluster.
+
+* ``agent --server URL --token T``: run this machine's node agent (discovery, reports, deploys).
+* ``up``: a one-machine cluster: the control plane (``finesched serve``, SQLite under the data
+  directory) as a child process, an admin token (printed, and written to ``<data>/admin.token``,
+  mode 600), and this machine's agent in the foreground. Ctrl-C stops the workloads, the agent and
+  the server.
+* ``logs NAME``: print a workload's output, from the agent's data directory on this machine.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+out = Console(highlight=False)
+err = Console(stderr=True, highlight=False)
+
+DataOption = Annotated[Path | None, typer.Option("--data", help="State directory (default: ~/.local/share/finesched).")]
+
+
+def default_data() -> Path:
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "finesched"
+
+
+def _fail(message: str, code: int = 1) -> typer.Exit:
+    err.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
+    return typer.Exit(code)
+
+
+def _logging(verbose: bool) -> None:
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def agent_cmd(
+    server: Annotated[str, typer.Option("--server", help="Control plane URL, e.g. http://10.0.0.1:8080.")],
+    token: Annotated[str, typer.Option("--token", help="An agent (or admin) token.", envvar="FINESCHED_TOKEN")],
+    node_name: Annotated[str | None, typer.Option("--node-name", help="Node name (default: hostname).")] = None,
+    data: DataOption = None,
+    interval: Annotated[float, typer.Option("--interval", min=0.2, help="Seconds between reports.")] = 5.0,
+    watch: Annotated[float, typer.Option("--watch", min=0.1, help="Seconds between binding checks.")] = 1.0,
+    label: Annotated[list[str] | None, typer.Option("--label", help="Node label KEY=VALUE (repeatable).")] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only warnings and errors.")] = False,
+) -> None:
+    """Run this machine's node agent: register, report resources, run bound workloads pinned."""
+    from finesched.agent.loop import Agent, AgentConfig
+
+    labels = {}
+    for item in label or ():
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise _fail(f"--label must be KEY=VALUE, got {item!r}", 2)
+        labels[key] = value
+    _logging(not quiet)
+    config = AgentConfig(server, token, data or default_data(), node_name, interval, watch, labels)
+    try:
+        agent = Agent(config)
+    except ValueError as exc:  # an unreadable state file
+        raise _fail(str(exc)) from None
+    _stop_on_signals(agent.stopping)
+    agent.run()
+
+
+def _stop_on_signals(event: object) -> None:
+    def handler(signum: int, frame: object) -> None:
+        event.set()  # type: ignore[attr-defined]
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "finesched.cli", *args]
+
+
+def _wait_ready(url: str, server: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
+    """Until the server answers at all (401 without a token counts: it is up)."""
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise _fail(f"the server exited with code {server.returncode}; see its log")
+        try:
+            if httpx.get(f"{url}/v1/nodes", timeout=2).status_code < 500:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise _fail(f"the server did not answer at {url} within {timeout:.0f}s")
+
+
+def _token(db: str, *role: str) -> str:
+    done = subprocess.run(_cli("token", "create", "--db", db, *role), capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise _fail(f"token create failed: {done.stderr.strip() or done.stdout.strip()}")
+    return done.stdout.strip().splitlines()[-1].strip()
+
+
+def write_secret(path: Path, text: str) -> None:
+    """Write `text` to `path` readable by the owner only (created 600, never world-readable)."""
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text + "\n")
+
+
+def up_cmd(
+    data: DataOption = None,
+    port: Annotated[int, typer.Option("--port", min=1, max=65535, help="Server port.")] = 8080,
+    host: Annotated[
+        str, typer.Option("--host", help="Listen address; 0.0.0.0 lets agents on other machines join.")
+    ] = "127.0.0.1",
+    node_name: Annotated[str | None, typer.Option("--node-name", help="This machine's node name.")] = None,
+    interval: Annotated[float, typer.Option("--interval", min=0.2, help="Seconds between agent reports.")] = 5.0,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Agent logs only warnings and errors.")] = False,
+) -> None:
+    """Start a one-machine cluster: control plane + this machine's agent; print the URL and an admin token."""
+    import socket
+
+    from finesched.agent.loop import Agent, AgentConfig
+
+    data = (data or default_data()).resolve()
+    data.mkdir(parents=True, exist_ok=True)
+    db = f"sqlite:///{data / 'finesched.db'}"
+    url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
+    name = node_name or socket.gethostname()
+    _logging(not quiet)
+    server_log = (data / "server.log").open("ab")
+    server = subprocess.Popen(
+        _cli("serve", "--db", db, "--host", host, "--port", str(port)),
+        stdout=server_log, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    agent = None
+    try:
+        _wait_ready(url, server)
+        admin = _token(db, "--role", "admin")
+        write_secret(data / "admin.token", admin)
+        agent_token = _token(db, "--role", "agent", "--node", name)
+        out.print(f"finesched is up: {url}", markup=False)
+        out.print(f"admin token: {admin}  (also in {data / 'admin.token'})", markup=False)
+        out.print(f"server log: {data / 'server.log'}; workload logs: finesched logs NAME --data {data}", markup=False)
+        out.print(
+            f"add a machine: finesched agent --server http://<this host>:{port} --token <agent token>", markup=False
+        )
+        config = AgentConfig(url, agent_token, data / "agent", name, interval, stop_workloads_on_exit=True)
+        agent = Agent(config)
+        _stop_on_signals(agent.stopping)
+        agent.run()
+    finally:
+        server.send_signal(signal.SIGTERM)
+        try:
+            server.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+        server_log.close()
+        out.print("finesched stopped", markup=False)
+
+
+def logs_cmd(
+    name: Annotated[str, typer.Argument(help="Workload NAME or NAMESPACE/NAME.")],
+    namespace: Annotated[str, typer.Option("--namespace", "-n", help="Namespace when NAME has none.")] = "default",
+    data: DataOption = None,
+) -> None:
+    """Print a workload's output (stdout and stderr) as logged by this machine's agent."""
+    from finesched.agent.executor import workdir_of
+
+    key = name if "/" in name else f"{namespace}/{name}"
+    base = data or default_data()
+    candidates = [workdir_of(root, key) / "output.log" for root in (base, base / "agent")]
+    for path in candidates:
+        if path.is_file():
+            sys.stdout.write(path.read_text(errors="replace"))
+            return
+    raise _fail(f"no log for {key} under {base} (is this the machine its agent runs on?)")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("agent")(agent_cmd)
+    app.command("up")(up_cmd)
+    app.command("logs")(logs_cmd)
