@@ -176,6 +176,15 @@ def _add_agent() -> None:
 _add_agent()
 
 
+def _add_k8s() -> None:
+    from finesched.commands.k8s import k8s_extender
+
+    app.command("k8s-extender")(k8s_extender)
+
+
+_add_k8s()
+
+
 def main() -> None:
     """Console entry point: usage errors as one line naming the bad value (exit 2), bad input exit 1."""
     try:

@@ -1,0 +1,89 @@
+"""The extender's HTTP face: ``POST /filter``, ``/prioritize``, ``/bind``, ``/preempt`` (FastAPI).
+
+Each verb is also served under ``/scheduler/`` (a common ``urlPrefix``). Bodies are read and
+written as raw JSON (k8s/wire.py). Whatever goes wrong, the answer is HTTP 200 with the failure in
+``Error`` (kube-scheduler treats a non-200 as a transport failure and learns nothing from it);
+prioritize, which has no Error field, answers every node with score 0. ``GET /healthz`` is for
+probes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from fastapi import FastAPI, Request, Response
+from starlette.concurrency import run_in_threadpool
+
+from finesched.k8s import wire
+from finesched.k8s.extender import Extender
+
+log = logging.getLogger("finesched.k8s")
+JSON = "application/json"
+
+
+def _log_unexpected(verb: str, exc: Exception) -> None:
+    """Bad input (ValueError) is the caller's and goes back in the reply; anything else is ours."""
+    if not isinstance(exc, ValueError):
+        log.error("%s failed", verb, exc_info=exc)
+
+
+def create_app(extender: Extender) -> FastAPI:
+    app = FastAPI(title="finesched kube-scheduler extender", docs_url=None, redoc_url=None, openapi_url=None)
+
+    def reply(doc: Any) -> Response:
+        return Response(content=wire.encode(doc), media_type=JSON)
+
+    async def filter_verb(request: Request) -> Response:
+        args = None
+        try:
+            args = wire.extender_args(wire.decode(await request.body()))
+            return reply(extender.filter(args))
+        except Exception as exc:  # never a 500: the reply carries the error
+            _log_unexpected("filter", exc)
+            return reply(wire.filter_error(args, f"filter: {exc}"))
+
+    async def prioritize_verb(request: Request) -> Response:
+        try:
+            args = wire.extender_args(wire.decode(await request.body()))
+        except Exception:
+            return reply([])
+        try:
+            return reply(extender.prioritize(args))
+        except Exception:
+            log.exception("prioritize failed")
+            return reply(wire.host_priorities(args.names, [0] * len(args.names)))
+
+    async def bind_verb(request: Request) -> Response:
+        try:
+            args = wire.binding_args(wire.decode(await request.body()))
+            error = await run_in_threadpool(extender.bind, args)  # API calls: off the event loop
+        except Exception as exc:
+            _log_unexpected("bind", exc)
+            error = f"bind: {exc}"
+        return reply({"Error": error})
+
+    async def preempt_verb(request: Request) -> Response:
+        try:
+            pod, candidates = wire.preemption_args(wire.decode(await request.body()))
+            return reply(wire.preemption_result(extender.preempt(pod, candidates)))
+        except Exception as exc:
+            _log_unexpected("preempt", exc)
+            return reply({"NodeNameToMetaVictims": None, "Error": f"preempt: {exc}"})
+
+    verbs: dict[str, Callable[[Request], Awaitable[Response]]] = {
+        "filter": filter_verb,
+        "prioritize": prioritize_verb,
+        "bind": bind_verb,
+        "preempt": preempt_verb,
+    }
+    for prefix in ("", "/scheduler"):
+        for verb, handler in verbs.items():
+            app.add_api_route(f"{prefix}/{verb}", handler, methods=["POST"], include_in_schema=False)
+
+    @app.get("/healthz", include_in_schema=False)
+    async def healthz() -> Response:
+        return Response(content=b"ok", media_type="text/plain")
+
+    return app

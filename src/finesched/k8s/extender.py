@@ -1,0 +1,288 @@
+"""The extender's verbs over one Scheduler: filter, prioritize, bind, preempt (PROTOCOLS.md section 1).
+
+* filter: the Pod is converted (a bad Pod or annotation fails every node with a reason that names
+  the annotation and field, in FailedAndUnresolvableNodes: no preemption fixes a typo) and judged
+  on every node (k8s/assess.py); nodes finesched does not know are unresolvable too.
+* prioritize: the same assessment's scores, 0..10 (kube-scheduler multiplies by weight x 10).
+* bind: the Pod (remembered from filter, else asked of the `PodSource`) is placed on the node
+  kube-scheduler chose through `Scheduler.schedule_one` with a selector pinning it there
+  (auto_commit off), so the exact devices and cpuset are decided by the same plugins. Then the
+  `Binder` patches the annotations and creates the Binding; if that fails (409 conflict or any
+  API error) the binding is released and the error returned, and kube-scheduler retries. A
+  binding whose Pod the API never shows as bound expires after `assume_ttl` seconds (as
+  kube-scheduler's cache expires assumed pods); `confirm` commits it when the watch sees it.
+* preempt: a candidate node is kept when the Pod fits there once the victims finesched knows on
+  it are gone (released, tested, and assumed again, all under the lock).
+
+Every verb runs under one lock (the watches take it too). No verb raises for bad input: errors go
+into the reply's Error field.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+from finesched.errors import ValidationError
+from finesched.k8s.assess import Assessor
+from finesched.k8s.convert import PodError, pod_key, pod_workload
+from finesched.k8s.nodes import NODE_NAME_LABEL
+from finesched.k8s.wire import (
+    BindingArgs,
+    ExtenderArgs,
+    Victims,
+    filter_result,
+    host_priorities,
+)
+from finesched.model.base import FrozenDict
+from finesched.model.binding import Binding
+from finesched.model.device_allocated import DEVICE_ALLOCATED, format_device_allocated
+from finesched.model.workload import Workload
+from finesched.plugins.resource_status import ANNOTATION_RESOURCE_STATUS
+from finesched.sched.diagnosis import FitError
+from finesched.sched.scheduler import Scheduler
+from finesched.state.cluster import StateError
+
+log = logging.getLogger("finesched.k8s")
+
+UNKNOWN_NODE = "node unknown to finesched"
+
+
+class BindError(Exception):
+    """The API refused the bind (`conflict`: HTTP 409, someone else changed or bound the Pod)."""
+
+    def __init__(self, message: str, conflict: bool = False):
+        super().__init__(message)
+        self.conflict = conflict
+
+
+class Binder(Protocol):
+    def bind(self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str]) -> None:
+        """Patch the Pod's annotations, then create its Binding; raise BindError on failure."""
+
+
+PodSource = Callable[[str, str], Mapping[str, Any] | None]
+
+
+def binding_annotations(binding: Binding) -> dict[str, str]:
+    """The Koordinator annotations a bound Pod carries: device-allocated and resource-status."""
+    out: dict[str, str] = {}
+    if binding.devices:
+        out[DEVICE_ALLOCATED] = format_device_allocated(binding.devices)
+    status = binding.annotations.get(ANNOTATION_RESOURCE_STATUS)
+    if status:
+        out[ANNOTATION_RESOURCE_STATUS] = status
+    return out
+
+
+class Extender:
+    """The four verbs (see the module docstring)."""
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        binder: Binder | None = None,
+        *,
+        pod_source: PodSource | None = None,
+        assume_ttl: float = 300.0,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        if scheduler.auto_commit:
+            raise ValueError("the extender's scheduler must have auto_commit=False (the API write commits)")
+        self.scheduler = scheduler
+        self.state = scheduler.state
+        self.binder = binder
+        self.pod_source = pod_source
+        self.assume_ttl = assume_ttl
+        self.clock = clock
+        self.lock = threading.RLock()
+        self.assessor = Assessor(scheduler)
+        #: Pods seen in filter/prioritize calls by UID (bind is given names only), most recent last.
+        self._pods: OrderedDict[str, Mapping[str, Any]] = OrderedDict()
+        self._workloads: OrderedDict[tuple[str, str, str], Workload | PodError] = OrderedDict()
+        #: Workload key -> UID of every Pod holding a binding (preemption names victims by UID).
+        self.uids: dict[str, str] = {}
+        #: Assumed bindings waiting for the API to show the Pod bound: key -> deadline.
+        self.pending: dict[str, float] = {}
+        #: Nodes the API has but finesched could not convert: name -> why (set by the sync).
+        self.node_problems: Mapping[str, str] = {}
+
+    # Pods --------------------------------------------------------------------------------------------------
+    def workload(self, pod: Any) -> Workload:
+        """The Pod's Workload (cached by UID and resourceVersion); raise PodError for a bad Pod."""
+        meta = pod.get("metadata") if isinstance(pod, dict) else None
+        if not isinstance(meta, dict):
+            raise PodError("Pod: expected an object with metadata")
+        ident = (str(meta.get("uid", "")), str(meta.get("resourceVersion", "")), pod_key(pod))
+        found = self._workloads.get(ident)
+        if found is None:
+            try:
+                found = pod_workload(pod)
+            except PodError as exc:
+                found = exc
+            self._workloads[ident] = found
+            if len(self._workloads) > 4096:
+                self._workloads.popitem(last=False)
+            if meta.get("uid"):
+                self._pods[str(meta["uid"])] = pod
+                if len(self._pods) > 4096:
+                    self._pods.popitem(last=False)
+        if isinstance(found, PodError):
+            raise found
+        return found
+
+    # Filter and prioritize --------------------------------------------------------------------------------
+    def filter(self, args: ExtenderArgs) -> dict[str, Any]:
+        with self.lock:
+            self.expire()
+            try:
+                workload = self.workload(args.pod)
+            except PodError as exc:
+                reason = f"invalid pod: {exc}"
+                return filter_result(args, [], {}, dict.fromkeys(args.names, reason))
+            index = self.state.index
+            assessment = self.assessor.assess(workload, self._identity(args.pod))
+            feasible = assessment.feasible
+            passed: list[int] = []
+            failed: dict[str, str] = {}
+            unresolvable: dict[str, str] = {}
+            for position, name in enumerate(args.names):
+                i = index.get(name)
+                if i is None:
+                    problem = self.node_problems.get(name)
+                    unresolvable[name] = f"{UNKNOWN_NODE}: {problem}" if problem else UNKNOWN_NODE
+                elif feasible[i]:
+                    passed.append(position)
+                else:
+                    reason, final = assessment.reason(i)
+                    (unresolvable if final else failed)[name] = reason
+            return filter_result(args, passed, failed, unresolvable)
+
+    def prioritize(self, args: ExtenderArgs) -> list[dict[str, Any]]:
+        with self.lock:
+            try:
+                workload = self.workload(args.pod)
+            except PodError:
+                return host_priorities(args.names, [0] * len(args.names))
+            scores = self.assessor.assess(workload, self._identity(args.pod)).scores()
+            index = self.state.index
+            values = []
+            for name in args.names:
+                i = index.get(name)
+                values.append(0 if i is None else int(scores[i]))
+            return host_priorities(args.names, values)
+
+    @staticmethod
+    def _identity(pod: Mapping[str, Any]) -> tuple[str, str, str]:
+        meta = pod.get("metadata") or {}
+        return (str(meta.get("uid", "")), str(meta.get("resourceVersion", "")), pod_key(pod))
+
+    # Bind --------------------------------------------------------------------------------------------------
+    def bind(self, args: BindingArgs) -> str:
+        """Bind the Pod; the error text ("" on success)."""
+        key = f"{args.namespace}/{args.pod_name}"
+        with self.lock:
+            self.expire()
+            pod = self._pods.get(args.uid) if args.uid else None
+            if pod is None and self.pod_source is not None:
+                pod = self.pod_source(args.namespace, args.pod_name)
+            if pod is None:
+                return f"pod {key} (uid {args.uid or '?'}) is unknown: it was never filtered by this extender"
+            if args.node not in self.state.index:
+                return f"bind {key}: {UNKNOWN_NODE}: {args.node}"
+            existing = self.state.bindings.get(key)
+            if existing is not None:
+                if existing.node == args.node and key in self.pending:
+                    return ""  # a retried bind of what we already bound
+                return f"bind {key}: already bound to {existing.node}"
+            try:
+                workload = self.workload(pod)
+            except PodError as exc:
+                return f"bind {key}: invalid pod: {exc}"
+            pinned = workload.model_copy(update={"node_selector": FrozenDict({NODE_NAME_LABEL: args.node})})
+            try:
+                binding = self.scheduler.schedule_one(pinned)
+            except FitError as exc:
+                return f"bind {key}: does not fit on {args.node}: {exc.message}"
+            except ValidationError as exc:
+                return f"bind {key}: {exc}"
+            uid = args.uid or str((pod.get("metadata") or {}).get("uid", ""))
+            self.uids[key] = uid
+            if self.binder is None:  # --cluster mode: no API to write, the decision is final
+                self.state.commit(key)
+                return ""
+            self.pending[key] = self.clock() + self.assume_ttl
+        # The API calls run outside the lock: filter calls for other pods go on meanwhile.
+        try:
+            self.binder.bind(args.namespace, args.pod_name, uid, args.node, binding_annotations(binding))
+        except BindError as exc:
+            with self.lock:
+                self.drop(key)
+            return f"bind {key} to {args.node}: {exc}"
+        return ""
+
+    def drop(self, key: str) -> None:
+        """Forget what finesched holds for Pod `key` (released, no longer pending)."""
+        self.pending.pop(key, None)
+        self.uids.pop(key, None)
+        if key in self.state.bindings:
+            self.scheduler.release(key)
+
+    def confirm(self, key: str, node: str) -> bool:
+        """The API shows Pod `key` bound to `node`: commit our assumed binding. False if we hold none."""
+        with self.lock:
+            binding = self.state.bindings.get(key)
+            if binding is None or binding.node != node:
+                return False
+            self.pending.pop(key, None)
+            self.state.commit(key)
+            return True
+
+    def expire(self) -> list[str]:
+        """Release assumed bindings whose Pod the API never showed bound within `assume_ttl`."""
+        now = self.clock()
+        gone = [key for key, deadline in self.pending.items() if deadline <= now]
+        with self.lock:
+            for key in gone:
+                log.warning("assumed binding of %s expired: the API never showed the pod bound", key)
+                self.drop(key)
+        return gone
+
+    # Preempt -----------------------------------------------------------------------------------------------
+    def preempt(self, pod: Any, candidates: Mapping[str, Victims]) -> dict[str, Victims]:
+        """The candidates on which the Pod fits once the victims are gone (victims as given)."""
+        with self.lock:
+            workload = self.workload(pod)
+            by_uid = {uid: key for key, uid in self.uids.items()}
+            kept: dict[str, Victims] = {}
+            for node, victims in candidates.items():
+                i = self.state.index.get(node)
+                if i is None:
+                    continue
+                if self._fits_without(workload, i, [by_uid[u] for u in victims.uids if u in by_uid]):
+                    kept[node] = victims
+            return kept
+
+    def _fits_without(self, workload: Workload, i: int, keys: list[str]) -> bool:
+        state = self.state
+        node = state.names[i]
+        taken: list[tuple[Binding, bool]] = []
+        for key in keys:
+            binding = state.bindings.get(key)
+            if binding is not None and binding.node == node:
+                taken.append((binding, state.is_committed(key)))
+                self.scheduler.release(key)
+        try:
+            return bool(self.assessor.assess(workload, ("preempt", workload.key, node)).feasible[i])
+        finally:
+            for binding, committed in taken:
+                try:
+                    state.assume(binding)
+                    if committed:
+                        state.commit(binding.workload)
+                except StateError as exc:  # cannot happen: it held exactly these amounts a moment ago
+                    log.error("could not restore %s after a preemption check: %s", binding.workload, exc)
