@@ -293,6 +293,8 @@ class DefaultPreemption:
                 victims.append(unit)
         if not victims:
             return None  # it fits without evicting anyone: the filters said otherwise, so the model is short
+        if not _reclaim_keeps_min(victims, request.workload.priority, rule):
+            return None
         return NodePlan(node, victims, _violations(victims, groups), rank)
 
     def _exact_plan(
@@ -313,6 +315,8 @@ class DefaultPreemption:
             rest = [u for u in victims if u is not unit]
             if rest and handle.try_without(cycle, request, plan.node, [m.key for u in rest for m in u.members]):
                 victims = rest
+        if not _reclaim_keeps_min(victims, request.workload.priority, rule):
+            return None
         return NodePlan(plan.node, victims, _violations(victims, groups), plan.rank)
 
 
@@ -332,6 +336,21 @@ def _eligible(members: list[Bound], priority: int, rule: ReclaimRule | None) -> 
         tenants = ", ".join(sorted(by_tenant))
         return f"reclaim: tenant {tenants} borrows above its min (priority {top} = {priority})"
     return None
+
+
+def _reclaim_keeps_min(victims: list[Unit], priority: int, rule: ReclaimRule | None) -> bool:
+    """Whether the equal-priority (reclaim) victims, all together, leave every tenant at its min."""
+    if rule is None:
+        return True
+    by_tenant: dict[str, dict[str, int]] = {}
+    for unit in victims:
+        for m in unit.members:
+            if m.priority < priority:
+                continue
+            amounts = by_tenant.setdefault(m.binding.tenant, {})
+            for name, amount in m.amounts.items():
+                amounts[name] = amounts.get(name, 0) + amount
+    return all(rule.victim_ok(t, a) for t, a in by_tenant.items())
 
 
 def _reprieve_order(units: list[Unit], groups: list[tuple[Any, set[str]]]) -> list[Unit]:

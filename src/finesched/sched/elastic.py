@@ -4,11 +4,9 @@ Rules (model/tenant.py says what users write):
 
 * hard quota: what a tenant holds plus what it asks must stay within `quota`; nothing else;
 * max: the same for the tenant and every ancestor, over the ancestor's whole subtree;
-* borrowing: a tenant of an elastic tree (a root with a `min` or `max`, or below one) may take
-  an amount above its root's `min` only from capacity no root's guarantee claims. With, per
-  resource, `reserved = sum over roots of max(subtree holds, min) + what tenants outside any
-  tree hold`, the extra reservation of an admission, `max(sub + d, min) - max(sub, min)`, must
-  fit in `capacity - reserved`;
+* borrowing: above its `min` a tenant may use any capacity that is free right now, including
+  what other tenants' `min` guarantees but they do not use (up to its `max`); it is lent, not
+  given — reclaim takes it back;
 * reclaim: a tenant whose holdings plus a pending workload's demand stay within its `min` (in
   every demanded resource its `min` names, at least one) may preempt *borrowers* at equal
   priority: workloads of other tenants that hold more than their own `min` of a resource the
@@ -71,7 +69,6 @@ class QuotaTree:
         for child, parent in self.parent.items():
             self.children.setdefault(parent, []).append(child)
         self._elastic_roots = {self.root(t) for t in (*self.min, *self.max)}
-        self.guaranteed = sorted({n for mins in self.min.values() for n in mins})
 
     def with_tenant(self, tenant: Tenant) -> QuotaTree:
         """The tree with `tenant` added or replaced (raises ValidationError, changing nothing, if invalid)."""
@@ -130,8 +127,6 @@ class QuotaTree:
         tenant: str,
         demand: Amounts,
         held: Callable[[str], Amounts],
-        holders: Iterable[str],
-        capacity: Amounts,
     ) -> str | None:
         """Why admitting `demand` for `tenant` now would break a quota, or None when it may go."""
         mine = held(tenant)
@@ -158,40 +153,6 @@ class QuotaTree:
             ]
             if over:
                 return f"tenant {t} would exceed its max: " + ", ".join(over)
-        return self._borrow_problem(tenant, demand, held, holders, capacity)
-
-    def _borrow_problem(
-        self, tenant: str, demand: Amounts, held: Callable[[str], Amounts], holders: Iterable[str], capacity: Amounts
-    ) -> str | None:
-        if not self.guaranteed:
-            return None
-        root = self.root(tenant)
-        roots: dict[str, dict[str, int]] = {}
-        outside: dict[str, int] = {}
-        for t in set(holders) | set(self.min):
-            r = self.root(t) if t in self.names else t
-            if r in self._elastic_roots:
-                if r not in roots:
-                    roots[r] = self.subtree_held(r, held)
-            else:
-                for name, amount in held(t).items():
-                    outside[name] = outside.get(name, 0) + amount
-        mine = roots.get(root) or self.subtree_held(root, held)
-        for name in self.guaranteed:
-            ask = demand.get(name, 0)
-            if ask <= 0 or name == PODS:
-                continue
-            reserved = outside.get(name, 0) + sum(
-                max(sub.get(name, 0), self.min.get(r, {}).get(name, 0)) for r, sub in roots.items()
-            )
-            floor = self.min.get(root, {}).get(name, 0)
-            extra = max(mine.get(name, 0) + ask, floor) - max(mine.get(name, 0), floor)
-            spare = capacity.get(name, 0) - reserved
-            if extra > spare:
-                return (
-                    f"tenant {tenant} would borrow {extra} of {name} above its min, but only {max(spare, 0)} "
-                    "is not guaranteed to other tenants"
-                )
         return None
 
     # Reclaim -----------------------------------------------------------------------------------------

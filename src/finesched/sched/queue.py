@@ -29,7 +29,7 @@ from finesched.model.resources import PODS, translate_gpu_shortcuts
 from finesched.model.tenant import Tenant
 from finesched.model.workload import Workload
 from finesched.sched.diagnosis import FitError
-from finesched.sched.elastic import QuotaTree
+from finesched.sched.elastic import QuotaTree, ReclaimRule
 
 INITIAL_BACKOFF_S = 1.0
 MAX_BACKOFF_S = 10.0
@@ -84,17 +84,14 @@ class SchedulingQueue:
         capacity: Callable[[], Mapping[str, int]] = dict,
         clock: Callable[[], float] = time.monotonic,
         usage: Callable[[str], Mapping[str, int]] | None = None,
-        holders: Callable[[], Iterable[str]] | None = None,
     ):
         """`usage(tenant)`, when given, is what the tenant holds (the Scheduler passes the cluster
         state's `TenantUsage`, which follows every binding); without it the queue keeps its own
-        tally through `charge` and `refund`. `holders()` names every tenant that holds something
-        (for the borrowing rule; defaults to the tenants the queue knows).
+        tally through `charge` and `refund`.
 
         Raises ValidationError for a tenant tree with an unknown parent or a cycle."""
         tenants = list(tenants)
         self.quotas = QuotaTree(tenants)
-        self._holders = holders
         self._accounts: dict[str, _TenantAccount] = {t.name: _TenantAccount(t.weight, t.quota) for t in tenants}
         self._usage_of = usage
         self._capacity = capacity
@@ -239,13 +236,12 @@ class SchedulingQueue:
         return self._quota_check(tenant, demand) is not None
 
     def _quota_check(self, tenant: str, demand: Mapping[str, int]) -> str | None:
-        holders = self._holders() if self._holders is not None else self._accounts
-        return self.quotas.problem(tenant, demand, self._held, holders, self._capacity())
+        return self.quotas.problem(tenant, demand, self._held)
 
     def quota_problem(self, tenant: str, demand: Mapping[str, int]) -> str:
         return self._quota_check(tenant, demand) or f"tenant {tenant} is within its quota"
 
-    def reclaim_rule(self, tenant: str, demand: Mapping[str, int]):  # type: ignore[no-untyped-def]
+    def reclaim_rule(self, tenant: str, demand: Mapping[str, int]) -> ReclaimRule | None:
         """The quota-reclaim rule for a pending workload of `tenant` (sched/elastic.py), or None."""
         return self.quotas.reclaim_rule(tenant, demand, self._held)
 

@@ -1,0 +1,311 @@
+"""Client commands against a running control plane: submit, get, describe, delete, watch, cordon.
+
+Every command takes `--server URL` and `--token T` (or FINESCHED_SERVER / FINESCHED_TOKEN) and
+`-o table|json|yaml` where it prints objects. Server errors are printed with their field paths
+and exit 1; a server that cannot be reached is one line and exit 1.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import httpx
+import typer
+import yaml
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from finesched.errors import ValidationError
+from finesched.model.manifest import load_manifests, to_manifest
+
+out = Console(highlight=False)
+err = Console(stderr=True, highlight=False)
+
+ServerOption = Annotated[
+    str, typer.Option("--server", envvar="FINESCHED_SERVER", help="Control plane URL.", show_default=True)
+]
+TokenOption = Annotated[str, typer.Option("--token", envvar="FINESCHED_TOKEN", help="Bearer token.")]
+OutputOption = Annotated[str, typer.Option("-o", "--output", help="table, json or yaml.")]
+NamespaceOption = Annotated[str, typer.Option("-n", "--namespace", help="Workload namespace.")]
+DEFAULT_SERVER = "http://127.0.0.1:8080"
+OUTPUTS = ("table", "json", "yaml")
+
+
+class Client:
+    """A thin httpx client that turns error answers into one readable failure."""
+
+    def __init__(self, server: str, token: str, timeout: float = 30.0):
+        if not token:
+            _fail("no token: pass --token or set FINESCHED_TOKEN (finesched token create prints one)", code=2)
+        self.http = httpx.Client(base_url=server.rstrip("/"), headers={"Authorization": f"Bearer {token}"},
+                                 timeout=timeout)  # fmt: skip
+
+    def call(self, method: str, path: str, **kwargs: Any) -> Any:
+        try:
+            response = self.http.request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            _fail(f"cannot reach {self.http.base_url}: {exc}")
+        if response.status_code >= 400:
+            _fail_response(response)
+        return response.json()
+
+
+def _fail(message: str, code: int = 1) -> NoReturn:
+    err.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def _fail_response(response: httpx.Response) -> NoReturn:
+    try:
+        detail = response.json().get("detail")
+    except (ValueError, AttributeError):
+        detail = response.text
+    if isinstance(detail, list):
+        for item in detail:
+            loc = ".".join(str(p) for p in item.get("loc", []))
+            shown = f" {item['input']!r}" if "input" in item else ""
+            err.print(
+                f"[bold red]error:[/] {escape(loc)}:{escape(shown)} {escape(item.get('msg', ''))}", soft_wrap=True
+            )
+    else:
+        err.print(f"[bold red]error:[/] {response.status_code}: {escape(str(detail))}", soft_wrap=True)
+    raise typer.Exit(1)
+
+
+def _check_output(output: str) -> None:
+    if output not in OUTPUTS:
+        _fail(f"-o {output!r}: use one of {', '.join(OUTPUTS)}", code=2)
+
+
+def _dump(data: Any, output: str) -> None:
+    if output == "json":
+        sys.stdout.write(json.dumps(data, indent=2) + "\n")
+    else:
+        sys.stdout.write(yaml.safe_dump(data, sort_keys=False))
+
+
+def submit(
+    file: Annotated[
+        list[Path], typer.Option("-f", "--file", help="Manifest file(s): Workloads, Nodes, Tenants, Jobs.")
+    ],
+    server: ServerOption = DEFAULT_SERVER,
+    token: TokenOption = "",
+    output: OutputOption = "table",
+) -> None:
+    """Send manifests to the server (validated here first): tenants, nodes, then workloads, then jobs."""
+    _check_output(output)
+    try:
+        manifests = load_manifests(*file)
+    except ValidationError as exc:
+        for detail in exc.errors:
+            err.print(f"[bold red]error:[/] {escape(str(detail))}", soft_wrap=True)
+        raise typer.Exit(1) from None
+    client = Client(server, token)
+    results: list[dict[str, Any]] = []
+    for tenant in manifests.tenants:
+        client.call("PUT", f"/v1/tenants/{tenant.name}", json=to_manifest(tenant))
+        results.append({"kind": "Tenant", "name": tenant.name, "status": "applied"})
+    for node in manifests.nodes:
+        client.call("PUT", f"/v1/nodes/{node.name}", json=to_manifest(node))
+        results.append({"kind": "Node", "name": node.name, "status": "registered"})
+    if manifests.workloads:
+        answer = client.call("POST", "/v1/workloads", json=[to_manifest(w) for w in manifests.workloads])
+        for item in answer["items"]:
+            key = f"{item['metadata']['namespace']}/{item['metadata']['name']}"
+            results.append({"kind": "Workload", "name": key, "status": item["status"]["phase"]})
+    for job in manifests.jobs:
+        answer = client.call("POST", "/v1/jobs", json=to_manifest(job))
+        results.append({"kind": "Job", "name": answer["job"], "status": answer["status"]})
+    if output != "table":
+        _dump(results, output)
+        return
+    table = Table(title=f"{len(results)} object(s) submitted")
+    for column in ("kind", "name", "status"):
+        table.add_column(column)
+    for row in results:
+        table.add_row(row["kind"], row["name"], row["status"])
+    out.print(table)
+
+
+def get(
+    what: Annotated[str, typer.Argument(help="workloads, nodes or tenants")],
+    server: ServerOption = DEFAULT_SERVER,
+    token: TokenOption = "",
+    output: OutputOption = "table",
+    namespace: Annotated[str | None, typer.Option("-n", "--namespace")] = None,
+    tenant: Annotated[str | None, typer.Option("--tenant")] = None,
+    phase: Annotated[str | None, typer.Option("--phase")] = None,
+    node: Annotated[str | None, typer.Option("--node")] = None,
+) -> None:
+    """List workloads (filters: namespace, tenant, phase, node), nodes or tenants."""
+    _check_output(output)
+    kinds = {"workloads": "workloads", "workload": "workloads", "nodes": "nodes", "node": "nodes",
+             "tenants": "tenants", "tenant": "tenants"}  # fmt: skip
+    if what not in kinds:
+        _fail(f"get {what!r}: use workloads, nodes or tenants", code=2)
+    kind = kinds[what]
+    params = {k: v for k, v in {"namespace": namespace, "tenant": tenant, "phase": phase, "node": node}.items() if v}
+    items = Client(server, token).call("GET", f"/v1/{kind}", params=params if kind == "workloads" else None)["items"]
+    if output != "table":
+        _dump(items, output)
+        return
+    out.print(_TABLES[kind](items))
+
+
+def _workloads_table(items: list[dict[str, Any]]) -> Table:
+    table = Table(title=f"{len(items)} workload(s)")
+    for column in ("namespace", "name", "tenant", "phase", "node", "cpuset", "devices", "reason"):
+        table.add_column(column, overflow="fold")
+    for item in items:
+        status = item["status"]
+        binding = status.get("binding") or {}
+        table.add_row(item["metadata"]["namespace"], item["metadata"]["name"], status["tenant"], status["phase"],
+                      status.get("node") or "", binding.get("cpuset", ""), _devices_text(binding.get("devices") or {}),
+                      status.get("reason") or "")  # fmt: skip
+    return table
+
+
+def _devices_text(devices: dict[str, list[dict[str, Any]]]) -> str:
+    parts = []
+    for kind, grants in devices.items():
+        for grant in grants:
+            amounts = ",".join(f"{k}={v}" for k, v in grant.get("resources", {}).items())
+            parts.append(f"{kind}{grant['minor']}({amounts})")
+    return " ".join(parts)
+
+
+def _nodes_table(items: list[dict[str, Any]]) -> Table:
+    table = Table(title=f"{len(items)} node(s)")
+    for column in ("name", "ready", "cordoned", "heartbeat", "allocatable", "workloads"):
+        table.add_column(column, overflow="fold")
+    for item in items:
+        status = item["status"]
+        allocation = status.get("allocation") or {}
+        table.add_row(item["metadata"]["name"], str(status["ready"]), str(status["cordoned"]),
+                      status.get("heartbeat") or "-",
+                      ", ".join(f"{k}={v}" for k, v in item["spec"].get("allocatable", {}).items()),
+                      str(len(allocation.get("workloads", []))))  # fmt: skip
+    return table
+
+
+def _tenants_table(items: list[dict[str, Any]]) -> Table:
+    table = Table(title=f"{len(items)} tenant(s)")
+    for column in ("name", "weight", "quota"):
+        table.add_column(column)
+    for item in items:
+        spec = item["spec"]
+        quota = ", ".join(f"{k}={v}" for k, v in (spec.get("quota") or {}).items())
+        table.add_row(item["metadata"]["name"], str(spec.get("weight", 1.0)), quota or "-")
+    return table
+
+
+_TABLES = {"workloads": _workloads_table, "nodes": _nodes_table, "tenants": _tenants_table}
+
+
+def describe(
+    what: Annotated[str, typer.Argument(help="workload")],
+    name: Annotated[str, typer.Argument(help="NAME or NAMESPACE/NAME")],
+    server: ServerOption = DEFAULT_SERVER,
+    token: TokenOption = "",
+    namespace: NamespaceOption = "default",
+    output: OutputOption = "table",
+) -> None:
+    """A workload's status, binding (node, cpuset, devices, NUMA), what its agent applied, and events."""
+    _check_output(output)
+    if what not in ("workload", "workloads"):
+        _fail(f"describe {what!r}: only workloads can be described", code=2)
+    namespace, _, name = name.rpartition("/") if "/" in name else (namespace, "/", name)
+    client = Client(server, token)
+    item = client.call("GET", f"/v1/workloads/{namespace}/{name}")
+    events = client.call("GET", "/v1/events", params={"kind": "Workload", "object": f"{namespace}/{name}"})["items"]
+    if output != "table":
+        _dump({**item, "events": events}, output)
+        return
+    status = item["status"]
+    out.print(f"[bold]Workload[/] {escape(namespace)}/{escape(name)}  tenant {escape(status['tenant'])}")
+    out.print(f"Phase:    {status['phase']}" + (f" ({escape(status['reason'])})" if status.get("reason") else ""))
+    binding = status.get("binding")
+    if binding:
+        out.print(f"Node:     {escape(binding['node'])}   acked: {binding.get('acked', False)}")
+        out.print(f"Cpuset:   {binding['cpuset'] or '-'}")
+        out.print(f"Devices:  {escape(_devices_text(binding['devices'])) or '-'}")
+        numa = ", ".join(f"numa{g['numa']}: " + ",".join(f"{k}={v}" for k, v in g["resources"].items())
+                         for g in binding.get("numa", []))  # fmt: skip
+        out.print(f"NUMA:     {escape(numa) or '-'}")
+    info = status.get("info") or {}
+    if info:
+        out.print("Applied:  " + escape(", ".join(f"{k}={v}" for k, v in info.items())))
+    table = Table(title="events")
+    for column in ("time", "reason", "message"):
+        table.add_column(column, overflow="fold")
+    for event in events:
+        table.add_row(event["time"], event["reason"], event["message"])
+    out.print(table)
+
+
+def delete(
+    what: Annotated[str, typer.Argument(help="workload or node")],
+    name: Annotated[str, typer.Argument(help="NAME (workloads: NAME or NAMESPACE/NAME)")],
+    server: ServerOption = DEFAULT_SERVER,
+    token: TokenOption = "",
+    namespace: NamespaceOption = "default",
+) -> None:
+    """Delete a workload (its binding is released) or a node (its workloads are requeued)."""
+    client = Client(server, token)
+    if what in ("workload", "workloads"):
+        namespace, _, name = name.rpartition("/") if "/" in name else (namespace, "/", name)
+        client.call("DELETE", f"/v1/workloads/{namespace}/{name}")
+        out.print(f"workload {escape(namespace)}/{escape(name)} deleted")
+    elif what in ("node", "nodes"):
+        answer = client.call("DELETE", f"/v1/nodes/{name}")
+        out.print(f"node {escape(name)} deleted; requeued {len(answer['requeued'])} workload(s)")
+    else:
+        _fail(f"delete {what!r}: use workload or node", code=2)
+
+
+def cordon(
+    node: Annotated[str, typer.Argument(help="Node name")],
+    server: ServerOption = DEFAULT_SERVER,
+    token: TokenOption = "",
+    undo: Annotated[bool, typer.Option("--undo", help="Uncordon instead.")] = False,
+) -> None:
+    """Stop (or, with --undo, resume) placing new work on a node."""
+    Client(server, token).call("POST", f"/v1/nodes/{node}/{'uncordon' if undo else 'cordon'}")
+    out.print(f"node {escape(node)} {'uncordoned' if undo else 'cordoned'}")
+
+
+def watch(
+    server: ServerOption = DEFAULT_SERVER,
+    token: TokenOption = "",
+    since: Annotated[int | None, typer.Option(help="Replay events after this id.")] = None,
+    count: Annotated[int | None, typer.Option(min=1, help="Stop after this many events.")] = None,
+    output: OutputOption = "table",
+) -> None:
+    """Stream events as they happen (Server-Sent Events); resumes after `--since`."""
+    _check_output(output)
+    client = Client(server, token, timeout=None)  # type: ignore[arg-type]
+    params = {"since": since} if since is not None else {}
+    seen = 0
+    try:
+        with client.http.stream("GET", "/v1/events/watch", params=params) as response:
+            if response.status_code >= 400:
+                response.read()
+                _fail_response(response)
+            for line in response.iter_lines():
+                if not line.startswith("data: "):
+                    continue
+                event = json.loads(line[len("data: ") :])
+                if output == "table":
+                    out.print(f"{event['id']:>7} {event['time']} {event['kind']:<8} {escape(event['object'])} "
+                              f"{escape(event['reason'])} {escape(event['message'])}", soft_wrap=True)  # fmt: skip
+                else:
+                    _dump(event, output)
+                seen += 1
+                if count is not None and seen >= count:
+                    return
+    except httpx.HTTPError as exc:
+        _fail(f"watch ended: {exc}")

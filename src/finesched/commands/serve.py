@@ -1,0 +1,78 @@
+"""`finesched serve` (the control plane) and `finesched token create` (credentials, printed once)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from finesched.errors import ValidationError
+
+DEFAULT_DB = f"sqlite:///{Path.home() / '.local/share/finesched/finesched.db'}"
+
+DbOption = Annotated[
+    str, typer.Option("--db", envvar="FINESCHED_DB", help="sqlite:///PATH or postgresql+psycopg://...")
+]
+
+token_app = typer.Typer(help="Create API tokens (stored hashed; printed once).", no_args_is_help=True)
+
+
+def serve(
+    db: DbOption = DEFAULT_DB,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=1, max=65535, help="Port to listen on.")] = 8080,
+    profile: Annotated[str, typer.Option(help="Scheduling profile: a built-in name or a YAML file.")] = "default",
+    batch: Annotated[int, typer.Option(min=1, max=10000, help="Workloads decided per store transaction.")] = 100,
+    lease_ttl: Annotated[float, typer.Option(min=1.0, help="Scheduler lease TTL in seconds (replicas).")] = 10.0,
+    heartbeat: Annotated[float, typer.Option(min=0.1, help="Agent report interval the server expects (s).")] = 5.0,
+    missed: Annotated[int, typer.Option(min=1, help="Missed reports before a node is NotReady.")] = 3,
+    requeue_after: Annotated[
+        float, typer.Option(min=-1.0, help="Requeue a NotReady node's workloads after this many seconds (-1: never).")
+    ] = 60.0,
+    log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
+) -> None:
+    """Run the control plane: HTTP API, store and scheduling loop (one leader per database)."""
+    import uvicorn
+
+    from finesched.server.app import create_app
+    from finesched.server.loop import LoopConfig
+    from finesched.server.store import Store
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from finesched.sched.profile import resolve_profile
+
+    resolve_profile(profile)  # a bad profile is reported before anything starts
+    config = LoopConfig(
+        profile=profile,
+        batch_size=batch,
+        lease_ttl_s=lease_ttl,
+        heartbeat_s=heartbeat,
+        missed_heartbeats=missed,
+        requeue_after_s=None if requeue_after < 0 else requeue_after,
+    )
+    store = Store.open(db)
+    app = create_app(store, config)
+    uvicorn.run(app, host=host, port=port, log_level=log_level.lower(), access_log=log_level.lower() == "debug")
+
+
+@token_app.command("create")
+def token_create(
+    role: Annotated[str, typer.Option(help="admin, agent (one node) or tenant (one tenant).")],
+    db: DbOption = DEFAULT_DB,
+    tenant: Annotated[str | None, typer.Option(help="The tenant of a tenant token.")] = None,
+    node: Annotated[str | None, typer.Option(help="The node of an agent token.")] = None,
+) -> None:
+    """Print a new token for ROLE (keep it: only its hash is stored)."""
+    from finesched.server.auth import create_token
+    from finesched.server.store import Store
+
+    store = Store.open(db)
+    try:
+        typer.echo(create_token(store, role, tenant=tenant, node=node))
+    finally:
+        store.close()
+
+
+__all__ = ["DEFAULT_DB", "ValidationError", "serve", "token_app"]

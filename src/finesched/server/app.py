@@ -1,0 +1,143 @@
+"""The control plane's HTTP API (FastAPI): routes under /v1, health, readiness and Prometheus metrics.
+
+`create_app` wires a store and a scheduling loop into one app; the loop starts and stops with the
+app's lifespan. Errors are JSON: ``{"detail": [{"loc": [...], "msg": ...}]}`` for bad input
+(422, or 413 when the body is too large) and ``{"detail": "..."}`` otherwise; a store conflict is
+409. Nothing is changed by a request that is refused.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from sqlalchemy.exc import OperationalError
+
+from finesched import __version__
+from finesched.server import jobs, offers, routes_nodes, routes_tenants, routes_workloads
+from finesched.server.auth import TokenCache
+from finesched.server.context import MAX_BODY_BYTES, Ctx, ServerContext
+from finesched.server.loop import LoopConfig, SchedulerLoop
+from finesched.server.metrics import Metrics
+from finesched.server.store import Conflict, NotFound, Store
+from finesched.server.views import InputError
+
+log = logging.getLogger("finesched.server")
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+ASGIApp = Callable[[Scope, Callable[[], Awaitable[Message]], Callable[[Message], Awaitable[None]]], Awaitable[None]]
+
+
+class BodyLimit:
+    """Refuse request bodies over `limit` bytes with 413, whether announced by Content-Length or streamed."""
+
+    def __init__(self, app: ASGIApp, limit: int):
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Callable[[], Awaitable[Message]], send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = dict(scope.get("headers") or []).get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.limit:
+            await _too_large(self.limit)(scope, receive, send)
+            return
+        seen = 0
+
+        async def limited() -> Message:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.limit:
+                raise _BodyTooLarge
+            return message
+
+        try:
+            await self.app(scope, limited, send)
+        except _BodyTooLarge:
+            await _too_large(self.limit)(scope, receive, send)
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+def _too_large(limit: int) -> JSONResponse:
+    return JSONResponse({"detail": [{"loc": ["body"], "msg": f"request body larger than {limit} bytes"}]}, 413)
+
+
+def create_app(store: Store, config: LoopConfig | None = None, *, max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
+    metrics = Metrics()
+    loop = SchedulerLoop(store, config, metrics)
+    loop.restorers.append(lambda scheduler: offers.restore_holds(store, scheduler))
+    loop.maintenance.append(lambda: offers.expire_offers(store, loop))
+    metrics.observe_cluster(loop.figures)
+    ctx = ServerContext(store, loop, metrics, TokenCache(store), max_body_bytes)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        loop.start()
+        try:
+            yield
+        finally:
+            loop.stop()
+
+    app = FastAPI(
+        title="finesched",
+        version=__version__,
+        description="Fine-grained resource scheduler: control plane API.",
+        lifespan=lifespan,
+    )
+    app.state.ctx = ctx
+    app.add_middleware(BodyLimit, limit=max_body_bytes)
+
+    @app.middleware("http")
+    async def count_requests(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        response = await call_next(request)
+        metrics.requests.labels(request.method, str(response.status_code)).inc()
+        return response
+
+    @app.exception_handler(InputError)
+    async def input_error(request: Request, exc: InputError) -> JSONResponse:
+        return JSONResponse({"detail": exc.details}, exc.status)
+
+    @app.exception_handler(Conflict)
+    async def conflict(request: Request, exc: Conflict) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, 409)
+
+    @app.exception_handler(NotFound)
+    async def not_found(request: Request, exc: NotFound) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, 404)
+
+    @app.exception_handler(OperationalError)
+    async def store_down(request: Request, exc: OperationalError) -> JSONResponse:
+        log.error("store unavailable: %s", exc)
+        return JSONResponse({"detail": "the store is unavailable; retry"}, 503)
+
+    @app.get("/healthz", tags=["health"])
+    def healthz() -> dict[str, str]:
+        """The process is up."""
+        return {"status": "ok"}
+
+    @app.get("/readyz", tags=["health"])
+    def readyz(ctx: Ctx) -> JSONResponse:
+        """Ready when the store answers; says whether this replica is the scheduling leader."""
+        try:
+            ctx.store.last_event_id()
+        except OperationalError as exc:
+            return JSONResponse({"status": "store unavailable", "detail": str(exc)}, 503)
+        return JSONResponse({"status": "ready", "leader": ctx.loop.is_leader, "lease": ctx.loop.lease.holder_info()})
+
+    @app.get("/metrics", tags=["health"])
+    def metrics_endpoint() -> Response:
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4")
+
+    for module in (routes_nodes, routes_workloads, routes_tenants, offers, jobs):
+        app.include_router(module.router)
+    return app

@@ -1,0 +1,77 @@
+"""Turning store rows into the scheduler's objects: the Node the scheduler sees, bindings, tenants.
+
+The scheduler's view of a node is its manifest plus what the control plane knows about it: a
+cordoned or NotReady node carries the `NodeUnschedulable` label, and devices the agent last
+reported unhealthy are marked so, so nothing new is placed on them.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+from finesched.model.binding import Binding
+from finesched.model.manifest import parse_manifest
+from finesched.model.node import Node
+from finesched.model.tenant import Tenant
+from finesched.model.workload import Workload
+from finesched.plugins.node_unschedulable import UNSCHEDULABLE_LABEL
+
+#: Every node the control plane hands the scheduler carries its own name under this label (as
+#: Kubernetes nodes carry kubernetes.io/hostname), so a workload can be pinned to one node.
+HOSTNAME_LABEL = "finesched.io/hostname"
+
+
+def node_from_row(row: Mapping[str, Any]) -> Node:
+    """The scheduler's Node for a `nodes` row (raises ValidationError if the stored spec is invalid)."""
+    doc = copy.deepcopy(row["spec"])
+    metadata = doc.setdefault("metadata", {})
+    labels = {**(metadata.get("labels") or {}), HOSTNAME_LABEL: row["name"]}
+    why = "cordoned" if row.get("cordoned") else ("not-ready" if not row.get("ready", True) else "")
+    if why:
+        labels[UNSCHEDULABLE_LABEL] = why
+    metadata["labels"] = labels
+    health = ((row.get("report") or {}).get("health")) or {}
+    for device in (doc.get("spec") or {}).get("devices") or ():
+        reported = health.get(device.get("type"), {}).get(str(device.get("minor")))
+        if reported is False:
+            device["health"] = False
+    node = parse_manifest(doc, where=f"node {row['name']}")
+    assert isinstance(node, Node)
+    return node
+
+
+def pinned(workload: Workload, node: str) -> Workload:
+    """`workload` restricted to `node` (through the hostname label every node carries)."""
+    selector = {**workload.node_selector, HOSTNAME_LABEL: node}
+    return Workload.model_validate({**workload.model_dump(by_alias=True), "nodeSelector": selector})
+
+
+def workload_from_row(row: Mapping[str, Any]) -> Workload:
+    workload = parse_manifest(row["spec"], where=f"workload {row['namespace']}/{row['name']}")
+    assert isinstance(workload, Workload)
+    return workload
+
+
+def tenant_from_row(row: Mapping[str, Any]) -> Tenant:
+    tenant = parse_manifest(row["spec"], where=f"tenant {row['name']}")
+    assert isinstance(tenant, Tenant)
+    return tenant
+
+
+def binding_from_row(row: Mapping[str, Any]) -> Binding:
+    return Binding.model_validate(row["data"])
+
+
+def binding_view(binding: Binding) -> dict[str, Any]:
+    """What a client sees of a binding: node, cpuset (Linux cpulist), devices per type, NUMA grants."""
+    data = binding.model_dump(mode="json", by_alias=True)
+    return {
+        "node": binding.node,
+        "cpuset": str(binding.cpuset),
+        "devices": data.get("devices", {}),
+        "numa": data.get("numa", []),
+        "requests": data.get("requests", {}),
+        "annotations": data.get("annotations", {}),
+    }

@@ -1,0 +1,94 @@
+"""Database engines: SQLite (the embedded default, WAL mode) or PostgreSQL (by URL), schema migrated on open.
+
+SQLite allows one writer at a time; a transaction that starts as a reader and later writes can
+fail with "database is locked" instead of waiting. Every write transaction therefore starts with
+``BEGIN IMMEDIATE`` (it takes the write lock up front and waits up to the busy timeout), while
+reads use a second engine whose transactions start deferred, so readers never wait for writers
+(WAL). PostgreSQL needs neither trick: both names point at one engine.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import create_engine, event
+from sqlalchemy.engine import URL, Engine, make_url
+from sqlalchemy.exc import ArgumentError
+
+from finesched.errors import ValidationError
+from finesched.server.migrate import upgrade
+
+BUSY_TIMEOUT_S = 30.0
+SUPPORTED = ("sqlite", "postgresql")
+
+
+@dataclass(frozen=True)
+class Engines:
+    writer: Engine
+    reader: Engine
+    url: URL
+
+    @property
+    def is_sqlite(self) -> bool:
+        return self.url.get_backend_name() == "sqlite"
+
+    def dispose(self) -> None:
+        self.writer.dispose()
+        if self.reader is not self.writer:
+            self.reader.dispose()
+
+
+def parse_db_url(url: str) -> URL:
+    """The SQLAlchemy URL of `url`, or a ValidationError naming what is wrong with it."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError as exc:
+        raise ValidationError(f"not a database URL ({exc})", path="--db", value=url) from None
+    backend = parsed.get_backend_name()
+    if backend not in SUPPORTED:
+        raise ValidationError(
+            "unsupported database; use sqlite:///PATH or postgresql+psycopg://USER@HOST:PORT/DB", path="--db", value=url
+        )
+    if backend == "postgresql" and parsed.get_driver_name() not in ("psycopg",):
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    if backend == "sqlite" and parsed.database in (None, "", ":memory:"):
+        raise ValidationError("an SQLite store needs a file path (sqlite:///PATH)", path="--db", value=url)
+    return parsed
+
+
+def open_engines(url: str, *, migrate: bool = True) -> Engines:
+    """Engines for `url`, with the schema brought to the newest migration when `migrate`."""
+    parsed = parse_db_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        assert parsed.database is not None
+        Path(parsed.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        engines = Engines(_sqlite_engine(parsed, immediate=True), _sqlite_engine(parsed, immediate=False), parsed)
+    else:
+        engine = create_engine(parsed, pool_size=10, max_overflow=20, pool_pre_ping=True)
+        engines = Engines(engine, engine, parsed)
+    if migrate:
+        upgrade(engines.writer)
+    return engines
+
+
+def _sqlite_engine(url: URL, *, immediate: bool) -> Engine:
+    engine = create_engine(url, connect_args={"timeout": BUSY_TIMEOUT_S, "check_same_thread": False})
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: sqlite3.Connection, _record: Any) -> None:
+        dbapi_connection.isolation_level = None  # transactions are begun explicitly below
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: a killed process loses nothing committed
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(connection: Any) -> None:
+        connection.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+    return engine

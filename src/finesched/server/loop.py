@@ -1,0 +1,444 @@
+"""The scheduling loop: the one thread that decides, over a ClusterState rebuilt from the store.
+
+Cycle of the lease holder (DESIGN.md "State and concurrency rules"):
+1. follow the change feed (`events`): every node, workload or tenant another writer touched is
+   reloaded from the store and reconciled with the in-memory state (idempotent: level-triggered);
+2. decide a batch from the queue (`Scheduler.run(limit=...)`): bindings are *assumed*, not committed;
+3. write the batch in one transaction, fenced by the lease; only then commit the assumed
+   bindings. A workload that changed meanwhile (deleted, requeued) is a conflict: its binding is
+   forgotten and the workload reconciled from the store again;
+4. watch heartbeats: a node whose agent missed too many goes NotReady (nothing new lands there),
+   and after a grace period (when configured) its workloads are requeued.
+
+Only the lease holder runs the cycle; another replica waits and takes over when the lease
+expires, rebuilding its state from the store first (S1.6). API handlers write to the store and
+then `wake` the loop; submissions made through this process are handed over directly so the
+feed does not have to reload them.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy.exc import SQLAlchemyError
+
+from finesched.errors import ValidationError
+from finesched.model.binding import Binding
+from finesched.model.workload import Workload
+from finesched.sched.diagnosis import FitError, InvalidRequest
+from finesched.sched.scheduler import Scheduler
+from finesched.server.cluster_view import binding_from_row, node_from_row, tenant_from_row, workload_from_row
+from finesched.server.lease import Lease, LostLease
+from finesched.server.metrics import Metrics
+from finesched.server.store import HOLDING, PENDING, REJECTED, Event, NotFound, Store, now
+from finesched.state.cluster import ClusterState, StateError
+from finesched.state.device_wire import EncodedUpdateError, apply_encoded_updates
+
+log = logging.getLogger("finesched.loop")
+
+#: How long an event id missing from the feed (a transaction that had not committed yet when the
+#: feed was read, which PostgreSQL sequences allow) is looked for again.
+GAP_WINDOW_S = 30.0
+
+
+@dataclass
+class LoopConfig:
+    profile: str = "default"
+    batch_size: int = 100
+    lease_ttl_s: float = 10.0
+    heartbeat_s: float = 5.0  # agents report this often
+    missed_heartbeats: int = 3  # NotReady after this many missed reports
+    requeue_after_s: float | None = 60.0  # requeue a NotReady node's workloads after this (None: never)
+    idle_wait_s: float = 0.25
+    holder: str | None = None
+
+
+@dataclass
+class Queued:
+    """A workload the scheduler holds in its queue: the store row id and version it was read at."""
+
+    id: int
+    version: int
+    workload: Workload
+    submitted: float = field(default_factory=time.time)
+
+
+class SchedulerLoop:
+    def __init__(self, store: Store, config: LoopConfig | None = None, metrics: Metrics | None = None):
+        self.store = store
+        self.config = config or LoopConfig()
+        self.metrics = metrics or Metrics()
+        self.lease = Lease(store, self.config.lease_ttl_s, self.config.holder)
+        #: Guards `scheduler` (and its state) between the loop thread and API handlers that read it.
+        self.lock = threading.RLock()
+        self.scheduler: Scheduler | None = None
+        self.queued: dict[str, Queued] = {}
+        self._cursor = 0
+        self._gaps: dict[int, float] = {}
+        self._own_events: set[int] = set()
+        self._requeued_nodes: set[str] = set()
+        self._last_health_check = 0.0
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        #: Called with the new scheduler after a rebuild, before it decides (e.g. offers re-hold).
+        self.restorers: list[Callable[[Scheduler], None]] = []
+        #: Called about once a second on the leader (e.g. expiring offers).
+        self.maintenance: list[Callable[[], None]] = []
+
+    # Life cycle ------------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="finesched-scheduler", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        try:
+            self.lease.release()
+        except SQLAlchemyError:
+            log.warning("could not release the scheduler lease on shutdown")
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    @property
+    def is_leader(self) -> bool:
+        return self.scheduler is not None
+
+    def _run(self) -> None:
+        next_lease = 0.0
+        while not self._stop.is_set():
+            busy = False
+            try:
+                if time.monotonic() >= next_lease:
+                    self._keep_lease()
+                    next_lease = time.monotonic() + self.config.lease_ttl_s / 3
+                if self.scheduler is not None:
+                    self._follow_feed()
+                    busy = self._schedule_batch()
+                    self._check_heartbeats()
+            except LostLease:
+                log.warning("lost the scheduler lease; following")
+                self._drop()
+            except SQLAlchemyError as exc:  # the database is unreachable: keep trying, decide nothing
+                log.error("store error in the scheduling loop: %s", exc)
+                self._drop()
+                next_lease = 0.0
+                self._stop.wait(1.0)
+            if not busy:
+                self._wake.wait(self.config.idle_wait_s)
+                self._wake.clear()
+
+    def _keep_lease(self) -> None:
+        held = self.lease.try_acquire()
+        if held and self.scheduler is None:
+            self.rebuild()
+        elif not held and self.scheduler is not None:
+            self._drop()
+        self.metrics.leader.set(1 if held else 0)
+
+    def _drop(self) -> None:
+        with self.lock:
+            self.scheduler = None
+            self.queued.clear()
+
+    # Rebuild (S1.6) --------------------------------------------------------------------------------
+    def rebuild(self) -> None:
+        """Build the state from the store: nodes, then bindings, then the pending queue."""
+        cursor = self.store.last_event_id()  # changes after this are replayed by the feed (idempotent)
+        state = ClusterState()
+        for row in self.store.list_nodes():
+            try:
+                state.add_node(node_from_row(row))
+            except (ValidationError, StateError) as exc:
+                log.error("node %s cannot be loaded: %s", row["name"], exc)
+        tenants = [tenant_from_row(r) for r in self.store.list_tenants()]
+        scheduler = Scheduler(state, self.config.profile, tenants, auto_commit=False)
+        for row in self.store.bindings():
+            binding = binding_from_row(row)
+            try:
+                state.assume(binding)
+                state.commit(binding.workload)
+            except StateError as exc:  # its node is gone or changed: the workload is placed again
+                self.store.release(binding.workload, PENDING, f"binding could not be restored: {exc}")
+        for restore in self.restorers:
+            restore(scheduler)
+        queued: dict[str, Queued] = {}
+        for row in self.store.pending():
+            self._queue_row(scheduler, queued, row)
+        with self.lock:
+            self.scheduler = scheduler
+            self.queued = queued
+            self._cursor, self._gaps, self._own_events = cursor, {}, set()
+        log.info("scheduler state rebuilt: %d nodes, %d bindings, %d queued", state.n, len(state.bindings), len(queued))
+
+    def _queue_row(self, scheduler: Scheduler, queued: dict[str, Queued], row: dict[str, Any]) -> None:
+        key = f"{row['namespace']}/{row['name']}"
+        try:
+            workload = workload_from_row(row)
+            scheduler.submit([workload])
+        except ValidationError as exc:
+            self.store.set_phase(key, REJECTED, str(exc))
+            return
+        queued[key] = Queued(row["id"], row["version"], workload, row["created"].timestamp())
+
+    def own(self, event_ids: Iterable[int]) -> None:
+        """Events this process wrote and already applied: the feed skips them."""
+        with self.lock:
+            self._own_events.update(event_ids)
+
+    def submitted(self, rows: Iterable[tuple[int, Workload]], event_ids: Iterable[int]) -> None:
+        """Workloads this process just stored as Pending (id, workload): queue them without a reload."""
+        with self.lock:
+            self._own_events.update(event_ids)
+            scheduler = self.scheduler
+            if scheduler is not None:
+                for workload_id, workload in rows:
+                    if workload.key in self.queued or workload.key in scheduler.state.bindings:
+                        continue
+                    scheduler.submit([workload])
+                    self.queued[workload.key] = Queued(workload_id, 1, workload)
+        self.wake()
+
+    # Change feed -----------------------------------------------------------------------------------
+    def _follow_feed(self) -> None:
+        events = self.store.events(self._cursor, also=self._gaps, limit=5000)
+        if not events:
+            return
+        touched: dict[tuple[str, str], None] = {}
+        stamp = time.monotonic()
+        with self.lock:
+            expected = self._cursor + 1
+            for event in events:
+                event_id = event["id"]
+                self._gaps.pop(event_id, None)
+                if event_id >= expected:
+                    for missing in range(expected, event_id):
+                        self._gaps[missing] = stamp
+                    expected = event_id + 1
+                if event_id in self._own_events:
+                    self._own_events.discard(event_id)
+                    continue
+                touched[(event["kind"], event["object"])] = None
+            self._cursor = max(self._cursor, expected - 1)
+            self._gaps = {i: t for i, t in self._gaps.items() if stamp - t < GAP_WINDOW_S}
+        for kind, obj in touched:
+            if kind == "Node":
+                self.reconcile_node(obj)
+            elif kind == "Workload":
+                self.reconcile_workload(obj)
+            elif kind == "Tenant":
+                self.reconcile_tenant(obj)
+
+    def reconcile_node(self, name: str) -> None:
+        try:
+            row = self.store.get_node(name)
+        except NotFound:
+            row = None
+        with self.lock:
+            scheduler = self.scheduler
+            if scheduler is None:
+                return
+            state = scheduler.state
+            if row is None:
+                if name in state.index:
+                    for binding in state.remove_node(name, force=True):
+                        self._requeue_in_memory(binding.workload)
+                return
+            try:
+                node = node_from_row(row)
+                if name in state.index:
+                    state.update_node(node)
+                else:
+                    state.add_node(node)
+                devices = (row.get("report") or {}).get("devices")
+                if devices:
+                    apply_encoded_updates(state, {name: devices})
+            except (ValidationError, StateError, EncodedUpdateError) as exc:
+                log.warning("node %s: change not applied: %s", name, exc)
+                self.store.note([Event("Node", name, "UpdateRefused", str(exc))])
+                return
+            scheduler.queue.cluster_changed()
+
+    def reconcile_workload(self, key: str) -> None:
+        namespace, name = key.split("/", 1)
+        try:
+            row = self.store.get_workload(namespace, name)
+        except NotFound:
+            row = None
+        with self.lock:
+            scheduler = self.scheduler
+            if scheduler is None:
+                return
+            state = scheduler.state
+            bound_here = key in state.bindings
+            if row is None or row["phase"] not in HOLDING:
+                if bound_here:  # released, requeued or deleted by another writer
+                    scheduler.release(key)
+                if row is None or row["phase"] != PENDING:
+                    self.queued.pop(key, None)
+                    return
+                entry = self.queued.get(key)
+                if entry is not None and entry.id == row["id"]:
+                    entry.version = row["version"]
+                    return
+                if scheduler.queue.holds(key):  # a stale entry of an earlier submission: bound later and dropped
+                    self.queued.pop(key, None)
+                    return
+                self._queue_row(scheduler, self.queued, row)
+                return
+            self.queued.pop(key, None)
+            binding_row = row.get("binding")
+            if not bound_here and binding_row is not None:
+                binding = binding_from_row(binding_row)
+                try:
+                    state.assume(binding)
+                    state.commit(binding.workload)
+                except StateError as exc:
+                    log.error("binding %s from the store does not fit: %s", key, exc)
+
+    def reconcile_tenant(self, name: str) -> None:
+        try:
+            tenant = tenant_from_row(self.store.get_tenant(name))
+        except (NotFound, ValidationError):
+            return
+        with self.lock:
+            if self.scheduler is not None:
+                self.scheduler.queue.set_tenant(tenant)
+
+    def _requeue_in_memory(self, key: str) -> None:
+        """A binding lost with its node: the store requeues it in the same transaction; follow it."""
+        self.queued.pop(key, None)
+
+    # Deciding --------------------------------------------------------------------------------------
+    def _schedule_batch(self) -> bool:
+        """Decide up to one batch and make it durable; True when the queue may hold more right now."""
+        started = time.perf_counter()
+        with self.lock:
+            scheduler = self.scheduler
+            if scheduler is None or not self.queued:
+                return False
+            results = scheduler.run(self.config.batch_size, report_waiting=False, flush_backoff=False)
+            decisions, rejected, stale = [], [], []
+            for result in results:
+                if isinstance(result, InvalidRequest):
+                    rejected.append(result)
+                    continue
+                if isinstance(result, FitError):
+                    continue
+                entry = self.queued.get(result.workload)
+                if entry is None:  # deleted while queued
+                    stale.append(result.workload)
+                    continue
+                decisions.append((entry, result))
+            for key in stale:
+                scheduler.state.forget(key)
+        if not decisions and not rejected:
+            return False
+        self._write(decisions)
+        for result in rejected:
+            with self.lock:
+                self.queued.pop(result.workload, None)
+            self.store.set_phase(result.workload, REJECTED, result.message)
+            self.metrics.decisions.labels("rejected").inc()
+        self.metrics.cycle_latency.observe(time.perf_counter() - started)
+        return len(results) >= self.config.batch_size
+
+    def _write(self, decisions: list[tuple[Queued, Binding]]) -> None:
+        payload = [
+            (entry.id, entry.version, b.workload, b.node, b.model_dump(mode="json", by_alias=True))
+            for entry, b in decisions
+        ]
+        try:
+            conflicts, event_ids = self.store.bind(payload, fence=self.lease.fence)
+        except BaseException:
+            with self.lock:  # nothing was written: undo the assumptions and queue the workloads again
+                if self.scheduler is not None:
+                    for entry, binding in decisions:
+                        self.scheduler.state.forget(binding.workload)
+                        self.scheduler.submit([entry.workload])
+            raise
+        conflicted = set(conflicts)
+        stamp = time.time()
+        bound: list[str] = []
+        with self.lock:
+            self._own_events.update(event_ids)
+            scheduler = self.scheduler
+            for entry, binding in decisions:
+                key = binding.workload
+                if entry.id in conflicted:
+                    if scheduler is not None:
+                        scheduler.state.forget(key)
+                    continue
+                if scheduler is not None:
+                    scheduler.state.commit(key)
+                self.queued.pop(key, None)
+                bound.append(key)
+                self.metrics.bind_latency.observe(max(0.0, stamp - entry.submitted))
+        self.metrics.decisions.labels("bound").inc(len(bound))
+        if conflicted:
+            self.metrics.write_conflicts.inc(len(conflicted))
+            for entry, binding in decisions:
+                if entry.id in conflicted:
+                    with self.lock:
+                        self.queued.pop(binding.workload, None)
+                    self.reconcile_workload(binding.workload)
+
+    # Heartbeats ------------------------------------------------------------------------------------
+    def _check_heartbeats(self) -> None:
+        if time.monotonic() - self._last_health_check < 1.0:
+            return
+        self._last_health_check = time.monotonic()
+        for task in self.maintenance:
+            task()
+        cfg = self.config
+        not_ready_after = timedelta(seconds=cfg.heartbeat_s * cfg.missed_heartbeats)
+        stamp = now()
+        for name, ready, beat in self.store.heartbeats():
+            if beat is None:  # never reported: a node registered by hand, no agent to miss
+                continue
+            silent = stamp - beat
+            if ready:
+                self._requeued_nodes.discard(name)
+                if silent > not_ready_after:
+                    message = f"no heartbeat for {silent.total_seconds():.0f}s ({cfg.missed_heartbeats} missed)"
+                    self.store.set_node_flags(name, "NotReady", message, ready=False)
+                continue
+            if cfg.requeue_after_s is None or name in self._requeued_nodes:
+                continue
+            if silent > not_ready_after + timedelta(seconds=cfg.requeue_after_s):
+                keys = self.store.requeue_node(name, f"node {name} not ready for {silent.total_seconds():.0f}s")
+                self._requeued_nodes.add(name)
+                log.warning("node %s not ready: requeued %d workloads", name, len(keys))
+
+    # Views for the API -----------------------------------------------------------------------------
+    def figures(self) -> dict[str, Any] | None:
+        """Queue depth, allocation per resource and per-device usage (None when not the leader)."""
+        from finesched.state.devices import attach_device_accounts
+
+        with self.lock:
+            scheduler = self.scheduler
+            if scheduler is None:
+                return None
+            state = scheduler.state
+            resources = {name: (int(state.used_of(name).sum()), total) for name, total in state.totals().items()}
+            devices: dict[tuple[str, str, int, str], float] = {}
+            accounts = attach_device_accounts(state)
+            for kind, acc in accounts.types.items():
+                for i in range(state.n):
+                    for d in range(int(acc.count[i])):
+                        for k, dim in enumerate(acc.dims):
+                            total = int(acc.total[k, i, d])
+                            if total > 0:
+                                used = (total - int(acc.free[k, i, d])) / total
+                                devices[(state.names[i], kind, int(acc.minor[i, d]), dim)] = used
+            return {"queue_depth": len(self.queued), "resources": resources, "devices": devices}

@@ -1,0 +1,84 @@
+"""Prometheus metrics of one control-plane process (its own registry, so tests can run several).
+
+Counters and the latency histogram are updated as things happen; the gauges that describe the
+cluster (queue depth, allocation per resource, per-device usage) are read from the scheduler's
+state when `/metrics` is scraped, so they are never stale and cost nothing between scrapes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.decisions = Counter(
+            "finesched_decisions", "Scheduling decisions made durable, by result.", ["result"], registry=self.registry
+        )
+        self.bind_latency = Histogram(
+            "finesched_submit_to_bound_seconds",
+            "Time from a workload's submission to its durable binding.",
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.cycle_latency = Histogram(
+            "finesched_batch_seconds",
+            "Time to decide one batch and write it to the store.",
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.write_conflicts = Counter(
+            "finesched_bind_conflicts", "Bindings not written because the workload changed.", registry=self.registry
+        )
+        self.leader = Gauge(
+            "finesched_leader", "1 when this replica holds the scheduler lease.", registry=self.registry
+        )
+        self.requests = Counter(
+            "finesched_http_requests",
+            "HTTP requests by method and status.",
+            ["method", "status"],
+            registry=self.registry,
+        )
+
+    def observe_cluster(self, snapshot: Callable[[], dict[str, Any] | None]) -> None:
+        """Register the scrape-time collector; `snapshot()` returns the cluster figures (None: not leader)."""
+        self.registry.register(_ClusterCollector(snapshot))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _ClusterCollector(Collector):
+    def __init__(self, snapshot: Callable[[], dict[str, Any] | None]):
+        self.snapshot = snapshot
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        figures = self.snapshot()
+        if figures is None:
+            return
+        depth = GaugeMetricFamily("finesched_queue_depth", "Workloads waiting to be scheduled.")
+        depth.add_metric([], figures["queue_depth"])
+        yield depth
+        allocated = GaugeMetricFamily("finesched_allocated", "Allocated amount per resource.", labels=["resource"])
+        capacity = GaugeMetricFamily("finesched_capacity", "Allocatable amount per resource.", labels=["resource"])
+        for name, (used, total) in figures["resources"].items():
+            allocated.add_metric([name], used)
+            capacity.add_metric([name], total)
+        yield allocated
+        yield capacity
+        device = GaugeMetricFamily(
+            "finesched_device_used_ratio",
+            "Used share of each device dimension (0-1).",
+            labels=["node", "type", "minor", "dimension"],
+        )
+        for (node, kind, minor, dim), ratio in figures["devices"].items():
+            device.add_metric([node, kind, str(minor), dim], ratio)
+        yield device

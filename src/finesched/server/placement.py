@@ -1,0 +1,62 @@
+"""Placing a group of workloads at once, outside the queue (offer accept, dataflow jobs).
+
+The handler holds the loop's lock, asks the scheduler to place the whole group (`schedule_gang`:
+all or none, assumed only), writes workloads and bindings in one transaction, and commits the
+assumed bindings only after that transaction succeeded; if it fails they are forgotten.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from sqlalchemy import Connection, insert
+
+from finesched.model.binding import Binding
+from finesched.model.workload import Workload
+from finesched.server import schema as t
+from finesched.server.loop import SchedulerLoop
+from finesched.server.store import BOUND, Event, Store, now
+from finesched.server.views import canonical
+
+
+def insert_bound(
+    conn: Connection, workloads: Sequence[Workload], bindings: Sequence[Binding], *, job: str | None, why: str
+) -> list[Event]:
+    """Insert `workloads` as Bound with their bindings (in the caller's transaction); the events to log."""
+    stamp = now()
+    by_key = {b.workload: b for b in bindings}
+    events = []
+    for workload in workloads:
+        binding = by_key[workload.key]
+        workload_id = conn.execute(
+            insert(t.workloads).returning(t.workloads.c.id),
+            {"namespace": workload.namespace, "name": workload.name, "tenant": workload.tenant,
+             "spec": canonical(workload), "phase": BOUND, "reason": "", "node": binding.node, "job": job,
+             "version": 1, "created": stamp, "updated": stamp},
+        ).scalar_one()  # fmt: skip
+        conn.execute(insert(t.bindings), {"workload_id": workload_id, "workload": workload.key, "node": binding.node,
+                                          "acked": False, "version": 1, "created": stamp,
+                                          "data": binding.model_dump(mode="json", by_alias=True)})  # fmt: skip
+        events.append(Event("Workload", workload.key, "Bound", f"bound to {binding.node}{why}"))
+    return events
+
+
+def commit_after_write(loop: SchedulerLoop, bindings: Sequence[Binding], write: Callable[[], Any]) -> Any:
+    """Run the durable `write`; commit the assumed `bindings` if it succeeded, forget them otherwise."""
+    state = loop.scheduler.state if loop.scheduler is not None else None
+    try:
+        result = write()
+    except BaseException:
+        if state is not None:
+            for binding in bindings:
+                state.forget(binding.workload)
+        raise
+    if state is not None:
+        for binding in bindings:
+            state.commit(binding.workload)
+    return result
+
+
+def log_own(loop: SchedulerLoop, conn: Connection, events: Sequence[Event]) -> None:
+    loop.own(Store.log(conn, events))

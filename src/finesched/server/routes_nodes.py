@@ -1,0 +1,132 @@
+"""/v1/nodes: register (admin, or the node's own agent), report, read, cordon/uncordon, delete."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, HTTPException
+
+from finesched.errors import ValidationError
+from finesched.model.node import Node
+from finesched.server.auth import ADMIN, Identity
+from finesched.server.cluster_view import node_from_row
+from finesched.server.context import Caller, Ctx, ServerContext
+from finesched.server.reports import NodeReport, check_report
+from finesched.server.store import Conflict, Event, NotFound
+from finesched.server.views import InputError, canonical, node_view, parse_kind
+
+router = APIRouter(prefix="/v1/nodes", tags=["nodes"])
+
+NodeBody = Annotated[dict[str, Any], Body(description="A Node manifest")]
+
+
+def _register(ctx: ServerContext, caller: Identity, body: dict[str, Any], *, name: str | None) -> tuple[dict, bool]:
+    node: Node = parse_kind(body, "Node")
+    if name is not None and node.name != name:
+        raise InputError([{"loc": ["body", "metadata", "name"], "msg": f"must be {name!r} (the URL's name)"}])
+    caller.require_node(node.name)
+    try:
+        row, created = ctx.store.put_node(node.name, canonical(node), create_only=name is None)
+    except Conflict as exc:
+        raise HTTPException(409, str(exc)) from None
+    ctx.loop.wake()
+    return node_view(row), created
+
+
+@router.post("", status_code=201)
+def register_node(body: NodeBody, ctx: Ctx, caller: Caller) -> dict[str, Any]:
+    """Register a node (409 when the name is taken; use PUT to replace)."""
+    view, _ = _register(ctx, caller, body, name=None)
+    return view
+
+
+@router.put("/{name}")
+def put_node(name: str, body: NodeBody, ctx: Ctx, caller: Caller) -> dict[str, Any]:
+    """Create or replace a node (what an agent does at start-up); bound workloads stay if they still fit."""
+    view, _ = _register(ctx, caller, body, name=name)
+    return view
+
+
+@router.get("")
+def list_nodes(ctx: Ctx, caller: Caller) -> dict[str, Any]:
+    caller.require(ADMIN)
+    return {"items": [node_view(r, _allocation(ctx, r["name"])) for r in ctx.store.list_nodes()]}
+
+
+@router.get("/{name}")
+def get_node(name: str, ctx: Ctx, caller: Caller) -> dict[str, Any]:
+    caller.require_node(name)
+    return node_view(_row(ctx, name), _allocation(ctx, name))
+
+
+def _row(ctx: ServerContext, name: str) -> dict[str, Any]:
+    try:
+        return ctx.store.get_node(name)
+    except NotFound as exc:
+        raise HTTPException(404, str(exc)) from None
+
+
+def _allocation(ctx: ServerContext, name: str) -> dict[str, Any] | None:
+    """Allocated / allocatable per resource and the bindings on the node, from the leader's state."""
+    with ctx.loop.lock:
+        scheduler = ctx.loop.scheduler
+        if scheduler is None or name not in scheduler.state.index:
+            return None
+        state = scheduler.state
+        i = state.index[name]
+        out = {r: {"used": int(state.used_of(r)[i]), "allocatable": int(state.allocatable[state.res_index[r], i])}
+               for r in state.resources}  # fmt: skip
+        return {"resources": out, "workloads": sorted(b.workload for b in state.bindings_on(name))}
+
+
+@router.post("/{name}/report")
+def report(name: str, body: NodeReport, ctx: Ctx, caller: Caller) -> dict[str, Any]:
+    """An agent's heartbeat and Resource Manager sync (S0.2-encoded device free amounts, health)."""
+    caller.require_node(name)
+    row = _row(ctx, name)
+    try:
+        node = node_from_row({**row, "report": None, "cordoned": False, "ready": True})
+    except ValidationError as exc:
+        raise HTTPException(409, f"node {name}'s stored spec is invalid: {exc}") from None
+    problems = check_report(node, body)
+    if problems:
+        ctx.store.note([Event("Node", name, "ReportRefused", "; ".join(p["msg"] for p in problems))])
+        raise InputError(problems)
+    data = body.model_dump(mode="json")
+    if ctx.store.heartbeat(name, data):
+        ctx.loop.wake()
+    return {"accepted": True, "node": name}
+
+
+@router.post("/{name}/cordon")
+def cordon(name: str, ctx: Ctx, caller: Caller) -> dict[str, Any]:
+    """Take no new work on the node (bound workloads stay)."""
+    caller.require(ADMIN)
+    return _set_flag(ctx, name, "Cordoned", cordoned=True)
+
+
+@router.post("/{name}/uncordon")
+def uncordon(name: str, ctx: Ctx, caller: Caller) -> dict[str, Any]:
+    caller.require(ADMIN)
+    return _set_flag(ctx, name, "Uncordoned", cordoned=False)
+
+
+def _set_flag(ctx: ServerContext, name: str, reason: str, **flags: Any) -> dict[str, Any]:
+    try:
+        row = ctx.store.set_node_flags(name, reason, **flags)
+    except NotFound as exc:
+        raise HTTPException(404, str(exc)) from None
+    ctx.loop.wake()
+    return node_view(row)
+
+
+@router.delete("/{name}")
+def delete_node(name: str, ctx: Ctx, caller: Caller) -> dict[str, Any]:
+    """Remove the node; its workloads are requeued."""
+    caller.require(ADMIN)
+    try:
+        requeued = ctx.store.delete_node(name)
+    except NotFound as exc:
+        raise HTTPException(404, str(exc)) from None
+    ctx.loop.wake()
+    return {"deleted": name, "requeued": requeued}

@@ -1,0 +1,134 @@
+"""The control plane's tables (SQLAlchemy Core): the durable truth the scheduler is rebuilt from.
+
+Every row that can be changed by two writers carries a `version` column; writers update with
+``WHERE version = :seen`` and treat "no row changed" as a conflict (optimistic concurrency).
+`events` doubles as the change feed: each state change writes an event naming the object it
+touched, in the same transaction, so a scheduling replica that did not make the change itself
+reloads that object from here.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    Column,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+)
+
+metadata = MetaData()
+
+#: An integer primary key that autoincrements on SQLite (INTEGER) and PostgreSQL (BIGSERIAL).
+IdColumn = BigInteger().with_variant(Integer(), "sqlite")
+
+nodes = Table(
+    "nodes",
+    metadata,
+    Column("name", String(253), primary_key=True),
+    Column("spec", JSON, nullable=False),  # the Node manifest as submitted
+    Column("cordoned", Boolean, nullable=False, default=False),
+    Column("ready", Boolean, nullable=False, default=True),
+    Column("heartbeat", DateTime(timezone=True), nullable=True),
+    Column("report", JSON, nullable=True),  # the last accepted agent report
+    Column("version", Integer, nullable=False, default=1),
+    Column("created", DateTime(timezone=True), nullable=False),
+)
+
+workloads = Table(
+    "workloads",
+    metadata,
+    Column("id", IdColumn, primary_key=True, autoincrement=True),  # submission order (FIFO)
+    Column("namespace", String(253), nullable=False),
+    Column("name", String(253), nullable=False),
+    Column("tenant", String(253), nullable=False),
+    Column("spec", JSON, nullable=False),  # the Workload manifest as submitted
+    Column("phase", String(16), nullable=False),
+    Column("reason", Text, nullable=False, default=""),
+    Column("node", String(253), nullable=True),
+    Column("info", JSON, nullable=True),  # what the node agent reported (exit code, cgroup, ...)
+    Column("job", String(510), nullable=True),  # the dataflow job this slot belongs to
+    Column("version", Integer, nullable=False, default=1),
+    Column("created", DateTime(timezone=True), nullable=False),
+    Column("updated", DateTime(timezone=True), nullable=False),
+    UniqueConstraint("namespace", "name", name="uq_workload_key"),
+    Index("ix_workloads_phase", "phase"),
+    Index("ix_workloads_tenant", "tenant"),
+)
+
+bindings = Table(
+    "bindings",
+    metadata,
+    Column("workload_id", IdColumn, ForeignKey("workloads.id", ondelete="CASCADE"), primary_key=True),
+    Column("workload", String(510), nullable=False, unique=True),  # namespace/name
+    Column("node", String(253), nullable=False),
+    Column("data", JSON, nullable=False),  # the whole Binding (scalars, cpuset, devices, numa)
+    Column("acked", Boolean, nullable=False, default=False),
+    Column("version", Integer, nullable=False, default=1),
+    Column("created", DateTime(timezone=True), nullable=False),
+    Index("ix_bindings_node", "node"),
+)
+
+tenants = Table(
+    "tenants",
+    metadata,
+    Column("name", String(253), primary_key=True),
+    Column("weight", Float, nullable=False, default=1.0),
+    Column("spec", JSON, nullable=False),  # the Tenant manifest
+    Column("version", Integer, nullable=False, default=1),
+)
+
+tokens = Table(
+    "tokens",
+    metadata,
+    Column("id", IdColumn, primary_key=True, autoincrement=True),
+    Column("digest", String(64), nullable=False, unique=True),  # sha256 of the token; never the token
+    Column("role", String(16), nullable=False),
+    Column("tenant", String(253), nullable=True),
+    Column("node", String(253), nullable=True),
+    Column("created", DateTime(timezone=True), nullable=False),
+)
+
+events = Table(
+    "events",
+    metadata,
+    Column("id", IdColumn, primary_key=True, autoincrement=True),
+    Column("time", DateTime(timezone=True), nullable=False),
+    Column("kind", String(16), nullable=False),  # Node | Workload | Tenant | Offer
+    Column("object", String(510), nullable=False),  # node name, namespace/name, tenant, offer id
+    Column("reason", String(64), nullable=False),  # Submitted, Bound, Released, Rejected, ...
+    Column("message", Text, nullable=False, default=""),
+    Index("ix_events_object", "kind", "object"),
+)
+
+offers = Table(
+    "offers",
+    metadata,
+    Column("id", String(36), primary_key=True),
+    Column("tenant", String(253), nullable=False),
+    Column("node", String(253), nullable=False),
+    Column("demand", JSON, nullable=False),
+    Column("remaining", JSON, nullable=False),
+    Column("hold", JSON, nullable=False),  # the binding that holds the offered resources while it is open
+    Column("state", String(16), nullable=False),  # Open | Accepted | Declined | Expired
+    Column("expires", DateTime(timezone=True), nullable=False),
+    Column("created", DateTime(timezone=True), nullable=False),
+)
+
+leases = Table(
+    "leases",
+    metadata,
+    Column("name", String(64), primary_key=True),
+    Column("holder", String(128), nullable=False),
+    Column("expires", DateTime(timezone=True), nullable=False),
+    Column("version", Integer, nullable=False, default=1),  # fencing token: bumped on every takeover
+)

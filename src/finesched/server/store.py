@@ -1,0 +1,423 @@
+"""The durable store: nodes, workloads, bindings, tenants and events, one transaction per change.
+
+The store is the truth; the scheduler's `ClusterState` is rebuilt from it (S1.6). Each method
+is one transaction that also appends the events describing the change (the change feed a
+scheduling replica follows, and what `GET /v1/events` shows). Conflicts are explicit:
+`Conflict` when a row changed under the writer (version check) or a name is taken, `NotFound`
+when the object is gone. Rows come back as plain dicts (no ORM objects leak out).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import Connection, Row, delete, func, insert, or_, select, update
+from sqlalchemy.exc import IntegrityError
+
+from finesched.server import schema as t
+from finesched.server.db import Engines, open_engines
+
+PENDING, BOUND, RUNNING, SUCCEEDED, FAILED, REJECTED = "Pending", "Bound", "Running", "Succeeded", "Failed", "Rejected"
+PHASES = (PENDING, BOUND, RUNNING, SUCCEEDED, FAILED, REJECTED)
+HOLDING = (BOUND, RUNNING)  # phases that hold a binding
+TERMINAL = (SUCCEEDED, FAILED, REJECTED)
+
+
+class Conflict(Exception):
+    """The object changed under the writer, or its name is taken (HTTP 409)."""
+
+
+class NotFound(Exception):
+    """No such object (HTTP 404)."""
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+def aware(value: datetime | None) -> datetime | None:
+    """SQLite returns naive datetimes; every time in the store is UTC."""
+    return value.replace(tzinfo=UTC) if value is not None and value.tzinfo is None else value
+
+
+@dataclass(frozen=True)
+class Event:
+    kind: str
+    object: str
+    reason: str
+    message: str = ""
+
+
+def as_dict(row: Row[Any] | None) -> dict[str, Any] | None:
+    if row is None:
+        return None
+    out = dict(row._mapping)
+    for key, value in out.items():
+        if isinstance(value, datetime):
+            out[key] = aware(value)
+    return out
+
+
+class Store:
+    """All reads and writes of the control plane's tables."""
+
+    def __init__(self, engines: Engines):
+        self.engines = engines
+
+    @classmethod
+    def open(cls, url: str) -> Store:
+        return cls(open_engines(url))
+
+    def close(self) -> None:
+        self.engines.dispose()
+
+    # Transactions ------------------------------------------------------------------------------------
+    def write(self) -> Any:
+        return self.engines.writer.begin()
+
+    def read(self) -> Any:
+        return self.engines.reader.connect()
+
+    @staticmethod
+    def log(conn: Connection, events: Iterable[Event]) -> list[int]:
+        """Append events in the caller's transaction; their ids (the change-feed positions)."""
+        rows = [{"time": now(), **e.__dict__} for e in events]
+        if not rows:
+            return []
+        result = conn.execute(insert(t.events).returning(t.events.c.id), rows)
+        return [r[0] for r in result]
+
+    # Nodes -----------------------------------------------------------------------------------------
+    def put_node(self, name: str, spec: Mapping[str, Any], *, create_only: bool) -> tuple[dict[str, Any], bool]:
+        """Create the node, or replace its spec (unless `create_only`); (row, created)."""
+        with self.write() as conn:
+            existing = conn.execute(select(t.nodes).where(t.nodes.c.name == name)).first()
+            if existing is not None and create_only:
+                raise Conflict(f"node {name} already exists")
+            stamp = now()
+            if existing is None:
+                values = {"name": name, "spec": dict(spec), "cordoned": False, "ready": True,
+                          "heartbeat": None, "report": None, "version": 1, "created": stamp}  # fmt: skip
+                conn.execute(insert(t.nodes), values)
+                self.log(conn, [Event("Node", name, "Registered")])
+                return values, True
+            conn.execute(
+                update(t.nodes).where(t.nodes.c.name == name).values(spec=dict(spec), version=t.nodes.c.version + 1)
+            )
+            self.log(conn, [Event("Node", name, "Updated")])
+            row = as_dict(conn.execute(select(t.nodes).where(t.nodes.c.name == name)).first())
+            assert row is not None
+            return row, False
+
+    def get_node(self, name: str) -> dict[str, Any]:
+        with self.read() as conn:
+            row = as_dict(conn.execute(select(t.nodes).where(t.nodes.c.name == name)).first())
+        if row is None:
+            raise NotFound(f"node {name} not found")
+        return row
+
+    def list_nodes(self) -> list[dict[str, Any]]:
+        with self.read() as conn:
+            return [as_dict(r) for r in conn.execute(select(t.nodes).order_by(t.nodes.c.name))]  # type: ignore[misc]
+
+    def set_node_flags(self, name: str, reason: str, message: str = "", **flags: Any) -> dict[str, Any]:
+        """Set cordoned / ready / heartbeat / report on a node (one event, `reason`)."""
+        with self.write() as conn:
+            result = conn.execute(
+                update(t.nodes).where(t.nodes.c.name == name).values(**flags, version=t.nodes.c.version + 1)
+            )
+            if result.rowcount == 0:
+                raise NotFound(f"node {name} not found")
+            if reason:
+                self.log(conn, [Event("Node", name, reason, message)])
+            row = as_dict(conn.execute(select(t.nodes).where(t.nodes.c.name == name)).first())
+            assert row is not None
+            return row
+
+    def heartbeat(self, name: str, report: Mapping[str, Any] | None) -> bool:
+        """Record an accepted report; True when the scheduler must look at the node again (it was
+        NotReady, or what it reports changed), in which case an event says so."""
+        with self.write() as conn:
+            row = conn.execute(select(t.nodes.c.ready, t.nodes.c.report).where(t.nodes.c.name == name)).first()
+            if row is None:
+                raise NotFound(f"node {name} not found")
+            values: dict[str, Any] = {"heartbeat": now(), "ready": True}
+            changed = report is not None and report != row.report
+            if changed:
+                values["report"] = dict(report or {})
+            if changed or not row.ready:
+                values["version"] = t.nodes.c.version + 1
+            conn.execute(update(t.nodes).where(t.nodes.c.name == name).values(**values))
+            events = [Event("Node", name, "Ready", "heartbeats resumed")] if not row.ready else []
+            if changed:
+                events.append(Event("Node", name, "Reported", "device state or health changed"))
+            self.log(conn, events)
+            return bool(events)
+
+    def delete_node(self, name: str) -> list[str]:
+        """Delete a node; its workloads go back to Pending (requeued). Their keys."""
+        with self.write() as conn:
+            if conn.execute(delete(t.nodes).where(t.nodes.c.name == name)).rowcount == 0:
+                raise NotFound(f"node {name} not found")
+            keys = self._requeue_node(conn, name, f"node {name} was deleted")
+            self.log(conn, [Event("Node", name, "Deleted")])
+            return keys
+
+    def requeue_node(self, name: str, reason: str) -> list[str]:
+        """Release every binding on `name` and requeue its workloads (a node lost for good)."""
+        with self.write() as conn:
+            return self._requeue_node(conn, name, reason)
+
+    def _requeue_node(self, conn: Connection, name: str, reason: str) -> list[str]:
+        held = conn.execute(select(t.bindings.c.workload_id, t.bindings.c.workload).where(t.bindings.c.node == name))
+        ids, keys = [], []
+        for workload_id, key in held:
+            ids.append(workload_id)
+            keys.append(key)
+        if ids:
+            conn.execute(delete(t.bindings).where(t.bindings.c.workload_id.in_(ids)))
+            conn.execute(
+                update(t.workloads)
+                .where(t.workloads.c.id.in_(ids))
+                .values(phase=PENDING, reason=reason, node=None, version=t.workloads.c.version + 1, updated=now())
+            )
+            self.log(conn, [Event("Workload", k, "Requeued", reason) for k in keys])
+        return keys
+
+    # Workloads ---------------------------------------------------------------------------------------
+    def submit(
+        self, items: Sequence[tuple[str, str, str, Mapping[str, Any]]], job: str | None = None
+    ) -> tuple[list[int], list[int]]:
+        """Insert workloads (namespace, name, tenant, manifest) as Pending, all or none; their ids and
+        the ids of the events announcing them.
+
+        Raises Conflict naming the first key that already exists."""
+        stamp = now()
+        rows = [
+            {"namespace": ns, "name": name, "tenant": tenant, "spec": dict(spec), "phase": PENDING, "reason": "",
+             "job": job, "version": 1, "created": stamp, "updated": stamp}
+            for ns, name, tenant, spec in items
+        ]  # fmt: skip
+        try:
+            with self.write() as conn:
+                result = conn.execute(insert(t.workloads).returning(t.workloads.c.id), rows)
+                ids = [r[0] for r in result]
+                events = self.log(conn, [Event("Workload", f"{ns}/{name}", "Submitted") for ns, name, _, _ in items])
+                return ids, events
+        except IntegrityError:
+            keys = [f"{ns}/{name}" for ns, name, _, _ in items]
+            taken = self.existing_workloads(keys)
+            raise Conflict(f"workload {taken[0] if taken else keys[0]} already exists") from None
+
+    def existing_workloads(self, keys: Sequence[str]) -> list[str]:
+        pairs = [tuple(k.split("/", 1)) for k in keys]
+        with self.read() as conn:
+            found = {
+                f"{ns}/{n}"
+                for ns, n in conn.execute(select(t.workloads.c.namespace, t.workloads.c.name).where(
+                    t.workloads.c.namespace.in_({p[0] for p in pairs}), t.workloads.c.name.in_({p[1] for p in pairs})))
+            }  # fmt: skip
+        return [k for k in keys if k in found]
+
+    def get_workload(self, namespace: str, name: str) -> dict[str, Any]:
+        """The workload row with its binding row under "binding" (None when unbound)."""
+        with self.read() as conn:
+            row = as_dict(
+                conn.execute(
+                    select(t.workloads).where(t.workloads.c.namespace == namespace, t.workloads.c.name == name)
+                ).first()
+            )
+            if row is None:
+                raise NotFound(f"workload {namespace}/{name} not found")
+            row["binding"] = as_dict(
+                conn.execute(select(t.bindings).where(t.bindings.c.workload_id == row["id"])).first()
+            )
+        return row
+
+    def list_workloads(self, **filters: str | None) -> list[dict[str, Any]]:
+        """Workloads (with bindings) matching namespace / tenant / phase / node / job, in submission order."""
+        query = select(t.workloads, t.bindings.c.data.label("binding_data")).outerjoin(
+            t.bindings, t.bindings.c.workload_id == t.workloads.c.id
+        )
+        for column, value in filters.items():
+            if value:
+                query = query.where(getattr(t.workloads.c, column) == value)
+        with self.read() as conn:
+            return [as_dict(r) for r in conn.execute(query.order_by(t.workloads.c.id))]  # type: ignore[misc]
+
+    def pending(self, after_id: int = 0) -> list[dict[str, Any]]:
+        """Pending workloads with id > `after_id`, oldest first (what the scheduler must queue)."""
+        with self.read() as conn:
+            query = select(t.workloads).where(t.workloads.c.phase == PENDING, t.workloads.c.id > after_id)
+            return [as_dict(r) for r in conn.execute(query.order_by(t.workloads.c.id))]  # type: ignore[misc]
+
+    def delete_workload(self, namespace: str, name: str, tenant: str | None = None) -> dict[str, Any]:
+        """Delete a workload and release its binding; refuses another tenant's workload (NotFound)."""
+        with self.write() as conn:
+            query = select(t.workloads).where(t.workloads.c.namespace == namespace, t.workloads.c.name == name)
+            row = as_dict(conn.execute(query).first())
+            if row is None or (tenant is not None and row["tenant"] != tenant):
+                raise NotFound(f"workload {namespace}/{name} not found")
+            conn.execute(delete(t.bindings).where(t.bindings.c.workload_id == row["id"]))
+            conn.execute(delete(t.workloads).where(t.workloads.c.id == row["id"]))
+            self.log(conn, [Event("Workload", f"{namespace}/{name}", "Deleted", "released")])
+            return row
+
+    # Bindings ----------------------------------------------------------------------------------------
+    def bind(
+        self, decisions: Sequence[tuple[int, int, str, str, Mapping[str, Any]]], fence: Any = None
+    ) -> tuple[list[int], list[int]]:
+        """Write bindings (workload id, version seen, key, node, binding data) in one transaction.
+
+        A workload is bound only if it is still Pending at the version the scheduler saw; the ids
+        that were not (deleted or changed meanwhile) are returned as conflicts and not bound, with
+        the ids of the events written.
+        `fence(conn)` runs first and must raise when this writer may no longer schedule."""
+        conflicts: list[int] = []
+        with self.write() as conn:
+            if fence is not None:
+                fence(conn)
+            stamp = now()
+            events, rows = [], []
+            for workload_id, version, key, node, data in decisions:
+                result = conn.execute(
+                    update(t.workloads)
+                    .where(t.workloads.c.id == workload_id, t.workloads.c.version == version,
+                           t.workloads.c.phase == PENDING)
+                    .values(phase=BOUND, node=node, reason="", version=version + 1, updated=stamp)
+                )  # fmt: skip
+                if result.rowcount != 1:
+                    conflicts.append(workload_id)
+                    continue
+                rows.append({"workload_id": workload_id, "workload": key, "node": node, "data": dict(data),
+                             "acked": False, "version": 1, "created": stamp})  # fmt: skip
+                events.append(Event("Workload", key, "Bound", f"bound to {node}"))
+            if rows:
+                conn.execute(insert(t.bindings), rows)
+            return conflicts, self.log(conn, events)
+
+    def bindings(self, node: str | None = None) -> list[dict[str, Any]]:
+        query = select(t.bindings, t.workloads.c.spec, t.workloads.c.phase).join(
+            t.workloads, t.workloads.c.id == t.bindings.c.workload_id
+        )
+        if node is not None:
+            query = query.where(t.bindings.c.node == node)
+        with self.read() as conn:
+            return [as_dict(r) for r in conn.execute(query.order_by(t.bindings.c.workload_id))]  # type: ignore[misc]
+
+    def get_binding(self, namespace: str, name: str) -> dict[str, Any]:
+        row = self.get_workload(namespace, name)
+        if row["binding"] is None:
+            raise NotFound(f"workload {namespace}/{name} is not bound")
+        return row
+
+    def ack(self, key: str) -> None:
+        with self.write() as conn:
+            result = conn.execute(
+                update(t.bindings)
+                .where(t.bindings.c.workload == key)
+                .values(acked=True, version=t.bindings.c.version + 1)
+            )
+            if result.rowcount == 0:
+                raise NotFound(f"workload {key} is not bound")
+            self.log(conn, [Event("Workload", key, "Acknowledged", "the node agent accepted the binding")])
+
+    def release(self, key: str, phase: str, reason: str, info: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Drop `key`'s binding and move it to `phase` (Pending = requeue, or a terminal phase)."""
+        with self.write() as conn:
+            row = as_dict(conn.execute(select(t.bindings).where(t.bindings.c.workload == key)).first())
+            if row is None:
+                raise NotFound(f"workload {key} is not bound")
+            conn.execute(delete(t.bindings).where(t.bindings.c.workload_id == row["workload_id"]))
+            values: dict[str, Any] = {"phase": phase, "reason": reason, "version": t.workloads.c.version + 1,
+                                      "updated": now()}  # fmt: skip
+            if phase == PENDING:
+                values["node"] = None
+            if info is not None:
+                values["info"] = dict(info)
+            conn.execute(update(t.workloads).where(t.workloads.c.id == row["workload_id"]).values(**values))
+            event = "Requeued" if phase == PENDING else phase
+            self.log(conn, [Event("Workload", key, event, reason)])
+            return row
+
+    def set_phase(self, key: str, phase: str, reason: str, info: Mapping[str, Any] | None = None) -> None:
+        """Record a phase that keeps the binding (Running) or needs none (Rejected by the scheduler)."""
+        namespace, name = key.split("/", 1)
+        with self.write() as conn:
+            values: dict[str, Any] = {"phase": phase, "reason": reason, "version": t.workloads.c.version + 1,
+                                      "updated": now()}  # fmt: skip
+            if info is not None:
+                values["info"] = dict(info)
+            result = conn.execute(
+                update(t.workloads)
+                .where(t.workloads.c.namespace == namespace, t.workloads.c.name == name)
+                .values(**values)
+            )
+            if result.rowcount == 0:
+                raise NotFound(f"workload {key} not found")
+            self.log(conn, [Event("Workload", key, phase, reason)])
+
+    def note(self, events: Iterable[Event]) -> None:
+        """Record events that change nothing else (e.g. why a workload still waits)."""
+        with self.write() as conn:
+            self.log(conn, events)
+
+    # Events ------------------------------------------------------------------------------------------
+    def last_event_id(self) -> int:
+        with self.read() as conn:
+            return int(conn.execute(select(func.coalesce(func.max(t.events.c.id), 0))).scalar_one())
+
+    def events(
+        self, after: int = 0, *, also: Iterable[int] = (), kind: str | None = None, obj: str | None = None,
+        limit: int = 1000,
+    ) -> list[dict[str, Any]]:  # fmt: skip
+        """Events with id > `after` (plus the ids in `also`), oldest first, optionally for one object."""
+        also = list(also)
+        condition = t.events.c.id > after
+        if also:
+            condition = or_(condition, t.events.c.id.in_(also))
+        query = select(t.events).where(condition)
+        if kind:
+            query = query.where(t.events.c.kind == kind)
+        if obj:
+            query = query.where(t.events.c.object == obj)
+        with self.read() as conn:
+            return [as_dict(r) for r in conn.execute(query.order_by(t.events.c.id).limit(limit))]  # type: ignore[misc]
+
+    def heartbeats(self) -> list[tuple[str, bool, datetime | None]]:
+        """(name, ready, last heartbeat) of every node: what the heartbeat monitor needs, nothing more."""
+        with self.read() as conn:
+            rows = conn.execute(select(t.nodes.c.name, t.nodes.c.ready, t.nodes.c.heartbeat))
+            return [(name, bool(ready), aware(beat)) for name, ready, beat in rows]
+
+    # Tenants -----------------------------------------------------------------------------------------
+    def put_tenant(self, name: str, weight: float, spec: Mapping[str, Any], *, create_only: bool) -> bool:
+        """Create or replace a tenant; True when created."""
+        with self.write() as conn:
+            exists = conn.execute(select(t.tenants.c.name).where(t.tenants.c.name == name)).first() is not None
+            if exists and create_only:
+                raise Conflict(f"tenant {name} already exists")
+            if exists:
+                conn.execute(
+                    update(t.tenants)
+                    .where(t.tenants.c.name == name)
+                    .values(weight=weight, spec=dict(spec), version=t.tenants.c.version + 1)
+                )
+            else:
+                conn.execute(insert(t.tenants), {"name": name, "weight": weight, "spec": dict(spec), "version": 1})
+            self.log(conn, [Event("Tenant", name, "Updated" if exists else "Created")])
+            return not exists
+
+    def get_tenant(self, name: str) -> dict[str, Any]:
+        with self.read() as conn:
+            row = as_dict(conn.execute(select(t.tenants).where(t.tenants.c.name == name)).first())
+        if row is None:
+            raise NotFound(f"tenant {name} not found")
+        return row
+
+    def list_tenants(self) -> list[dict[str, Any]]:
+        with self.read() as conn:
+            return [as_dict(r) for r in conn.execute(select(t.tenants).order_by(t.tenants.c.name))]  # type: ignore[misc]

@@ -1,0 +1,132 @@
+"""What the API returns: store rows shaped as {metadata, spec, status}, and manifest input checks.
+
+Manifests arrive as JSON and are validated by the same code as manifest files
+(`parse_manifest`), so an API error names the same field paths a `finesched validate` would;
+they are stored in their canonical form (`to_manifest`), which parses back to the same object.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from finesched.errors import _MISSING, ErrorDetail, ValidationError
+from finesched.model.binding import Binding
+from finesched.model.manifest import parse_manifest, to_manifest
+from finesched.server.cluster_view import binding_view
+
+
+class InputError(Exception):
+    """Bad input from a client: FastAPI-style details, each with `loc` and `msg` (HTTP 422)."""
+
+    def __init__(self, details: list[dict[str, Any]], status: int = 422):
+        self.details = details
+        self.status = status
+        super().__init__("; ".join(d["msg"] for d in details))
+
+
+def detail_of(error: ErrorDetail, prefix: tuple[str | int, ...] = ("body",)) -> dict[str, Any]:
+    loc: list[str | int] = list(prefix)
+    for part in error.path.replace("[", ".").replace("]", "").split("."):
+        if part:
+            loc.append(int(part) if part.isdigit() else part)
+    out: dict[str, Any] = {"loc": loc, "msg": error.message}
+    if error.value is not _MISSING:
+        out["input"] = error.value if isinstance(error.value, str | int | float | bool | None) else repr(error.value)
+    return out
+
+
+def invalid(exc: ValidationError, prefix: tuple[str | int, ...] = ("body",)) -> InputError:
+    return InputError([detail_of(e, prefix) for e in exc.errors])
+
+
+def parse_kind(doc: Any, kind: str, prefix: tuple[str | int, ...] = ("body",)) -> Any:
+    """Validate one manifest of `kind`; InputError (422) naming every bad field otherwise."""
+    if not isinstance(doc, Mapping):
+        raise InputError([{"loc": list(prefix), "msg": f"a {kind} manifest is a JSON object"}])
+    if doc.get("kind") != kind:
+        value = doc.get("kind")
+        raise InputError([{"loc": [*prefix, "kind"], "msg": f"must be {kind!r} here", "input": repr(value)}])
+    try:
+        return parse_manifest(doc)
+    except ValidationError as exc:
+        raise invalid(exc, prefix) from None
+
+
+def canonical(obj: Any) -> dict[str, Any]:
+    return to_manifest(obj)
+
+
+def _time(value: datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def workload_view(row: Mapping[str, Any]) -> dict[str, Any]:
+    """{metadata, spec, status: {phase, reason, binding: {node, cpuset, devices, numa} | null, ...}}."""
+    doc = row["spec"]
+    binding_data = row.get("binding_data")
+    if binding_data is None and row.get("binding"):
+        binding_data = row["binding"]["data"]
+    binding = binding_view(Binding.model_validate(binding_data)) if binding_data else None
+    if binding is not None and row.get("binding"):
+        binding["acked"] = bool(row["binding"]["acked"])
+    return {
+        "metadata": {**doc.get("metadata", {}), "namespace": row["namespace"], "name": row["name"]},
+        "spec": doc.get("spec", {}),
+        "status": {
+            "phase": row["phase"],
+            "reason": row["reason"],
+            "tenant": row["tenant"],
+            "node": row.get("node"),
+            "binding": binding,
+            "info": row.get("info") or {},
+            "job": row.get("job"),
+            "version": row["version"],
+            "created": _time(row.get("created")),
+            "updated": _time(row.get("updated")),
+        },
+    }
+
+
+def node_view(row: Mapping[str, Any], usage: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    doc = row["spec"]
+    status: dict[str, Any] = {
+        "ready": bool(row["ready"]),
+        "cordoned": bool(row["cordoned"]),
+        "heartbeat": _time(row.get("heartbeat")),
+        "report": row.get("report"),
+        "version": row["version"],
+    }
+    if usage is not None:
+        status["allocation"] = usage
+    return {"metadata": doc.get("metadata", {}), "spec": doc.get("spec", {}), "status": status}
+
+
+def binding_row_view(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A binding as a node agent reads it: the placement plus the workload spec it runs."""
+    view = binding_view(Binding.model_validate(row["data"]))
+    return {
+        "workload": row["workload"],
+        **view,
+        "version": row["version"],
+        "acked": bool(row["acked"]),
+        "phase": row.get("phase"),
+        "workloadSpec": (row.get("spec") or {}).get("spec", {}),
+    }
+
+
+def tenant_view(row: Mapping[str, Any]) -> dict[str, Any]:
+    doc = row["spec"]
+    return {"metadata": doc.get("metadata", {}), "spec": doc.get("spec", {}), "status": {"version": row["version"]}}
+
+
+def event_view(row: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "id": row["id"],
+        "time": _time(row["time"]),
+        "kind": row["kind"],
+        "object": row["object"],
+        "reason": row["reason"],
+        "message": row["message"],
+    }

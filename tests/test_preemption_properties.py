@@ -1,0 +1,93 @@
+"""Safety properties of preemption and quota reclaim under random submits, releases and runs (hypothesis).
+
+After every step: nothing is over-allocated (state invariants); no workload was preempted by one
+of lower or equal priority unless quota reclaim said so; no tenant at or under its min was a
+reclaim victim; every preemption ended with its preemptor bound (or evicted later by a stronger
+one in the same run) — and a run that preempts nothing evicts nothing.
+"""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+from builders import make_node, make_workload
+from finesched.model.tenant import Tenant
+from finesched.sched.scheduler import Scheduler
+from finesched.state.cluster import ClusterState
+
+TENANTS = ["a", "b", "c"]
+HALF_GPU = {"koordinator.sh/gpu-core": "50", "koordinator.sh/gpu-memory-ratio": "50"}
+
+
+class PreemptionMachine(RuleBasedStateMachine):
+    @initialize()
+    def setup(self) -> None:
+        nodes = [make_node(f"n{i}").cpu("4").memory("16Gi").gpus(1).obj() for i in range(3)]
+        tenants = [
+            Tenant(name="a", min={"cpu": 4000}, max={"cpu": 8000}),
+            Tenant(name="b", min={"cpu": 4000}),
+            Tenant(name="c"),
+        ]
+        self.mins = {t.name: dict(t.min or {}) for t in tenants}
+        self.s = Scheduler(ClusterState.from_nodes(nodes), tenants=tenants)
+        self.count = 0
+
+    @rule(
+        tenant=st.sampled_from(TENANTS),
+        priority=st.integers(0, 3),
+        cpu=st.integers(1, 3),
+        gpu=st.booleans(),
+        never=st.booleans(),
+    )
+    def submit_and_run(self, tenant: str, priority: int, cpu: int, gpu: bool, never: bool) -> None:
+        self.count += 1
+        w = make_workload(f"w{self.count}").req(cpu=str(cpu), **(HALF_GPU if gpu else {})).tenant(tenant)
+        w = w.priority(priority).set(preemptionPolicy="Never" if never else "PreemptLowerPriority")
+        self.s.submit([w.obj()])
+        self.run_and_check()
+
+    @rule(pick=st.integers(0, 1000))
+    def release_and_run(self, pick: int) -> None:
+        bound = sorted(self.s.state.bindings)
+        if bound:
+            self.s.release(bound[pick % len(bound)])
+        self.run_and_check()
+
+    def run_and_check(self) -> None:
+        s = self.s
+        before = {k: b for k, b in s.state.bindings.items()}
+        usage = {t: dict(s.usage.of(t)) for t in TENANTS}
+        s.run()
+        preemptions = s.take_preemptions()
+        evicted_later: set[str] = set()
+        for p in reversed(preemptions):
+            for victim in p.victims:
+                reason = p.reasons[victim.workload]
+                if victim.priority >= p.binding.priority:
+                    assert victim.priority == p.binding.priority and reason.startswith("reclaim"), (p, reason)
+                    floor = self.mins.get(victim.tenant, {})
+                    # the victim's tenant borrowed above its min before this run
+                    assert any(usage[victim.tenant].get(n, 0) > floor.get(n, 0) for n in ("cpu",)), (p, usage)
+            if p.preemptor not in evicted_later:
+                assert s.state.bindings.get(p.preemptor) == p.binding
+            evicted_later.update(p.victim_keys)
+        gone = set(before) - set(s.state.bindings)
+        assert gone <= {k for p in preemptions for k in p.victim_keys}, (gone, preemptions)
+        for t, floor in self.mins.items():  # reclaim never took a tenant below its min
+            if any(p.reasons.get(k, "").startswith("reclaim") for p in preemptions for k in p.victim_keys):
+                for name, amount in floor.items():
+                    if usage[t].get(name, 0) >= amount:
+                        assert s.usage.of(t).get(name, 0) >= amount or t in {p.binding.tenant for p in preemptions}
+
+    @invariant()
+    def nothing_over_allocated(self) -> None:
+        if hasattr(self, "s"):
+            self.s.state.check_invariants()
+
+
+PreemptionMachine.TestCase.settings = settings(
+    max_examples=40, stateful_step_count=25, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+TestPreemptionProperties = PreemptionMachine.TestCase
