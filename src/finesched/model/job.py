@@ -1,8 +1,11 @@
 """A dataflow job (seed S2, Flink FLIP-53): tasks of chained operators, edges, slot sharing groups.
 
 This module is the manifest shape only: what a user may write and its structural checks (ids
-unique, edges between existing tasks, no cycles). Compiling a job into pipelined regions, slot
-requests and managed-memory fractions (S2.2-S2.4) belongs to `finesched.dataflow`.
+unique, edges between existing tasks, parallelism >= 1, no cycles), each reported with its field
+path and the task it concerns. Compiling a job into pipelined regions, slot requests and
+managed-memory fractions (S2.2-S2.4) belongs to `finesched.dataflow`, which also owns the rule
+that operators with and without resources do not mix (S2.1): it is a property of the whole job's
+resource declarations, reported as a compile error.
 """
 
 from __future__ import annotations
@@ -12,11 +15,18 @@ from typing import Literal
 from pydantic import Field, PositiveInt, model_validator
 
 from finesched.model.base import FrozenDict, FrozenStrDict, Loc, Model, raise_problems
-from finesched.model.resources import ByteQuantity, CountQuantity, CPUQuantity
+from finesched.model.resources import ByteQuantity, CountQuantity, CPUQuantity, ResourceVector
+
+MiB = 2**20
 
 
 class _ResourceFields(Model):
-    """Flink-style resource dimensions (S2.1), each a quantity in its own unit; unspecified ones are 0."""
+    """Flink-style resource dimensions (S2.1), each a quantity in its own unit; unspecified ones are 0.
+
+    `gpu` counts whole GPUs (a slot asks for gpu-core = gpu-memory-ratio = 100 per GPU);
+    `extended` holds any other finesched resource by name (``rdma: 100``, a GPU share as
+    ``gpu-core: 50`` with ``gpu-memory-ratio: 50``), added to the slot's requests as written.
+    """
 
     cpu: CPUQuantity = 0
     task_heap: ByteQuantity = 0
@@ -24,6 +34,7 @@ class _ResourceFields(Model):
     managed_on_heap: ByteQuantity = 0
     managed_off_heap: ByteQuantity = 0
     gpu: CountQuantity = 0
+    extended: ResourceVector = Field(default_factory=ResourceVector)
 
 
 class OperatorResources(_ResourceFields):
@@ -31,7 +42,24 @@ class OperatorResources(_ResourceFields):
 
 
 class SlotProfile(_ResourceFields):
-    """The default slot used for groups whose resources are unknown (S2.3)."""
+    """The default slot, requested for every slot of a job whose resources are unknown (S2.3).
+
+    Unlike an operator's spec it has network memory of its own (nothing to derive it from), and
+    every field has a usable default, so ``defaultSlot: {cpu: 2}`` changes the cpu alone.
+    """
+
+    cpu: CPUQuantity = 1000
+    task_heap: ByteQuantity = 512 * MiB
+    managed_off_heap: ByteQuantity = 512 * MiB
+    network: ByteQuantity = 64 * MiB
+
+
+class NetworkMemory(Model):
+    """The network-memory formula's parameters (S2.3; see `finesched.dataflow.network`)."""
+
+    buffer_size: ByteQuantity = 32 * 1024
+    buffers_per_channel: int = Field(default=2, ge=0)
+    floating_buffers_per_gate: int = Field(default=8, ge=0)
 
 
 class ManagedMemoryUse(Model):
@@ -40,19 +68,24 @@ class ManagedMemoryUse(Model):
 
 
 class Operator(Model):
-    """One operator; without `resources` it is "unknown" (S2.1)."""
+    """One operator; without `resources` it is "unknown" (S2.1).
+
+    `uses_managed_memory` says which managed pools an unknown operator shares (S2.4: 1/n of the
+    group's users each); `weight` replaces its 1 when the job sets `weightedFractions`.
+    """
 
     id: str = Field(min_length=1)
     resources: OperatorResources | None = None
     uses_managed_memory: ManagedMemoryUse | None = None
+    weight: PositiveInt | None = None
 
 
 class Task(Model):
     """Chained operators that run as one parallel instance per subtask."""
 
     id: str = Field(min_length=1)
-    parallelism: PositiveInt = 1
-    slot_sharing_group: str | None = None
+    parallelism: int = 1  # checked in Job so the error names the task
+    slot_sharing_group: str | None = Field(default=None, min_length=1)
     operators: tuple[Operator, ...] = Field(min_length=1)
 
 
@@ -64,12 +97,17 @@ class Edge(Model):
 
 
 class Job(Model):
+    """A dataflow job. `all_sources_in_same_region` unset means true for streaming, false for batch (S2.2);
+    `weighted_fractions` unset means true when any operator declares a weight."""
+
     name: str = Field(min_length=1)
     namespace: str = Field(default="default", min_length=1)
     labels: FrozenStrDict = Field(default_factory=FrozenDict)
     mode: Literal["streaming", "batch"] = "streaming"
     all_sources_in_same_region: bool | None = None
+    weighted_fractions: bool | None = None
     default_slot: SlotProfile = Field(default_factory=SlotProfile)
+    network: NetworkMemory = Field(default_factory=NetworkMemory)
     tasks: tuple[Task, ...] = Field(min_length=1)
     edges: tuple[Edge, ...] = ()
 
@@ -77,6 +115,9 @@ class Job(Model):
     def _structure(self) -> Job:
         if self.all_sources_in_same_region is None:
             object.__setattr__(self, "all_sources_in_same_region", self.mode == "streaming")
+        if self.weighted_fractions is None:
+            weighted = any(op.weight is not None for task in self.tasks for op in task.operators)
+            object.__setattr__(self, "weighted_fractions", weighted)
         raise_problems(self._problems(), "Job")
         return self
 
@@ -88,6 +129,9 @@ class Job(Model):
             if task.id in ids:
                 problems.append((("tasks", i, "id"), "duplicate task id", task.id))
             ids.add(task.id)
+            if task.parallelism < 1:
+                rule = f"task {task.id}: parallelism must be >= 1"
+                problems.append((("tasks", i, "parallelism"), rule, task.parallelism))
             for j, op in enumerate(task.operators):
                 if op.id in operator_ids:
                     problems.append((("tasks", i, "operators", j, "id"), "duplicate operator id", op.id))
@@ -98,22 +142,40 @@ class Job(Model):
                     problems.append((("edges", i, field), "no task has this id", end))
             if edge.source == edge.target:
                 problems.append((("edges", i, "to"), "an edge joins two different tasks", edge.target))
-        if not problems and self._has_cycle():
-            problems.append((("edges",), "the task graph has a cycle; a dataflow job is a DAG", len(self.edges)))
+        if not problems:
+            cycle = find_cycle([t.id for t in self.tasks], [(e.source, e.target) for e in self.edges])
+            if cycle:
+                path = " -> ".join([*cycle, cycle[0]])
+                where = next(i for i, e in enumerate(self.edges) if (e.source, e.target) == (cycle[-1], cycle[0]))
+                closing = {"from": cycle[-1], "to": cycle[0]}
+                problems.append(
+                    (("edges", where), f"the task graph has a cycle ({path}); a dataflow job is a DAG", closing)
+                )
         return problems
 
-    def _has_cycle(self) -> bool:
-        successors: dict[str, list[str]] = {t.id: [] for t in self.tasks}
-        for edge in self.edges:
-            successors[edge.source].append(edge.target)
-        state: dict[str, int] = {}  # 1 = on the current path, 2 = done
 
-        def visit(task: str) -> bool:
-            state[task] = 1
-            for nxt in successors[task]:
-                if state.get(nxt) == 1 or (nxt not in state and visit(nxt)):
-                    return True
-            state[task] = 2
-            return False
-
-        return any(task not in state and visit(task) for task in successors)
+def find_cycle(tasks: list[str], edges: list[tuple[str, str]]) -> list[str]:
+    """The tasks of one directed cycle in order (empty when there is none); iterative, so deep graphs are fine."""
+    successors: dict[str, list[str]] = {t: [] for t in tasks}
+    for source, target in edges:
+        if source in successors and target in successors:
+            successors[source].append(target)
+    state: dict[str, int] = {}  # 1 = on the current path, 2 = done
+    for root in tasks:
+        if root in state:
+            continue
+        path: list[str] = [root]
+        stack = [iter(successors[root])]
+        state[root] = 1
+        while stack:
+            nxt = next(stack[-1], None)
+            if nxt is None:
+                state[path.pop()] = 2
+                stack.pop()
+            elif state.get(nxt) == 1:
+                return path[path.index(nxt) :]
+            elif nxt not in state:
+                state[nxt] = 1
+                path.append(nxt)
+                stack.append(iter(successors[nxt]))
+    return []

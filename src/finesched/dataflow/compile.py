@@ -1,0 +1,269 @@
+"""Compile a dataflow job: validation, pipelined regions, slot sharing groups, slot requests and
+managed-memory fractions (seed S2, Flink FLIP-53). Pure: nothing here touches a cluster.
+
+Steps, each a rule of the seed:
+
+1. validate (S2.1): tasks and edges well formed (an edge to an unknown task, parallelism < 1, a
+   cycle: each error names the task); operators with resources and operators without in one job
+   is a compile error;
+2. pipelined regions (S2.2; `finesched.dataflow.regions`);
+3. slot sharing groups (S2.2): a task without a user group joins its region's group
+   ``region-<k>``; user-named groups are shared by name across the whole job;
+4. slot requests (S2.3): one slot per group per parallel pipeline; its profile is the sum of the
+   group's task specs plus each task's network memory (`finesched.dataflow.network`), or the
+   default slot when specs are unknown. Slots needed = Σ over groups of the group's largest
+   parallelism; for streaming jobs also Σ over connected components of their largest parallelism
+   (all components run at once: the fewest slots the job can run in if its components shared
+   groups);
+5. managed-memory fractions per operator (S2.4; `finesched.dataflow.fractions`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from finesched.dataflow.fractions import group_fractions, pool_quotas, split_pool
+from finesched.dataflow.graph import JobGraph, ResourceSpec, sum_specs
+from finesched.dataflow.network import NetworkConfig, task_network_bytes
+from finesched.dataflow.regions import connected_components, pipelined_regions
+from finesched.errors import ErrorDetail, ValidationError
+from finesched.model.job import Job, SlotProfile, find_cycle
+from finesched.model.manifest import API_VERSION, METADATA_FIELDS, parse_manifest
+
+#: Names the compiler gives region groups; a user group may not take one.
+REGION_GROUP = re.compile(r"region-\d+")
+
+
+class CompileError(ValidationError):
+    """A job that cannot be compiled; `errors` lists every problem with its manifest field path."""
+
+
+@dataclass(frozen=True)
+class CompiledJob:
+    """What `compile_job` decides for one job; every field is plain data (see the module docstring)."""
+
+    job: Job
+    graph: JobGraph
+    all_sources_in_same_region: bool
+    weighted_fractions: bool
+    #: True when every operator declares resources, False when none does (S2.1).
+    specified: bool
+    regions: list[frozenset[str]]
+    groups: dict[str, frozenset[str]]
+    #: Group -> per-slot profile (network included); the default slot when specs are unknown.
+    profiles: dict[str, ResourceSpec]
+    #: Group -> slots it needs: the largest parallelism among its tasks.
+    group_slots: dict[str, int]
+    slots_needed: int
+    components: list[frozenset[str]]
+    #: Streaming jobs: Σ over connected components of their largest parallelism; None for batch.
+    component_slots: int | None
+    fractions: dict[str, tuple[float, float]]
+    #: Task -> network memory of one of its subtasks (bytes), whether or not specs are known.
+    network: dict[str, int]
+    group_of_task: dict[str, str] = field(repr=False)
+    group_of_operator: dict[str, str] = field(repr=False)
+
+    @property
+    def slot_requests(self) -> dict[str, dict[str, int]]:
+        """Group -> per-slot resources: cpu (millicores), task_heap, task_off_heap, managed_on_heap,
+        managed_off_heap, network, gpu (whole GPUs), memory (their memory total), extended resources."""
+        return {group: profile.as_dict() for group, profile in self.profiles.items()}
+
+    def quotas(self, slot_managed_bytes: int | tuple[int, int]) -> dict[str, int]:
+        """Operator -> absolute managed-memory quota in bytes for a slot with this much managed memory.
+
+        A pair is (on-heap, off-heap) bytes. One number is the slot's managed memory as a whole,
+        split between the pools as the group's slot profile splits them (all off-heap when the
+        profile has none), so for a job whose operators use one pool it is that pool's size.
+        quota = floor(on fraction x on-heap bytes) + floor(off fraction x off-heap bytes), per group
+        never more than the pool (`finesched.dataflow.fractions.pool_quotas`).
+        """
+        out: dict[str, int] = {}
+        for group in self.groups:
+            if isinstance(slot_managed_bytes, tuple):
+                on_bytes, off_bytes = slot_managed_bytes
+            else:
+                on_bytes, off_bytes = self._pools(group, slot_managed_bytes)
+            ops = [op for op, g in self.group_of_operator.items() if g == group]
+            on = pool_quotas({op: self.fractions[op][0] for op in ops}, on_bytes)
+            off = pool_quotas({op: self.fractions[op][1] for op in ops}, off_bytes)
+            out.update({op: on[op] + off[op] for op in ops})
+        return {op.id: out[op.id] for op in self.graph.operators}
+
+    def _pools(self, group: str, total: int) -> tuple[int, int]:
+        profile = self.profiles[group]
+        on_weight, off_weight = profile.managed_on_heap, profile.managed_off_heap
+        if on_weight + off_weight == 0:  # no managed memory in the profile: split by the pools in use
+            ops = [self.fractions[o] for o, g in self.group_of_operator.items() if g == group]
+            on_weight, off_weight = int(any(f[0] for f in ops)), int(any(f[1] for f in ops))
+        return split_pool(total, on_weight, off_weight)
+
+    def group_quotas(self, group: str) -> dict[str, int]:
+        """Operator -> quota in one slot of `group`, from the pools of the group's own slot profile."""
+        profile = self.profiles[group]
+        pools = (profile.managed_on_heap, profile.managed_off_heap)
+        quotas = self.quotas(pools)
+        return {op: quotas[op] for op, g in self.group_of_operator.items() if g == group}
+
+
+def compile_job(
+    job: Job | Mapping[str, Any],
+    *,
+    all_sources_in_same_region: bool | None = None,
+    weighted_fractions: bool | None = None,
+    default_slot: SlotProfile | Mapping[str, Any] | None = None,
+    network: NetworkConfig | None = None,
+) -> CompiledJob:
+    """Compile `job` (a parsed Job, or a Job manifest document or spec mapping); options given here
+    override the manifest's. Raise CompileError listing every problem."""
+    job = _as_job(job)
+    graph = JobGraph.from_job(job)
+    problems = _structure_problems(graph) or _mixing_problems(graph)
+    if problems:
+        raise CompileError(problems)
+    same_region = _first_set(all_sources_in_same_region, job.all_sources_in_same_region, job.mode == "streaming")
+    any_weight = any(op.weight != 1 for op in graph.operators)
+    weighted = _first_set(weighted_fractions, job.weighted_fractions, any_weight)
+    slot = _default_slot(job, default_slot)
+    net = network or NetworkConfig.of(job.network)
+
+    regions = pipelined_regions(graph, bool(same_region))
+    group_of_task, group_problems = _assign_groups(graph, regions)
+    if group_problems:
+        raise CompileError(group_problems)
+    groups: dict[str, list[str]] = {}
+    for task_id in graph.task_ids:
+        groups.setdefault(group_of_task[task_id], []).append(task_id)
+    net_bytes = {t: task_network_bytes(graph, t, net) for t in graph.task_ids}
+    specified = all(op.spec is not None for op in graph.operators)
+    profiles: dict[str, ResourceSpec] = {}
+    group_slots: dict[str, int] = {}
+    fractions: dict[str, tuple[float, float]] = {}
+    group_of_operator: dict[str, str] = {}
+    for name, members in groups.items():
+        tasks = [graph.task(t) for t in members]
+        if specified:
+            specs = [t.spec for t in tasks if t.spec is not None]
+            profiles[name] = sum_specs(specs) + ResourceSpec(network=sum(net_bytes[t] for t in members))
+        else:
+            profiles[name] = slot
+        group_slots[name] = max(t.parallelism for t in tasks)
+        ops = [op for t in tasks for op in t.operators]
+        fractions.update(group_fractions(ops, bool(weighted)))
+        group_of_operator.update({op.id: name for op in ops})
+    components = connected_components(graph)
+    component_slots = (
+        sum(max(graph.task(t).parallelism for t in c) for c in components) if job.mode == "streaming" else None
+    )
+    return CompiledJob(
+        job=job,
+        graph=graph,
+        all_sources_in_same_region=bool(same_region),
+        weighted_fractions=bool(weighted),
+        specified=specified,
+        regions=regions,
+        groups={name: frozenset(members) for name, members in groups.items()},
+        profiles=profiles,
+        group_slots=group_slots,
+        slots_needed=sum(group_slots.values()),
+        components=components,
+        component_slots=component_slots,
+        fractions={op.id: fractions[op.id] for op in graph.operators},
+        network=net_bytes,
+        group_of_task=group_of_task,
+        group_of_operator=group_of_operator,
+    )
+
+
+def _first_set(*values: bool | None) -> bool:
+    """The first value that is not None (the option, then the manifest, then the rule's default)."""
+    return next(bool(v) for v in values if v is not None)
+
+
+def _as_job(job: Job | Mapping[str, Any]) -> Job:
+    """A parsed Job; a mapping is read as a manifest document (with `kind`) or as a spec with `name`."""
+    if isinstance(job, Job):
+        return job
+    if not isinstance(job, Mapping):
+        raise CompileError(f"a job is a Job or a manifest mapping, got {type(job).__name__}")
+    doc: Mapping[str, Any] = job
+    if "kind" not in job:
+        metadata = {k: v for k, v in job.items() if k in METADATA_FIELDS["Job"]}
+        spec = {k: v for k, v in job.items() if k not in METADATA_FIELDS["Job"]}
+        doc = {"apiVersion": API_VERSION, "kind": "Job", "metadata": metadata, "spec": spec}
+    try:
+        parsed = parse_manifest(doc)
+    except ValidationError as exc:
+        raise CompileError(exc.errors) from None
+    if not isinstance(parsed, Job):
+        raise CompileError(f"kind must be Job, got {doc.get('kind')!r}", path="kind")
+    return parsed
+
+
+def _default_slot(job: Job, given: SlotProfile | Mapping[str, Any] | None) -> ResourceSpec:
+    if given is None:
+        return ResourceSpec.of(job.default_slot)
+    if isinstance(given, SlotProfile):
+        return ResourceSpec.of(given)
+    try:
+        return ResourceSpec.of(SlotProfile.model_validate(given))
+    except ValueError as exc:
+        raise CompileError(f"default_slot is not a slot profile: {exc}", path="default_slot") from None
+
+
+def _structure_problems(graph: JobGraph) -> list[ErrorDetail]:
+    """The manifest's own checks, again: a Job built without validation must not compile into nonsense."""
+    problems: list[ErrorDetail] = []
+    seen: set[str] = set()
+    for task in graph.tasks:
+        if task.id in seen:
+            problems.append(ErrorDetail(f"{task.path}.id", "duplicate task id", task.id))
+        seen.add(task.id)
+        if task.parallelism < 1:
+            rule = f"task {task.id}: parallelism must be >= 1"
+            problems.append(ErrorDetail(f"{task.path}.parallelism", rule, task.parallelism))
+    operators: set[str] = set()
+    for op in graph.operators:
+        if op.id in operators:
+            problems.append(ErrorDetail(f"{op.path}.id", "duplicate operator id", op.id))
+        operators.add(op.id)
+    for edge in graph.edges:
+        for end, name in (("from", edge.source), ("to", edge.target)):
+            if name not in seen:
+                problems.append(ErrorDetail(f"{edge.path}.{end}", "no task has this id", name))
+    if not problems:
+        cycle = find_cycle(graph.task_ids, [(e.source, e.target) for e in graph.edges])
+        if cycle:
+            path = " -> ".join([*cycle, cycle[0]])
+            problems.append(ErrorDetail("spec.edges", f"the task graph has a cycle ({path}); a dataflow job is a DAG"))
+    return problems
+
+
+def _mixing_problems(graph: JobGraph) -> list[ErrorDetail]:
+    """S2.1: all operators of a job declare resources, or none does."""
+    known = [op for op in graph.operators if op.spec is not None]
+    unknown = [op for op in graph.operators if op.spec is None]
+    if not known or not unknown:
+        return []
+    rule = (
+        f"operator {{}} declares no resources while {len(known)} other operator(s) do (first: {known[0].id}); "
+        "a job declares resources for all of its operators or for none (S2.1)"
+    )
+    return [ErrorDetail(f"{op.path}.resources", rule.format(op.id)) for op in unknown]
+
+
+def _assign_groups(graph: JobGraph, regions: list[frozenset[str]]) -> tuple[dict[str, str], list[ErrorDetail]]:
+    """Task -> slot sharing group name: the user's, else its region's ``region-<k>``."""
+    region_of = {task: k for k, region in enumerate(regions) for task in region}
+    out: dict[str, str] = {}
+    problems: list[ErrorDetail] = []
+    for task in graph.tasks:
+        if task.group is not None and REGION_GROUP.fullmatch(task.group):
+            rule = f"task {task.id}: group names region-<n> are kept for the regions' own groups"
+            problems.append(ErrorDetail(f"{task.path}.slotSharingGroup", rule, task.group))
+        out[task.id] = task.group if task.group is not None else f"region-{region_of[task.id]}"
+    return out, problems

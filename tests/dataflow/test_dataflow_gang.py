@@ -1,0 +1,93 @@
+"""A compiled job as a gang of slot workloads: requests, quotas annotation, all-or-nothing placement."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from dataflow_builders import MiB, blocking, edge, make_job, op, task, uses
+
+from builders import make_node, make_workload
+from finesched.dataflow import QUOTAS_ANNOTATION, binding_quotas, compile_job, gang_workloads, place_gang
+from finesched.dataflow.report import slot_records
+from finesched.model.resources import ResourceVector
+from finesched.sched.diagnosis import FitError
+from finesched.sched.scheduler import Scheduler
+from finesched.state.cluster import ClusterState
+
+
+def _job():  # a (p=2) -> b (p=2) pipelined, then blocking to c (p=1)
+    tasks = [
+        task("a", op("read", cpu="1", taskHeap="1Gi", managedOffHeap="100Mi"), p=2),
+        task("b", op("join", cpu="1", taskHeap="1Gi", taskOffHeap="512Mi", managedOffHeap="300Mi"), p=2),
+        task("c", op("infer", cpu="2", taskHeap="2Gi", gpu=1), p=1),
+    ]
+    return make_job(tasks, [edge("a", "b"), blocking("b", "c")], network={"bufferSize": 0}, namespace="ml")
+
+
+def test_one_workload_per_slot_with_the_groups_requests_and_quotas() -> None:
+    job = _job()
+    c = compile_job(job)
+    workloads = gang_workloads(job, c)
+    assert [w.key for w in workloads] == ["ml/j-region-0-0", "ml/j-region-0-1", "ml/j-region-1-0"]
+    assert {w.gang.name for w in workloads} == {"j"} and {w.gang.min_member for w in workloads} == {3}
+    # region-0: cpu 1 + 1; memory = heap 2Gi + off-heap 512Mi + managed 400Mi (+ network 0)
+    assert workloads[0].requests == ResourceVector(cpu=2000, memory=2048 * MiB + 512 * MiB + 400 * MiB)
+    # region-1: 2 cpu, 2Gi heap, one whole GPU -> gpu-core 100 + gpu-memory-ratio 100
+    assert workloads[2].requests == {"cpu": 2000, "memory": 2048 * MiB, "gpu-core": 100, "gpu-memory-ratio": 100}
+    # quotas of the slot's own operators: 100/400 and 300/400 of the 400Mi managed off-heap
+    assert json.loads(workloads[0].annotations[QUOTAS_ANNOTATION]) == {"read": 100 * MiB, "join": 300 * MiB}
+    assert json.loads(workloads[2].annotations[QUOTAS_ANNOTATION]) == {"infer": 0}
+    assert workloads[1].labels["finesched.io/slot-sharing-group"] == "region-0"
+
+
+def _cluster(gpus: int) -> ClusterState:
+    return ClusterState.from_nodes(
+        [make_node("n1").cpu("8").memory("32Gi").gpus(gpus).obj(), make_node("n2").cpu("2").memory("4Gi").obj()]
+    )
+
+
+def test_the_gang_fits_and_every_binding_carries_its_quotas() -> None:
+    job = _job()
+    state = _cluster(gpus=1)
+    bindings = place_gang(Scheduler(state), job, compile_job(job))
+    assert len(bindings) == 3 and set(state.bindings) == {b.workload for b in bindings}
+    assert [binding_quotas(b) for b in bindings] == [
+        {"read": 100 * MiB, "join": 300 * MiB},
+        {"read": 100 * MiB, "join": 300 * MiB},
+        {"infer": 0},
+    ]
+    assert bindings[2].device_minors("gpu") == [0]
+    state.check_invariants()
+    records = slot_records(gang_workloads(job, compile_job(job)), bindings)
+    assert records[2]["binding"]["devices"]["gpu"][0]["minor"] == 0 and records[2]["quotas"] == {"infer": 0}
+
+
+def test_a_gang_that_does_not_fit_leaves_no_partial_reservation() -> None:
+    # the two region-0 slots fit on n1 but the GPU slot finds no GPU: nothing may stay reserved
+    job = _job()
+    state = _cluster(gpus=0)
+    free_before = state.free.copy()
+    with pytest.raises(FitError, match="gang j: member ml/j-region-1-0 does not fit"):
+        place_gang(Scheduler(state), job, compile_job(job))
+    assert state.bindings == {}
+    assert (state.free == free_before).all()
+    state.check_invariants()
+
+
+def test_unknown_specs_slots_request_the_default_slot() -> None:
+    job = make_job([task("t", uses("sort", off=True), p=3)], defaultSlot={"cpu": "2", "taskHeap": "1Gi"})
+    workloads = gang_workloads(job, compile_job(job))
+    # 1Gi heap + 512Mi managed off-heap + 64Mi network (the default slot's defaults)
+    assert [dict(w.requests) for w in workloads] == [{"cpu": 2000, "memory": (1024 + 512 + 64) * MiB}] * 3
+    assert [json.loads(w.annotations[QUOTAS_ANNOTATION]) for w in workloads] == [{"sort": 512 * MiB}] * 3
+
+
+def test_the_scheduler_copies_the_quotas_annotation_and_nothing_else_onto_bindings() -> None:
+    state = _cluster(gpus=0)
+    annotations = {QUOTAS_ANNOTATION: '{"op":1}', "example.com/other": "x"}
+    binding = Scheduler(state).schedule_one(make_workload("w").req(cpu="1").set(annotations=annotations).obj())
+    assert binding.annotations == {QUOTAS_ANNOTATION: '{"op":1}'}
+    assert state.bindings["default/w"].annotations == {QUOTAS_ANNOTATION: '{"op":1}'}
+    plain = Scheduler(state).schedule_one(make_workload("v").req(cpu="1").obj())
+    assert plain.annotations == {}
