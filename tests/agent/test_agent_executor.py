@@ -212,11 +212,17 @@ def test_acked_binding_unknown_after_restart_is_rejected(ex: Executor) -> None:
     assert ex.server.calls == [("reject", "team/ghost", UNKNOWN_AFTER_RESTART)]
 
 
-def test_new_version_replaces_the_process(ex: Executor) -> None:
-    ex.sync([binding("v", ["sleep", "30"], version=1)], node())
+def test_new_placement_replaces_the_process(ex: Executor) -> None:
+    ex.sync([binding("v", ["sleep", "30"], cpuset=str(CPUS[0]), version=1)], node())
     old = ex.state.records["team/v"].pid
-    ex.sync([binding("v", ["sleep", "30"], version=2)], node())
-    assert ex.state.records["team/v"].version == 2 and ex.state.records["team/v"].pid != old
+    acked = binding("v", ["sleep", "30"], cpuset=str(CPUS[0]), version=2, acked=True)
+    ex.sync([acked], node())  # the ack bumped the version: same placement, same process
+    assert ex.state.records["team/v"].pid == old and ex.server.of("reject") == []
+    ex.sync([binding("v", ["sleep", "30"], cpuset=str(CPUS[-1]), version=1)], node())
+    rec = ex.state.records["team/v"]
+    assert rec.pid != old and rec.cpuset == str(CPUS[-1])
+    ex.sync([binding("v", ["sleep", "30"], cpuset=str(CPUS[-1]), version=1)], node())  # rebound, not acked yet
+    assert ex.state.records["team/v"].pid != rec.pid
     ex.sync([], node())
 
 

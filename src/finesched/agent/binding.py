@@ -7,6 +7,7 @@ without the spec: it is what the child gets as FINESCHED_BINDING.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,6 +50,13 @@ class AgentBinding:
         qos = self.raw.get("qos") or self.spec.get("qos")
         policy = self.raw.get("cpuExclusivePolicy") or "None"
         return qos in EXCLUSIVE_QOS or policy not in ("None", "")
+
+    @property
+    def placement(self) -> str:
+        """What identifies this placement: node, cpuset, devices and NUMA grants (the version
+        changes on every ack, so it cannot tell a new binding from the one being run)."""
+        keys = ("node", "cpuset", "devices", "numa")
+        return json.dumps({k: self.raw.get(k) for k in keys}, sort_keys=True, default=str)
 
     @property
     def command(self) -> list[str]:

@@ -2,8 +2,9 @@
 
 Each `sync` compares the server's bindings for this node with the processes the agent runs:
 
-1. A process whose binding is gone (workload deleted, released) or replaced by a new version is
-   stopped and forgotten.
+1. A process whose binding is gone (workload deleted, released) or replaced by another placement
+   (other CPUs or devices, or a fresh unacked binding where the agent had acked one) is stopped
+   and forgotten.
 2. A new binding is verified (right node, a command, CPUs online and not held by another exclusive
    binding, devices present and healthy); a failure is rejected with the reasons, so the server
    releases it and requeues the workload. A good one is launched, recorded, acked, and reported
@@ -93,8 +94,10 @@ class Executor:
         current = {b.workload: b for b in bindings}
         for key, rec in list(self.state.records.items()):
             b = current.get(key)
-            if b is None or b.version != rec.version:
-                self._forget(rec, "binding gone" if b is None else f"binding replaced by version {b.version}")
+            if b is None:
+                self._forget(rec, "binding gone")
+            elif b.placement != rec.placement or (rec.acked and not b.acked):
+                self._forget(rec, "binding replaced by a new placement")
         for b in bindings:
             rec = self.state.records.get(b.workload)
             if rec is not None:
@@ -151,7 +154,7 @@ class Executor:
         if not b.cpuset:
             done.info["cpusetSource"] = "shared pool (the binding names no cpuset)"
         rec = Record(
-            workload=b.workload, version=b.version, pid=done.pid, start_time=done.start_time, log=str(done.log),
+            workload=b.workload, placement=b.placement, pid=done.pid, start_time=done.start_time, log=str(done.log),
             exit_file=str(done.exit_file), cpuset=cpus.format(), info=done.info, exclusive=b.exclusive,
             cgroup=str(done.group.path) if done.group is not None else None,
         )  # fmt: skip

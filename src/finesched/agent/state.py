@@ -21,7 +21,7 @@ class Record:
     server accepted, so a status lost to a network error is sent again."""
 
     workload: str
-    version: int
+    placement: str
     pid: int
     start_time: int
     log: str
