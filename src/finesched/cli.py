@@ -141,6 +141,12 @@ def plan(
     show_nodes: Annotated[
         bool, typer.Option("--show-nodes", help="Also show each node's NUMA zones, CPU allocations and pools.")
     ] = False,
+    no_preemption: Annotated[
+        bool, typer.Option("--no-preemption", help="Never evict lower-priority workloads (or reclaim quota).")
+    ] = False,
+    waves: Annotated[
+        bool, typer.Option("--waves", help="Each FILE's workloads arrive after the previous FILE's are scheduled.")
+    ] = False,
 ) -> None:
     """Schedule the workloads of FILES onto their nodes (queue, priority, DRF) and show every decision."""
     from finesched.commands.plan import OUTPUTS, render, run_plan
@@ -150,7 +156,8 @@ def plan(
         raise fail(f"--output must be one of {', '.join(OUTPUTS)}, got {output!r}", code=2)
     manifests = load_or_exit(files)
     try:
-        outcome = run_plan(manifests, resolve_profile(profile))
+        groups = [load_or_exit([f]).workloads for f in files] if waves else None
+        outcome = run_plan(manifests, resolve_profile(profile), preemption=not no_preemption, waves=groups)
     except ValidationError as exc:
         for detail in exc.errors:
             err.print(f"[bold red]error:[/] {escape(str(detail))}", soft_wrap=True)
