@@ -183,6 +183,15 @@ def _add_agent() -> None:
 _add_agent()
 
 
+def _add_job() -> None:
+    from finesched.commands.job import job_app
+
+    app.add_typer(job_app, name="job", help="Dataflow jobs (seed S2): plan regions, slots, fractions; place, submit.")
+
+
+_add_job()
+
+
 def _add_k8s() -> None:
     from finesched.commands.k8s import k8s_extender
 
