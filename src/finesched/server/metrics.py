@@ -35,6 +35,31 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
+        # The parts of a batch and of a submission, for the benchmark's breakdown (bench/api.py --breakdown).
+        self.decide_seconds = Histogram(
+            "finesched_decide_seconds",
+            "Time the scheduling core takes to decide one batch (Scheduler.run, no I/O).",
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.bind_write_seconds = Histogram(
+            "finesched_bind_write_seconds",
+            "Time to write one batch of bindings to the store (one transaction, commit included).",
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.feed_seconds = Histogram(
+            "finesched_feed_seconds",
+            "Time to read the change feed and reconcile what other writers changed, per loop cycle.",
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.submit_store_seconds = Histogram(
+            "finesched_submit_store_seconds",
+            "Time to store the workloads of one submission request (one transaction, commit included).",
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
         self.write_conflicts = Counter(
             "finesched_bind_conflicts", "Bindings not written because the workload changed.", registry=self.registry
         )
