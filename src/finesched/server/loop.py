@@ -123,9 +123,9 @@ class SchedulerLoop:
                     self._keep_lease()
                     next_lease = time.monotonic() + self.config.lease_ttl_s / 3
                 if self.scheduler is not None:
-                    feed_started = time.perf_counter()
+                    feed_started = time.thread_time()
                     self._follow_feed()
-                    self.metrics.feed_seconds.observe(time.perf_counter() - feed_started)
+                    self.metrics.feed_seconds.observe(time.thread_time() - feed_started)
                     busy = self._schedule_batch()
                     self._check_heartbeats()
             except LostLease:
@@ -329,9 +329,9 @@ class SchedulerLoop:
             scheduler = self.scheduler
             if scheduler is None or not self.queued:
                 return False
-            decide_started = time.perf_counter()
+            decide_started = time.thread_time()
             results = scheduler.run(self.config.batch_size, report_waiting=False, flush_backoff=False)
-            self.metrics.decide_seconds.observe(time.perf_counter() - decide_started)
+            self.metrics.decide_seconds.observe(time.thread_time() - decide_started)
             decisions, rejected, stale = [], [], []
             for result in results:
                 if isinstance(result, InvalidRequest):
@@ -362,7 +362,7 @@ class SchedulerLoop:
             (entry.id, entry.version, b.workload, b.node, b.model_dump(mode="json", by_alias=True))
             for entry, b in decisions
         ]
-        write_started = time.perf_counter()
+        write_started = time.thread_time()
         try:
             conflicts, event_ids = self.store.bind(payload, fence=self.lease.fence)
         except BaseException:
@@ -372,7 +372,7 @@ class SchedulerLoop:
                         self.scheduler.state.forget(binding.workload)
                         self.scheduler.submit([entry.workload])
             raise
-        self.metrics.bind_write_seconds.observe(time.perf_counter() - write_started)
+        self.metrics.bind_write_seconds.observe(time.thread_time() - write_started)
         conflicted = set(conflicts)
         stamp = time.time()
         bound: list[str] = []

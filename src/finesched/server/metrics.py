@@ -35,28 +35,29 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
-        # The parts of a batch and of a submission, for the benchmark's breakdown (bench/api.py --breakdown).
+        # CPU time (of the thread doing it) of the parts of a batch and of a submission: what the
+        # benchmark's breakdown (bench/api.py --breakdown) sets against the process's CPU time.
         self.decide_seconds = Histogram(
-            "finesched_decide_seconds",
-            "Time the scheduling core takes to decide one batch (Scheduler.run, no I/O).",
+            "finesched_decide_cpu_seconds",
+            "CPU time the scheduling core takes to decide one batch (Scheduler.run, no I/O).",
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
         self.bind_write_seconds = Histogram(
-            "finesched_bind_write_seconds",
-            "Time to write one batch of bindings to the store (one transaction, commit included).",
+            "finesched_bind_write_cpu_seconds",
+            "CPU time of writing one batch of bindings to the store (one transaction, commit included).",
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
         self.feed_seconds = Histogram(
-            "finesched_feed_seconds",
-            "Time to read the change feed and reconcile what other writers changed, per loop cycle.",
+            "finesched_feed_cpu_seconds",
+            "CPU time of reading the change feed and reconciling what other writers changed, per loop cycle.",
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
         self.submit_store_seconds = Histogram(
-            "finesched_submit_store_seconds",
-            "Time to store the workloads of one submission request (one transaction, commit included).",
+            "finesched_submit_store_cpu_seconds",
+            "CPU time of storing the workloads of one submission request (one transaction, commit included).",
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
