@@ -16,7 +16,7 @@ test: $(STAMP)
 	$(BIN)/pytest
 
 run: $(STAMP)
-	$(BIN)/finesched plan examples/cluster.yaml examples/workloads.yaml
+	$(BIN)/python scripts/run_demo.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench

@@ -143,7 +143,7 @@ def up_cmd(
     _logging(not quiet)
     server_log = (data / "server.log").open("ab")
     server = subprocess.Popen(
-        _cli("serve", "--db", db, "--host", host, "--port", str(port)),
+        _cli("serve", "--db", db, "--host", host, "--port", str(port), "--heartbeat", str(interval)),
         stdout=server_log, stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
     agent = None
@@ -152,11 +152,13 @@ def up_cmd(
         admin = _token(db, "--role", "admin")
         write_secret(data / "admin.token", admin)
         agent_token = _token(db, "--role", "agent", "--node", name)
-        out.print(f"finesched is up: {url}", markup=False)
-        out.print(f"admin token: {admin}  (also in {data / 'admin.token'})", markup=False)
-        out.print(f"server log: {data / 'server.log'}; workload logs: finesched logs NAME --data {data}", markup=False)
-        out.print(
-            f"add a machine: finesched agent --server http://<this host>:{port} --token <agent token>", markup=False
+        print(f"finesched is up: {url}  (node {name})")
+        print(f"admin token: {admin}  (also in {data / 'admin.token'})")
+        print(f"server log: {data / 'server.log'}; a workload's output: finesched logs NAME --data {data}")
+        print(
+            f"add a machine: finesched token create --db {db} --role agent --node NODE, then on that machine: "
+            f"finesched agent --server http://<this host>:{port} --token TOKEN --node-name NODE",
+            flush=True,
         )
         config = AgentConfig(url, agent_token, data / "agent", name, interval, stop_workloads_on_exit=True)
         agent = Agent(config)
@@ -170,7 +172,7 @@ def up_cmd(
             server.kill()
             server.wait()
         server_log.close()
-        out.print("finesched stopped", markup=False)
+        print("finesched stopped", flush=True)
 
 
 def logs_cmd(
