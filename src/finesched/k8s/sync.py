@@ -92,6 +92,15 @@ class ClusterSync:
             self._replace("pods", lists["pods"][0])
         for kind, (_, version) in lists.items():
             self.versions[kind] = version
+        state = self.extender.state
+        log.info(
+            "listed %d nodes (%d not usable: %s), %d bound pods held (%d waiting)",
+            state.n,
+            len(self.node_problems),
+            "; ".join(self.node_problems.values()) or "-",
+            len(state.bindings),
+            len(self.waiting),
+        )
 
     def watch_once(self, kind: str, timeout_seconds: int = 60) -> None:
         """One watch request from the kind's last resourceVersion; on 410 Gone, list again."""
