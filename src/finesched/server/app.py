@@ -34,7 +34,10 @@ ASGIApp = Callable[[Scope, Callable[[], Awaitable[Message]], Callable[[Message],
 
 
 class BodyLimit:
-    """Refuse request bodies over `limit` bytes with 413, whether announced by Content-Length or streamed."""
+    """Refuse request bodies over `limit` bytes with 413, whether announced by Content-Length or streamed.
+
+    The body is read here first (bounded by `limit`) and handed to the app in one piece, so the
+    app never sees a body that is cut short."""
 
     def __init__(self, app: ASGIApp, limit: int):
         self.app = app
@@ -48,24 +51,35 @@ class BodyLimit:
         if length is not None and length.isdigit() and int(length) > self.limit:
             await _too_large(self.limit)(scope, receive, send)
             return
-        seen = 0
-
-        async def limited() -> Message:
-            nonlocal seen
+        chunks, size, more = [], 0, True
+        while more:
             message = await receive()
-            seen += len(message.get("body", b""))
-            if seen > self.limit:
-                raise _BodyTooLarge
-            return message
+            if message["type"] != "http.request":  # the client went away
+                await self.app(scope, _replay([message]), send)
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.limit:
+                await _too_large(self.limit)(scope, receive, send)
+                return
+            chunks.append(chunk)
+            more = message.get("more_body", False)
+        body = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+        await self.app(scope, _replay([body], then=receive), send)
 
-        try:
-            await self.app(scope, limited, send)
-        except _BodyTooLarge:
-            await _too_large(self.limit)(scope, receive, send)
 
+def _replay(messages: list[Message], then: Callable[[], Awaitable[Message]] | None = None) -> Any:
+    """A `receive` that hands out `messages`, then defers to `then` (e.g. to notice a disconnect)."""
+    pending = list(messages)
 
-class _BodyTooLarge(Exception):
-    pass
+    async def receive() -> Message:
+        if pending:
+            return pending.pop(0)
+        if then is not None:
+            return await then()
+        return {"type": "http.disconnect"}
+
+    return receive
 
 
 def _too_large(limit: int) -> JSONResponse:

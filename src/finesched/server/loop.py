@@ -211,6 +211,14 @@ class SchedulerLoop:
                     self.queued[workload.key] = Queued(workload_id, 1, workload)
         self.wake()
 
+    def changed(self, kind: str, obj: str) -> None:
+        """This process just changed `obj` in the store: apply it now, so the next request sees it
+        (the feed applies it again later, which changes nothing)."""
+        reconcile = {"Node": self.reconcile_node, "Workload": self.reconcile_workload, "Tenant": self.reconcile_tenant}
+        if self.scheduler is not None:
+            reconcile[kind](obj)
+        self.wake()
+
     # Change feed -----------------------------------------------------------------------------------
     def _follow_feed(self) -> None:
         events = self.store.events(self._cursor, also=self._gaps, limit=5000)
@@ -264,10 +272,12 @@ class SchedulerLoop:
                     state.add_node(node)
                 devices = (row.get("report") or {}).get("devices")
                 if devices:
-                    apply_encoded_updates(state, {name: devices})
+                    encoded = {kind: {dim: (v["k"], v["count"], v["bits"]) for dim, v in dims.items()}
+                               for kind, dims in devices.items()}  # fmt: skip
+                    apply_encoded_updates(state, {name: encoded})
             except (ValidationError, StateError, EncodedUpdateError) as exc:
                 log.warning("node %s: change not applied: %s", name, exc)
-                self.store.note([Event("Node", name, "UpdateRefused", str(exc))])
+                self._own_events.update(self.store.note([Event("Node", name, "UpdateRefused", str(exc))]))
                 return
             scheduler.queue.cluster_changed()
 

@@ -29,7 +29,7 @@ def _register(ctx: ServerContext, caller: Identity, body: dict[str, Any], *, nam
         row, created = ctx.store.put_node(node.name, canonical(node), create_only=name is None)
     except Conflict as exc:
         raise HTTPException(409, str(exc)) from None
-    ctx.loop.wake()
+    ctx.loop.changed("Node", node.name)
     return node_view(row), created
 
 
@@ -94,7 +94,7 @@ def report(name: str, body: NodeReport, ctx: Ctx, caller: Caller) -> dict[str, A
         raise InputError(problems)
     data = body.model_dump(mode="json")
     if ctx.store.heartbeat(name, data):
-        ctx.loop.wake()
+        ctx.loop.changed("Node", name)
     return {"accepted": True, "node": name}
 
 
@@ -116,7 +116,7 @@ def _set_flag(ctx: ServerContext, name: str, reason: str, **flags: Any) -> dict[
         row = ctx.store.set_node_flags(name, reason, **flags)
     except NotFound as exc:
         raise HTTPException(404, str(exc)) from None
-    ctx.loop.wake()
+    ctx.loop.changed("Node", name)
     return node_view(row)
 
 
@@ -128,5 +128,7 @@ def delete_node(name: str, ctx: Ctx, caller: Caller) -> dict[str, Any]:
         requeued = ctx.store.delete_node(name)
     except NotFound as exc:
         raise HTTPException(404, str(exc)) from None
-    ctx.loop.wake()
+    ctx.loop.changed("Node", name)
+    for key in requeued:
+        ctx.loop.changed("Workload", key)
     return {"deleted": name, "requeued": requeued}

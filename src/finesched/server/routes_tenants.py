@@ -31,7 +31,7 @@ def _store_tenant(ctx: ServerContext, tenant: Tenant, *, create_only: bool) -> b
         created = ctx.store.put_tenant(tenant.name, tenant.weight, canonical(tenant), create_only=create_only)
     except Conflict as exc:
         raise HTTPException(409, str(exc)) from None
-    ctx.loop.wake()
+    ctx.loop.changed("Tenant", tenant.name)
     return created
 
 

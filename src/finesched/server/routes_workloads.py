@@ -133,7 +133,7 @@ def delete_workload(namespace: str, name: str, ctx: Ctx, caller: Caller) -> dict
         ctx.store.delete_workload(namespace, name)
     except NotFound as exc:
         raise HTTPException(404, str(exc)) from None
-    ctx.loop.wake()
+    ctx.loop.changed("Workload", f"{namespace}/{name}")
     return {"deleted": f"{namespace}/{name}", "released": row["binding"] is not None}
 
 
@@ -152,7 +152,7 @@ def report_status(namespace: str, name: str, report: StatusReport, ctx: Ctx, cal
         ctx.store.set_phase(key, RUNNING, report.reason, info)
     else:
         ctx.store.release(key, SUCCEEDED if report.phase == "Succeeded" else FAILED, report.reason, info)
-        ctx.loop.wake()
+        ctx.loop.changed("Workload", key)
     return {"workload": key, "phase": report.phase}
 
 
@@ -202,7 +202,7 @@ def reject_binding(namespace: str, name: str, report: RejectReport, ctx: Ctx, ca
         ctx.store.release(key, PENDING, f"rejected by the node agent: {report.reason}")
     except NotFound as exc:
         raise HTTPException(404, str(exc)) from None
-    ctx.loop.wake()
+    ctx.loop.changed("Workload", key)
     return {"workload": key, "phase": PENDING}
 
 

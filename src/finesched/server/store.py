@@ -360,10 +360,10 @@ class Store:
                 raise NotFound(f"workload {key} not found")
             self.log(conn, [Event("Workload", key, phase, reason)])
 
-    def note(self, events: Iterable[Event]) -> None:
-        """Record events that change nothing else (e.g. why a workload still waits)."""
+    def note(self, events: Iterable[Event]) -> list[int]:
+        """Record events that change nothing else (e.g. why a change was refused); their ids."""
         with self.write() as conn:
-            self.log(conn, events)
+            return self.log(conn, events)
 
     # Events ------------------------------------------------------------------------------------------
     def last_event_id(self) -> int:
