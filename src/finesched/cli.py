@@ -174,6 +174,19 @@ def _add_sim() -> None:
 _add_sim()
 
 
+def _add_control_plane() -> None:
+    from finesched.commands import client
+    from finesched.commands.serve import serve, token_app
+
+    app.command("serve")(serve)
+    app.add_typer(token_app, name="token")
+    for command in (client.submit, client.get, client.describe, client.delete, client.watch, client.cordon):
+        app.command(command.__name__)(command)
+
+
+_add_control_plane()
+
+
 def _add_agent() -> None:
     from finesched.commands.agent import register
 

@@ -97,7 +97,8 @@ def test_malformed_reports_are_rejected_and_the_last_good_state_kept(api: Api) -
     good = {"devices": {"gpu": {"gpu-core": {"k": encode([100, 70], 7), "count": 2, "bits": 7}}}}
     assert agent.post("/v1/nodes/g1/report", json=good).status_code == 200
     cases = {
-        "wrong width": ({"gpu-core": {"k": 1 << 20, "count": 2, "bits": 7}}, ["body", "devices", "gpu", "gpu-core", "k"]),
+        "wrong width": ({"gpu-core": {"k": 1 << 20, "count": 2, "bits": 7}},
+                        ["body", "devices", "gpu", "gpu-core", "k"]),
         "more devices than inventory": (
             {"gpu-core": {"k": encode([1, 1, 1], 7), "count": 3, "bits": 7}},
             ["body", "devices", "gpu", "gpu-core", "count"],
