@@ -7,118 +7,16 @@ environment checks run on a machine without GPUs. Processes, affinity and the HT
 from __future__ import annotations
 
 import json
-import os
-import socket
 import sys
-import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
-import uvicorn
+from agent_cluster import NODE, PROBE, Cluster, inventory, phase_is
 
-from finesched.agent.cgroup import CgroupSupport
-from finesched.agent.client import AgentClient
-from finesched.agent.discover import Discovery
 from finesched.agent.executor import ServerError
-from finesched.agent.loop import Agent, AgentConfig
 from finesched.cpuset import CPUSet
-from finesched.model.node import Node
-from finesched.server.app import create_app
-from finesched.server.auth import create_token
-from finesched.server.loop import LoopConfig
-from finesched.server.store import Store
-
-CPUS = sorted(os.sched_getaffinity(0))
-NODE = "e2e-node"
-PROBE = (
-    "import json, os, sys; "
-    "json.dump({'affinity': sorted(os.sched_getaffinity(0)), 'env': dict(os.environ)}, open(sys.argv[1], 'w'))"
-)
-
-
-def inventory(unhealthy: tuple[int, ...] = ()) -> Discovery:
-    cpus = [{"id": c, "core": c, "socket": 0, "numa": 0} for c in CPUS]
-    devices = [
-        {"type": "gpu", "minor": i, "uuid": f"GPU-e2e-{i}", "health": i not in unhealthy, "numa": 0,
-         "resources": {"gpu-core": 100, "gpu-memory-ratio": 100, "gpu-memory": "16Gi"}}
-        for i in range(2)
-    ]  # fmt: skip
-    node = Node.model_validate(
-        {"name": NODE, "cpuTopology": {"cpus": cpus}, "numaZones": [{"id": 0, "memory": "4Gi"}], "devices": devices}
-    )
-    return Discovery(node=node, online=CPUSet(CPUS), sources={"gpu": "ok: injected"})
-
-
-class Cluster:
-    def __init__(self, tmp: Path):
-        self.store = Store.open(f"sqlite:///{tmp / 'fs.db'}")
-        app = create_app(self.store, LoopConfig(idle_wait_s=0.05, requeue_after_s=None))
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        self.url = f"http://127.0.0.1:{port}"
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        self.admin = httpx.Client(
-            base_url=self.url, headers={"Authorization": f"Bearer {create_token(self.store, 'admin')}"}
-        )
-        wait(lambda: self.server.started, "the server to start")
-        self.agent_token = create_token(self.store, "agent", node=NODE)
-        self.tmp = tmp
-
-    def agent(self, data: str = "agent", discovery: Callable[[], Discovery] = inventory) -> Agent:
-        config = AgentConfig(self.url, self.agent_token, self.tmp / data, NODE)
-        agent = Agent(config, AgentClient(self.url, self.agent_token), discovery, CgroupSupport(None, reason="test"))
-        agent.start()
-        return agent
-
-    def submit(self, name: str, command: list[str], requests: dict[str, Any], **spec: Any) -> None:
-        doc = {"apiVersion": "finesched.io/v1alpha1", "kind": "Workload",
-               "metadata": {"name": name, "namespace": "t"},
-               "spec": {"requests": requests, "command": command, **spec}}  # fmt: skip
-        response = self.admin.post("/v1/workloads", json=doc)
-        assert response.status_code == 201, response.text
-
-    def workload(self, name: str) -> dict[str, Any]:
-        response = self.admin.get(f"/v1/workloads/t/{name}")
-        response.raise_for_status()
-        return response.json()
-
-    def until(self, agent: Agent | None, name: str, check: Callable[[dict[str, Any]], bool], what: str) -> dict:
-        """Tick the agent until the workload satisfies `check` (bounded)."""
-        found: dict[str, Any] = {}
-
-        def done() -> bool:
-            if agent is not None:
-                agent.tick_bindings()
-            found.update(self.workload(name))
-            return check(found)
-
-        wait(done, f"{name}: {what}")
-        return found
-
-    def close(self) -> None:
-        self.admin.close()
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
-        self.store.close()
-
-
-def wait(predicate: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
-    end = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-
-
-def phase_is(*phases: str) -> Callable[[dict[str, Any]], bool]:
-    return lambda w: w["status"]["phase"] in phases
 
 
 @pytest.fixture

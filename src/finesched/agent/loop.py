@@ -136,8 +136,13 @@ class Agent:
                 self.node = self.discovery.node
             except ServerError as exc:
                 log.warning("re-registration failed: %s", exc)
+        # the server checks free amounts against its own bindings: read them now, not a tick ago
+        try:
+            bindings = [parse_binding(item) for item in self.client.bindings(self.name)]
+        except (ServerError, BindingError):
+            bindings = self.bindings
         extra = {"cgroup": self.cgroups.describe(), "agentPid": os.getpid()}
-        body = build_report(self.node, self.bindings, self.discovery, extra)
+        body = build_report(self.node, bindings, self.discovery, extra)
         try:
             self.client.report(self.name, body)
             self.last_report_error = ""

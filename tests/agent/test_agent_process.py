@@ -1,0 +1,107 @@
+"""The agent and `finesched up` as real processes: SIGKILL and restart, start and clean stop, logs."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+from agent_cluster import NODE, Cluster, wait
+from typer.testing import CliRunner
+
+from finesched.cli import app
+
+FINESCHED = [sys.executable, "-m", "finesched.cli"]
+
+
+def start_agent(cluster: Cluster, data: Path) -> subprocess.Popen[bytes]:
+    args = ["agent", "--server", cluster.url, "--token", cluster.agent_token, "--node-name", NODE,
+            "--data", str(data), "--interval", "0.5", "--watch", "0.1", "--quiet"]  # fmt: skip
+    return subprocess.Popen([*FINESCHED, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+def test_sigkilled_agent_restarts_and_adopts_its_child(tmp_path: Path) -> None:
+    cluster = Cluster(tmp_path)
+    data, go = tmp_path / "agent", tmp_path / "go"
+    first = start_agent(cluster, data)
+    try:
+        wait(lambda: cluster.admin.get(f"/v1/nodes/{NODE}").status_code == 200, "the agent to register")
+        body = f"import os, time\nwhile not os.path.exists({str(go)!r}): time.sleep(0.05)\nraise SystemExit(4)"
+        cluster.submit("long", [sys.executable, "-c", body], {"cpu": "1"}, limits={"cpu": "1"})
+        wait(lambda: cluster.workload("long")["status"]["phase"] == "Running", "the workload to run")
+        pid = cluster.workload("long")["status"]["info"]["pid"]
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=10)
+        assert alive(pid)  # the child outlives its agent
+        second = start_agent(cluster, data)
+        try:
+            go.touch()
+            wait(lambda: cluster.workload("long")["status"]["phase"] in ("Succeeded", "Failed"), "the end report")
+            w = cluster.workload("long")
+            assert (w["status"]["phase"], w["status"]["info"]["exitCode"], w["status"]["info"]["pid"]) == (
+                "Failed", 4, pid
+            )  # fmt: skip
+            events = cluster.admin.get("/v1/events", params={"since": 0}).json()["items"]
+            assert not [e for e in events if e["object"] == "t/long" and "rejected" in e["message"]]
+        finally:
+            second.send_signal(signal.SIGTERM)
+            assert second.wait(timeout=30) == 0, second.stderr.read() if second.stderr else ""
+    finally:
+        if first.poll() is None:
+            first.kill()
+        cluster.close()
+
+
+def test_up_prints_url_and_token_and_stops_cleanly(tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    data = tmp_path / "up"
+    up = subprocess.Popen(
+        [*FINESCHED, "up", "--data", str(data), "--port", str(port), "--interval", "0.5", "--quiet"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        token_file = data / "admin.token"
+        wait(lambda: token_file.is_file() and token_file.read_text().strip() != "", "admin.token", timeout=60)
+        assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
+        token = token_file.read_text().strip()
+        client = httpx.Client(base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {token}"})
+        wait(lambda: len(client.get("/v1/nodes").json()["items"]) == 1, "this machine's node", timeout=60)
+        node = client.get("/v1/nodes").json()["items"][0]
+        assert node["spec"]["cpuTopology"]["cpus"] and node["status"]["ready"]
+        client.close()
+    finally:
+        up.send_signal(signal.SIGINT)
+        output = up.communicate(timeout=60)[0]
+    assert up.returncode == 0, output
+    assert f"finesched is up: http://127.0.0.1:{port}" in output and token in output
+    assert output.rstrip().endswith("finesched stopped")
+
+
+def test_logs_prints_the_workload_output(tmp_path: Path) -> None:
+    log = tmp_path / "agent" / "workloads" / "team" / "w1" / "output.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("line one\nline two\n")
+    runner = CliRunner()
+    shown = runner.invoke(app, ["logs", "w1", "-n", "team", "--data", str(tmp_path)])
+    assert shown.exit_code == 0 and shown.stdout == "line one\nline two\n"
+    assert runner.invoke(app, ["logs", "team/w1", "--data", str(tmp_path)]).stdout == "line one\nline two\n"
+    missing = runner.invoke(app, ["logs", "nope", "--data", str(tmp_path)])
+    assert missing.exit_code == 1 and "no log for default/nope" in missing.output
+
+
+def test_agent_rejects_a_bad_label() -> None:
+    result = CliRunner().invoke(app, ["agent", "--server", "http://x", "--token", "t", "--label", "novalue"])
+    assert result.exit_code == 2 and "KEY=VALUE" in result.output
