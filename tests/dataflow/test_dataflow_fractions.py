@@ -138,3 +138,13 @@ def test_one_over_n_never_sums_above_one(n: int, slot: int) -> None:
     c = compile_job(make_job([task("t", *(uses(f"o{i}", on=True) for i in range(n)))]))
     assert sum(f[0] for f in c.fractions.values()) <= 1.0
     assert sum(c.quotas((slot, 0)).values()) <= slot
+
+
+@pytest.mark.parametrize("n", [3, 49, 1000, 2001])
+def test_many_operators_fractions_stay_within_one_float_step_below_exact_and_sum_to_at_most_one(n: int) -> None:
+    # float addition of n copies of round_down(1/n) drifts; the largest gives back the excess
+    c = compile_job(make_job([task("t", *(uses(f"o{i}", off=True) for i in range(n)))]))
+    fractions = [c.fractions[f"o{i}"][1] for i in range(n)]
+    assert sum(fractions) <= 1.0 and math.fsum(fractions) <= 1.0
+    assert all(Fraction(f) <= Fraction(1, n) for f in fractions)
+    assert sorted(fractions)[1] == round_down(Fraction(1, n))  # all but at most one are the plain rounded-down 1/n

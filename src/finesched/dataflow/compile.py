@@ -66,6 +66,7 @@ class CompiledJob:
     network: dict[str, int]
     group_of_task: dict[str, str] = field(repr=False)
     group_of_operator: dict[str, str] = field(repr=False)
+    operators_by_group: dict[str, tuple[str, ...]] = field(repr=False)
 
     @property
     def slot_requests(self) -> dict[str, dict[str, int]]:
@@ -85,29 +86,34 @@ class CompiledJob:
         out: dict[str, int] = {}
         for group in self.groups:
             if isinstance(slot_managed_bytes, tuple):
-                on_bytes, off_bytes = slot_managed_bytes
+                pools = slot_managed_bytes
             else:
-                on_bytes, off_bytes = self._pools(group, slot_managed_bytes)
-            ops = [op for op, g in self.group_of_operator.items() if g == group]
-            on = pool_quotas({op: self.fractions[op][0] for op in ops}, on_bytes)
-            off = pool_quotas({op: self.fractions[op][1] for op in ops}, off_bytes)
-            out.update({op: on[op] + off[op] for op in ops})
+                pools = self._pools(group, slot_managed_bytes)
+            out.update(self._quotas_in(group, pools))
         return {op.id: out[op.id] for op in self.graph.operators}
+
+    def group_quotas(self, group: str) -> dict[str, int]:
+        """Operator -> quota in one slot of `group`, from the pools of the group's own slot profile."""
+        profile = self.profiles[group]
+        return self._quotas_in(group, (profile.managed_on_heap, profile.managed_off_heap))
+
+    def operators_of(self, group: str) -> list[str]:
+        """The operator ids of `group`, in manifest order."""
+        return list(self.operators_by_group[group])
+
+    def _quotas_in(self, group: str, pools: tuple[int, int]) -> dict[str, int]:
+        ops = self.operators_of(group)
+        on = pool_quotas({op: self.fractions[op][0] for op in ops}, pools[0])
+        off = pool_quotas({op: self.fractions[op][1] for op in ops}, pools[1])
+        return {op: on[op] + off[op] for op in ops}
 
     def _pools(self, group: str, total: int) -> tuple[int, int]:
         profile = self.profiles[group]
         on_weight, off_weight = profile.managed_on_heap, profile.managed_off_heap
         if on_weight + off_weight == 0:  # no managed memory in the profile: split by the pools in use
-            ops = [self.fractions[o] for o, g in self.group_of_operator.items() if g == group]
-            on_weight, off_weight = int(any(f[0] for f in ops)), int(any(f[1] for f in ops))
+            used = [self.fractions[op] for op in self.operators_of(group)]
+            on_weight, off_weight = int(any(f[0] for f in used)), int(any(f[1] for f in used))
         return split_pool(total, on_weight, off_weight)
-
-    def group_quotas(self, group: str) -> dict[str, int]:
-        """Operator -> quota in one slot of `group`, from the pools of the group's own slot profile."""
-        profile = self.profiles[group]
-        pools = (profile.managed_on_heap, profile.managed_off_heap)
-        quotas = self.quotas(pools)
-        return {op: quotas[op] for op, g in self.group_of_operator.items() if g == group}
 
 
 def compile_job(
@@ -144,10 +150,11 @@ def compile_job(
     group_slots: dict[str, int] = {}
     fractions: dict[str, tuple[float, float]] = {}
     group_of_operator: dict[str, str] = {}
+    operators_by_group: dict[str, tuple[str, ...]] = {}
     for name, members in groups.items():
         tasks = [graph.task(t) for t in members]
         if specified:
-            specs = [t.spec for t in tasks if t.spec is not None]
+            specs = [spec for spec in (t.spec for t in tasks) if spec is not None]
             profiles[name] = sum_specs(specs) + ResourceSpec(network=sum(net_bytes[t] for t in members))
         else:
             profiles[name] = slot
@@ -155,6 +162,7 @@ def compile_job(
         ops = [op for t in tasks for op in t.operators]
         fractions.update(group_fractions(ops, bool(weighted)))
         group_of_operator.update({op.id: name for op in ops})
+        operators_by_group[name] = tuple(op.id for op in ops)
     components = connected_components(graph)
     component_slots = (
         sum(max(graph.task(t).parallelism for t in c) for c in components) if job.mode == "streaming" else None
@@ -176,6 +184,7 @@ def compile_job(
         network=net_bytes,
         group_of_task=group_of_task,
         group_of_operator=group_of_operator,
+        operators_by_group=operators_by_group,
     )
 
 

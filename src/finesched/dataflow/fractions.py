@@ -48,9 +48,11 @@ def _pool_fractions(amounts: list[int] | None, uses: list[bool], weights: list[i
     if total == 0:
         return [0.0] * len(shares)
     fractions = [round_down(Fraction(share, total)) for share in shares]
-    while sum(fractions) > 1.0 or math.fsum(fractions) > 1.0:  # float addition may round a sum up
-        largest = max(range(len(fractions)), key=fractions.__getitem__)
-        fractions[largest] = math.nextafter(fractions[largest], 0.0)
+    largest = max(range(len(fractions)), key=fractions.__getitem__)
+    while (total_float := max(sum(fractions), math.fsum(fractions))) > 1.0:  # float addition may round a sum up
+        # take the excess (exact: total_float is within a few ulps of 1), at least one float step, from the largest
+        excess = total_float - 1.0
+        fractions[largest] = max(0.0, math.nextafter(fractions[largest] - excess, 0.0))
     return fractions
 
 

@@ -9,7 +9,7 @@ manifest path it came from, so a compile error names the field to fix.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Literal
 
 from finesched.model.job import Job, OperatorResources, SlotProfile
@@ -58,7 +58,7 @@ class ResourceSpec:
         merged = dict(self.extended)
         for name, amount in other.extended:
             merged[name] = merged.get(name, 0) + amount
-        sums = {f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self) if f.name != "extended"}
+        sums = {name: getattr(self, name) + getattr(other, name) for name in SPEC_FIELDS}
         return ResourceSpec(**sums, extended=_extended(merged))
 
     @property
