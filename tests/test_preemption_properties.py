@@ -8,12 +8,16 @@ one in the same run) — and a run that preempts nothing evicts nothing.
 
 from __future__ import annotations
 
-from hypothesis import HealthCheck, settings
+import numpy as np
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from builders import make_node, make_workload
+from finesched.model.resources import ResourceVector
 from finesched.model.tenant import Tenant
+from finesched.plugins.deviceshare.request import TypeRequest, compile_rule, fit_mask
+from finesched.plugins.preemption_model import slot_fits
 from finesched.sched.scheduler import Scheduler
 from finesched.state.cluster import ClusterState
 
@@ -91,3 +95,30 @@ PreemptionMachine.TestCase.settings = settings(
     max_examples=40, stateful_step_count=25, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 TestPreemptionProperties = PreemptionMachine.TestCase
+
+
+GPU_DIMS = ("gpu-core", "gpu-memory-ratio", "gpu-memory")
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    core=st.integers(0, 100),
+    ratio=st.integers(0, 100),
+    nbytes=st.sampled_from([0, 1 << 30, 20 << 30]),
+    free=st.lists(
+        st.tuples(st.integers(0, 100), st.integers(0, 100), st.integers(0, 80 << 30)), min_size=1, max_size=4
+    ),
+    memory=st.sampled_from([0, 40 << 30, 80 << 30]),
+    healthy=st.booleans(),
+)
+def test_slot_fits_agrees_with_fit_mask(core, ratio, nbytes, free, memory, healthy) -> None:
+    # The reprieve model's per-device rule is the exact allocator's fit_mask, one device at a time.
+    per_device = {k: v for k, v in {"gpu-core": core, "gpu-memory-ratio": ratio, "gpu-memory": nbytes}.items() if v}
+    request = TypeRequest("gpu", 1, ResourceVector(per_device), True)
+    rule = compile_rule(request, GPU_DIMS)
+    free_rows = np.array([[f[k] for f in free] for k in range(3)], dtype=np.int64)
+    total_rows = np.array([[100] * len(free), [100] * len(free), [memory] * len(free)], dtype=np.int64)
+    health = np.array([healthy] * len(free))
+    want = fit_mask(rule, free_rows, total_rows, health).tolist()
+    got = [slot_fits(rule, free_rows.tolist(), total_rows.tolist(), healthy, s) for s in range(len(free))]
+    assert got == want

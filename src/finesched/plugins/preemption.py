@@ -34,12 +34,12 @@ import numpy as np
 
 from finesched.errors import ValidationError
 from finesched.model.binding import Binding
-from finesched.model.device_allocated import binding_devices
 from finesched.model.resources import translate_gpu_shortcuts
 from finesched.model.workload import Workload
 from finesched.plugins.deviceshare.plugin import DEVICE_REQUEST
 from finesched.plugins.deviceshare.request import compile_rule, fit_mask
-from finesched.plugins.preemption_index import ANNOTATION_PREEMPTION, Bound, PreemptionIndex, annotation_for
+from finesched.plugins.preemption_index import ANNOTATION_PREEMPTION, Bound, Grant, PreemptionIndex, annotation_for
+from finesched.plugins.preemption_model import NodeModel
 from finesched.sched.cycle_state import CycleState
 from finesched.sched.elastic import ReclaimRule
 from finesched.sched.framework import Preemption, PreemptionHandle
@@ -55,7 +55,7 @@ class Unit:
     members: list[Bound]
     reason: str
     amounts: dict[str, int] = field(default_factory=dict)  # held on the node being looked at
-    grants: list[tuple[str, int, Mapping[str, int]]] = field(default_factory=list)  # (type, minor, amounts)
+    grants: list[Grant] = field(default_factory=list)  # device grants there
     violating: bool = False
 
     @property
@@ -86,43 +86,12 @@ class NodePlan:
         return [m.key for u in self.victims for m in u.members]
 
 
-class NodeModel:
-    """A node's free amounts (scalar and per device) as victims leave and return."""
-
-    def __init__(self, free: dict[str, int], need: Mapping[str, int], devices: list[tuple[Any, NodeDevices]]):
-        self.free, self.need, self.devices = free, need, devices
-        self.slots = [{int(m): s for s, m in enumerate(nd.minors)} for _, nd in devices]
-
-    def apply(self, unit: Unit, sign: int) -> None:
-        for name, amount in unit.amounts.items():
-            if name in self.free:
-                self.free[name] += sign * amount
-        for (tr, nd), slots in zip(self.devices, self.slots, strict=True):
-            for kind, minor, amounts in unit.grants:
-                slot = slots.get(minor)
-                if kind != tr.type or slot is None:
-                    continue
-                for name, amount in amounts.items():
-                    k = nd.dim(name)
-                    if k is not None:
-                        nd.free[k, slot] += sign * amount
-
-    def fits(self) -> bool:
-        if any(self.free[n] < a for n, a in self.need.items()):
-            return False
-        for tr, nd in self.devices:
-            rule = compile_rule(tr, nd.dims)
-            if int(fit_mask(rule, nd.free, nd.total, nd.healthy).sum()) < tr.count:
-                return False
-        return True
-
-
 class DefaultPreemption:
     """The post_filter plugin (module docstring); also records gang, labels and budget on bindings."""
 
     NAME = "DefaultPreemption"
 
-    def __init__(self, candidates: int = 64):
+    def __init__(self, candidates: int = 16):
         self.candidates = candidates
         self.state: ClusterState | None = None
         self.index = PreemptionIndex()
@@ -132,7 +101,7 @@ class DefaultPreemption:
         unknown = set(args) - {"candidates"}
         if unknown:
             raise ValidationError("unknown argument; valid: candidates", path=f"args.{sorted(unknown)[0]}")
-        value = args.get("candidates", 64)
+        value = args.get("candidates", 16)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValidationError("must be an integer >= 1", path="args.candidates", value=value)
         return cls(value)
@@ -166,7 +135,7 @@ class DefaultPreemption:
             return None, "no nodes"
         rule = handle.reclaim_rule(w)
         need = {n: a for n, a in translate_gpu_shortcuts(w.requests).items() if a > 0}
-        order = self._possible_nodes(w.priority, need, rule is not None)
+        order = self._possible_nodes(cycle, w.priority, need, rule is not None)
         if len(order) == 0:
             return None, "no node would fit even with every lower-priority workload evicted"
         groups = self.index.budget_groups()
@@ -202,41 +171,80 @@ class DefaultPreemption:
             return np.zeros(n, dtype=np.int64)
         return capacity[:n] - self.index.used(name, n)
 
-    def _possible_nodes(self, priority: int, need: Mapping[str, int], inclusive: bool) -> np.ndarray:
-        """Nodes where evicting every eligible workload could free enough, best lower bound first."""
+    def _possible_nodes(self, cycle: CycleState, priority: int, need: Mapping[str, int], inclusive: bool) -> np.ndarray:
+        """Nodes where evicting every eligible workload could free enough, best lower bound first.
+
+        The bound: the lowest priority level whose eviction (with every level below it) would
+        leave enough free — scalar amounts summed per node, device amounts per device under the
+        allocator's per-device rule — a lower bound of the highest victim priority on the node.
+        """
         state = self.state
         assert state is not None
         n = state.n
-        free = {name: self._free(name, n) for name in need}
-        possible = np.ones(n, dtype=bool)
-        for name, amount in need.items():
-            possible &= free[name] + self.index.held_below(priority, name, n, inclusive=inclusive) >= amount
-        nodes = np.flatnonzero(possible)
-        if len(nodes) == 0:
-            return nodes
-        # The lowest priority level whose eviction (with all below it) could suffice: a lower bound of
-        # the highest victim priority on each node, and the order nodes are looked at.
         levels = sorted(p for p in self.index.held if p < priority or (inclusive and p == priority))
-        bound = np.full(len(nodes), len(levels), dtype=np.int64)
-        cumulative = {name: free[name][nodes].copy() for name in need}
+        bound = np.full(n, len(levels), dtype=np.int64)
+        cumulative = {name: self._free(name, n).copy() for name in need}
+        devices = self._device_inputs(cycle, n)
+        if devices is None:
+            return np.zeros(0, dtype=np.intp)
         for level, p in enumerate(levels):
-            ok = np.ones(len(nodes), dtype=bool)
+            ok = np.ones(n, dtype=bool)
             for name, amount in need.items():
                 column = self.index.held[p].get(name)
                 if column is not None:
-                    cumulative[name] += column[nodes]
+                    cumulative[name] += column[:n]
                 ok &= cumulative[name] >= amount
+            for tr, acc, free in devices:
+                for k, dim in enumerate(acc.dims):
+                    held = self.index.device_held_upto((p,), tr.type, dim, n, free.shape[2])
+                    if held is not None:
+                        free[k] += held
+                rule = compile_rule(tr, acc.dims)
+                ok &= fit_mask(rule, free, acc.total[:, :n], acc.healthy[:n]).sum(axis=1) >= tr.count
             bound = np.where((bound == len(levels)) & ok, level, bound)
-        return nodes[np.lexsort((nodes, bound))]
+            if np.count_nonzero(bound <= level) >= self.candidates:
+                break  # the first `candidates` nodes in bound order are known: higher levels come after
+        nodes = np.flatnonzero(bound < len(levels))
+        return nodes[np.lexsort((nodes, bound[nodes]))]
 
-    def _units(self, node: int, w: Workload, rule: ReclaimRule | None) -> list[Unit]:
+    def _device_inputs(self, cycle: CycleState, n: int) -> list[tuple[Any, Any, np.ndarray]] | None:
+        """(type request, type accounts, a copy of free [K, n, D]) per requested device type; None
+        when a requested type exists on no node."""
+        request = cycle.get(DEVICE_REQUEST)
+        if request is None:
+            return []
+        accounts = self.state.extras.get("devices") if self.state is not None else None
+        out = []
+        for tr in request.types.values():
+            acc = accounts.types.get(tr.type) if accounts is not None else None  # type: ignore[attr-defined]
+            if acc is None:
+                return None
+            out.append((tr, acc, acc.free[:, :n].copy()))
+        return out
+
+    def _units(self, node: int, w: Workload, rule: ReclaimRule | None, need: Mapping[str, int]) -> list[Unit]:
+        """The eligible victim units on `node` that hold something the workload needs (evicting
+        any other could never help, so reprieve would always keep it)."""
         units, seen = [], set()
+        priority = w.priority
         for bound in list(self.index.on_node[node].values()):
             if bound.key in seen:
                 continue
-            members = self.index.gang_members(bound)
-            seen.update(m.key for m in members)
-            reason = _eligible(members, w.priority, rule)
+            if not bound.grants and not any(n in need for n in bound.amounts):
+                continue
+            if bound.gang is None:
+                if bound.priority < priority:
+                    units.append(
+                        Unit(
+                            [bound], f"priority {bound.priority} < {priority}", dict(bound.amounts), list(bound.grants)
+                        )
+                    )
+                    continue
+                members = [bound]
+            else:
+                members = self.index.gang_members(bound)
+                seen.update(m.key for m in members)
+            reason = _eligible(members, priority, rule)
             if reason is None:
                 continue
             unit = Unit(members, reason)
@@ -245,8 +253,7 @@ class DefaultPreemption:
                     continue
                 for name, amount in m.amounts.items():
                     unit.amounts[name] = unit.amounts.get(name, 0) + amount
-                for kind, grants in binding_devices(m.binding).items():
-                    unit.grants += [(kind, g.minor, g.resources) for g in grants]
+                unit.grants += m.grants
             units.append(unit)
         return units
 
@@ -276,20 +283,20 @@ class DefaultPreemption:
         groups: list[tuple[Any, set[str]]],
         rank: int,
     ) -> NodePlan | None:
-        units = self._units(node, request.workload, rule)
+        units = self._units(node, request.workload, rule, need)
         if not units:
             return None
         model = self._model(cycle, node, need)
         for unit in units:
-            model.apply(unit, +1)
+            model.apply(unit.amounts, unit.grants, +1)
         if not model.fits():
             return None
         ordered = _reprieve_order(units, groups)
         victims = []
         for unit in ordered:
-            model.apply(unit, -1)
+            model.apply(unit.amounts, unit.grants, -1)
             if not model.fits():
-                model.apply(unit, +1)
+                model.apply(unit.amounts, unit.grants, +1)
                 victims.append(unit)
         if not victims:
             return None  # it fits without evicting anyone: the filters said otherwise, so the model is short
@@ -307,7 +314,8 @@ class DefaultPreemption:
         groups: list[tuple[Any, set[str]]],
     ) -> NodePlan | None:
         """Every eligible unit evicted, then reprieve checked with the real filters (slow, exact)."""
-        units = _reprieve_order(self._units(plan.node, request.workload, rule), groups)
+        need = {n: a for n, a in translate_gpu_shortcuts(request.workload.requests).items() if a > 0}
+        units = _reprieve_order(self._units(plan.node, request.workload, rule, need), groups)
         victims = list(units)
         if handle.try_without(cycle, request, plan.node, [m.key for u in victims for m in u.members]) is None:
             return None

@@ -20,11 +20,15 @@ import numpy as np
 import numpy.typing as npt
 
 from finesched.model.binding import Binding
+from finesched.model.device_allocated import binding_devices
 from finesched.model.node import Node, device_totals
+from finesched.model.resources import device_dimension
 from finesched.sched.tenant_usage import binding_amounts
 
 ANNOTATION_PREEMPTION = "finesched.io/preemption"
 Int64Array = npt.NDArray[np.int64]
+#: (device type, minor, ((dimension, amount), ...)) — one device grant, dimension names short.
+Grant = tuple[str, int, tuple[tuple[str, int], ...]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +55,7 @@ class Bound:
     node: int
     seq: int
     amounts: Mapping[str, int]
+    grants: tuple[Grant, ...] = ()
     gang: str | None = None
     labels: Mapping[str, str] = field(default_factory=dict)
     budget: Budget | None = None
@@ -91,6 +96,11 @@ class PreemptionIndex:
         self.held: dict[int, dict[str, Int64Array]] = {}
         #: resource -> [capacity] device totals of each node (healthy devices; device dimensions only)
         self.device_capacity: dict[str, Int64Array] = {}
+        #: priority -> (device type, dimension) -> [capacity, slots] amount held on each device
+        #: (slot = the device's rank by minor on its node, the device accounts' order)
+        self.device_held: dict[int, dict[tuple[str, str], Int64Array]] = {}
+        self._slots: list[dict[tuple[str, int], int]] = []
+        self._dmax = 8
         self.on_node: list[dict[str, Bound]] = []
         self.bound: dict[str, Bound] = {}
         self.gangs: dict[str, set[str]] = {}
@@ -109,12 +119,21 @@ class PreemptionIndex:
         for columns in (*self.held.values(), self.device_capacity):
             for name, array in columns.items():
                 columns[name] = np.concatenate([array, pad])
+        for per_device in self.device_held.values():
+            for key, array in per_device.items():
+                per_device[key] = np.concatenate([array, np.zeros((grow, array.shape[1]), dtype=np.int64)])
         self.on_node += [{} for _ in range(grow)]
+        self._slots += [{} for _ in range(grow)]
         self._capacity = capacity
 
     def set_node(self, index: int, node: Node) -> None:
         for array in self.device_capacity.values():
             array[index] = 0
+        slots: dict[tuple[str, int], int] = {}
+        for kind in {d.type for d in node.devices}:
+            minors = sorted(d.minor for d in node.devices if d.type == kind)
+            slots.update({(kind, m): s for s, m in enumerate(minors)})
+        self._slots[index] = slots
         for device in node.devices:
             if not device.health:
                 continue
@@ -122,18 +141,20 @@ class PreemptionIndex:
                 self._column(self.device_capacity, name)[index] += amount
 
     def move(self, src: int, dst: int) -> None:
-        for columns in (*self.held.values(), self.device_capacity):
+        for columns in (*self.held.values(), self.device_capacity, *self.device_held.values()):
             for array in columns.values():
                 array[dst] = array[src]
         self.on_node[dst] = self.on_node[src]
+        self._slots[dst] = self._slots[src]
         for bound in self.on_node[dst].values():
             bound.node = dst
 
     def clear(self, index: int) -> None:
-        for columns in (*self.held.values(), self.device_capacity):
+        for columns in (*self.held.values(), self.device_capacity, *self.device_held.values()):
             for array in columns.values():
                 array[index] = 0
         self.on_node[index] = {}
+        self._slots[index] = {}
 
     def assume(self, index: int, binding: Binding) -> None:
         if self.paused:
@@ -142,7 +163,12 @@ class PreemptionIndex:
         if key in self.bound:  # a replayed binding is counted once
             self.forget(self.bound[key].node, self.bound[key].binding)
         self._seq += 1
-        bound = Bound(binding, index, self._seq, binding_amounts(binding))
+        grants = tuple(
+            (kind, g.minor, tuple((device_dimension(n), a) for n, a in g.resources.items()))
+            for kind, given in binding_devices(binding).items()
+            for g in given
+        )
+        bound = Bound(binding, index, self._seq, binding_amounts(binding), grants)
         text = binding.annotations.get(ANNOTATION_PREEMPTION)
         if text:
             _read_annotation(bound, text)
@@ -151,6 +177,7 @@ class PreemptionIndex:
         columns = self.held.setdefault(binding.priority, {})
         for name, amount in bound.amounts.items():
             self._column(columns, name)[index] += amount
+        self._hold_devices(bound, +1)
         if bound.gang:
             self.gangs.setdefault(bound.gang, set()).add(key)
         if bound.budget is not None:
@@ -166,6 +193,7 @@ class PreemptionIndex:
         columns = self.held[bound.binding.priority]
         for name, amount in bound.amounts.items():
             columns[name][bound.node] -= amount
+        self._hold_devices(bound, -1)
         if bound.gang:
             members = self.gangs.get(bound.gang)
             if members is not None:
@@ -174,10 +202,50 @@ class PreemptionIndex:
                     del self.gangs[bound.gang]
         self.budgets.pop(bound.key, None)
 
+    def _hold_devices(self, bound: Bound, sign: int) -> None:
+        if not bound.grants:
+            return
+        per_device = self.device_held.setdefault(bound.priority, {})
+        slots = self._slots[bound.node]
+        for kind, minor, amounts in bound.grants:
+            slot = slots.get((kind, minor))
+            if slot is None:
+                continue
+            if slot >= self._dmax:
+                self._widen(slot + 1)
+            for dim, amount in amounts:
+                array = per_device.get((kind, dim))
+                if array is None:
+                    array = per_device[(kind, dim)] = np.zeros((self._capacity, self._dmax), dtype=np.int64)
+                array[bound.node, slot] += sign * amount
+
+    def _widen(self, slots: int) -> None:
+        for per_device in self.device_held.values():
+            for key, array in per_device.items():
+                per_device[key] = np.concatenate(
+                    [array, np.zeros((array.shape[0], slots - array.shape[1]), dtype=np.int64)], axis=1
+                )
+        self._dmax = slots
+
+    def device_held_upto(self, levels: Iterable[int], kind: str, dim: str, n: int, d: int) -> Int64Array | None:
+        """[n, d] amount of (kind, dim) held per device by workloads of the given priorities."""
+        out = None
+        for p in levels:
+            array = self.device_held.get(p, {}).get((kind, dim))
+            if array is not None:
+                part = array[:n, :d]
+                if part.shape[1] < d:
+                    part = np.pad(part, ((0, 0), (0, d - part.shape[1])))
+                out = part.copy() if out is None else out + part
+        return out
+
     def snapshot(self) -> object:
         return (
             {p: {n: a.copy() for n, a in cols.items()} for p, cols in self.held.items()},
             {n: a.copy() for n, a in self.device_capacity.items()},
+            {p: {k: a.copy() for k, a in cols.items()} for p, cols in self.device_held.items()},
+            [dict(d) for d in self._slots],
+            self._dmax,
             [dict(d) for d in self.on_node],
             dict(self.bound),
             {g: set(m) for g, m in self.gangs.items()},
@@ -188,9 +256,11 @@ class PreemptionIndex:
 
     def restore(self, snapshot: object) -> None:
         assert isinstance(snapshot, tuple)
-        held, device_capacity, on_node, bound, gangs, budgets, seq, capacity = snapshot
+        held, device_capacity, device_held, slots, dmax, on_node, bound, gangs, budgets, seq, capacity = snapshot
         self.held = {p: {n: a.copy() for n, a in cols.items()} for p, cols in held.items()}
         self.device_capacity = {n: a.copy() for n, a in device_capacity.items()}
+        self.device_held = {p: {k: a.copy() for k, a in cols.items()} for p, cols in device_held.items()}
+        self._slots, self._dmax = [dict(d) for d in slots], dmax
         self.on_node = [dict(d) for d in on_node]
         self.bound, self.gangs, self.budgets = dict(bound), {g: set(m) for g, m in gangs.items()}, dict(budgets)
         self._seq, self._capacity = seq, capacity
