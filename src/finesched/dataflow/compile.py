@@ -243,7 +243,8 @@ def _structure_problems(graph: JobGraph) -> list[ErrorDetail]:
     for edge in graph.edges:
         for end, name in (("from", edge.source), ("to", edge.target)):
             if name not in seen:
-                problems.append(ErrorDetail(f"{edge.path}.{end}", "no task has this id", name))
+                rule = f"no task has this id (edge {edge.source} -> {edge.target})"
+                problems.append(ErrorDetail(f"{edge.path}.{end}", rule, name))
     if not problems:
         cycle = find_cycle(graph.task_ids, [(e.source, e.target) for e in graph.edges])
         if cycle:

@@ -139,7 +139,8 @@ class Job(Model):
         for i, edge in enumerate(self.edges):
             for field, end in (("from", edge.source), ("to", edge.target)):
                 if end not in ids:
-                    problems.append((("edges", i, field), "no task has this id", end))
+                    rule = f"no task has this id (edge {edge.source} -> {edge.target})"
+                    problems.append((("edges", i, field), rule, end))
             if edge.source == edge.target:
                 problems.append((("edges", i, "to"), "an edge joins two different tasks", edge.target))
         if not problems:
