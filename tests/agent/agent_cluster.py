@@ -46,9 +46,9 @@ def inventory(unhealthy: tuple[int, ...] = ()) -> Discovery:
 
 
 class Cluster:
-    def __init__(self, tmp: Path):
+    def __init__(self, tmp: Path, config: LoopConfig | None = None):
         self.store = Store.open(f"sqlite:///{tmp / 'fs.db'}")
-        app = create_app(self.store, LoopConfig(idle_wait_s=0.05, requeue_after_s=None))
+        app = create_app(self.store, config or LoopConfig(idle_wait_s=0.05, requeue_after_s=None))
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]

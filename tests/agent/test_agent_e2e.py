@@ -13,10 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agent_cluster import NODE, PROBE, Cluster, inventory, phase_is
+from agent_cluster import NODE, PROBE, Cluster, inventory, phase_is, wait
 
 from finesched.agent.executor import ServerError
+from finesched.agent.launch import is_running, start_time
+from finesched.codec import decode
 from finesched.cpuset import CPUSet
+from finesched.server.loop import LoopConfig
 
 
 @pytest.fixture
@@ -96,6 +99,52 @@ def test_binding_unknown_after_restart_is_reported(cluster: Cluster) -> None:
     w = cluster.until(stranger, "lost", phase_is("Running"), "to run again")
     assert w["status"]["info"]["pid"] == stranger.executor.state.records["t/lost"].pid
     stranger.executor.stop_all()
+
+
+def test_report_with_a_running_gpu_share_is_accepted(cluster: Cluster) -> None:
+    agent = cluster.agent()
+    agent.tick_report()
+    cluster.submit("share", ["sleep", "30"], {"gpu-core": 30, "gpu-memory-ratio": 25})
+    w = cluster.until(agent, "share", phase_is("Running"), "to run")
+    (grant,) = w["status"]["binding"]["devices"]["gpu"]
+    agent.tick_report()
+    report = cluster.admin.get(f"/v1/nodes/{NODE}").json()["status"]["report"]
+    free = decode(**report["devices"]["gpu"]["gpu-core"])
+    assert free[grant["minor"]] == 70 and free[1 - grant["minor"]] == 100
+    events = cluster.admin.get("/v1/events", params={"since": 0}).json()["items"]
+    assert not [e for e in events if e["reason"] in ("ReportRefused", "UpdateRefused")]
+    agent.executor.stop_all()
+
+
+def test_workload_deleted_on_the_server_stops_its_process(cluster: Cluster) -> None:
+    agent = cluster.agent()
+    cluster.submit("gone", ["sleep", "30"], {"cpu": "100m"})
+    pid = cluster.until(agent, "gone", phase_is("Running"), "to run")["status"]["info"]["pid"]
+    assert cluster.admin.delete("/v1/workloads/t/gone").status_code == 200
+    agent.tick_bindings()
+    assert not is_running(pid, start_time(pid) or -1) and "t/gone" not in agent.executor.state.records
+
+
+def test_silent_agent_goes_not_ready_and_on_return_stops_the_requeued_workload(tmp_path: Path) -> None:
+    config = LoopConfig(idle_wait_s=0.05, heartbeat_s=0.2, missed_heartbeats=2, requeue_after_s=0.5)
+    cluster = Cluster(tmp_path, config)
+    try:
+        agent = cluster.agent()
+        agent.tick_report()
+        cluster.submit("held", ["sleep", "30"], {"cpu": "100m"})
+        first = cluster.until(agent, "held", phase_is("Running"), "to run")["status"]["info"]["pid"]
+        ready = lambda: cluster.admin.get(f"/v1/nodes/{NODE}").json()["status"]["ready"]  # noqa: E731
+        wait(lambda: not ready(), "NotReady after missed heartbeats")  # the agent is silent now
+        wait(lambda: cluster.workload("held")["status"]["phase"] == "Pending", "the requeue after the grace")
+        agent.tick_report()  # the agent is back
+        wait(ready, "Ready again")
+        agent.tick_bindings()  # the binding it ran is gone: its process is stopped
+        assert not is_running(first, start_time(first) or -1)
+        w = cluster.until(agent, "held", phase_is("Running"), "to run again on the returned node")
+        assert w["status"]["info"]["pid"] != first
+        agent.executor.stop_all()
+    finally:
+        cluster.close()
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,7 @@ import pytest
 from finesched.agent.binding import AgentBinding, parse_binding
 from finesched.agent.cgroup import CgroupSupport, detect
 from finesched.agent.discover import Discovery
-from finesched.agent.executor import UNKNOWN_AFTER_RESTART, Executor, ServerError
+from finesched.agent.executor import MAX_REASON, UNKNOWN_AFTER_RESTART, Executor, ServerError
 from finesched.agent.launch import gpu_env
 from finesched.cpuset import CPUSet
 from finesched.model.node import Node
@@ -268,3 +268,10 @@ def test_cgroup_files_in_a_fake_hierarchy(tmp_path: Path) -> None:
 def test_no_cgroup_v2_is_reported(tmp_path: Path) -> None:
     support = detect(tmp_path, tmp_path / "none")
     assert not support.available and "no cgroup v2" in support.describe()
+
+
+def test_a_long_reject_reason_is_cut_to_what_the_server_takes(ex: Executor) -> None:
+    grants = {"gpu": [{"minor": m, "resources": {"gpu-core": 100}} for m in range(1000)]}
+    ex.sync([binding("many", ["true"], devices=grants)], node())
+    (call,) = ex.server.of("reject")
+    assert len(call[2]) <= MAX_REASON and call[2].startswith("gpu 0 does not exist") and "more characters)" in call[2]

@@ -32,6 +32,8 @@ from finesched.cpuset import CPUSet
 
 log = logging.getLogger("finesched.agent")
 
+#: Longest reason the control plane accepts in a reject or status.
+MAX_REASON = 4096
 UNKNOWN_AFTER_RESTART = "the agent has no process for this acked binding (agent state lost or replaced); released"
 
 
@@ -176,6 +178,8 @@ class Executor:
 
     def _reject(self, b: AgentBinding, reason: str) -> None:
         log.warning("rejecting %s: %s", b.workload, reason)
+        if len(reason) > MAX_REASON:  # the server caps reasons; say how much was cut
+            reason = reason[: MAX_REASON - 40] + f" ... ({len(reason) - MAX_REASON + 40} more characters)"
         try:
             self.server.reject(b.workload, reason)
         except ServerError as exc:
