@@ -275,3 +275,12 @@ def test_a_long_reject_reason_is_cut_to_what_the_server_takes(ex: Executor) -> N
     ex.sync([binding("many", ["true"], devices=grants)], node())
     (call,) = ex.server.of("reject")
     assert len(call[2]) <= MAX_REASON and call[2].startswith("gpu 0 does not exist") and "more characters)" in call[2]
+
+
+def test_cpus_outside_a_confined_agent_are_rejected(ex: Executor) -> None:
+    if len(CPUS) < 2:
+        pytest.skip("needs two CPUs")
+    ex.allowed = CPUSet([CPUS[0]])  # as if the agent itself ran in a one-CPU cpuset
+    ex.sync([binding("o", ["true"], cpuset=str(CPUS[1]))], node())
+    (call,) = ex.server.calls
+    assert call[0] == "reject" and f"CPUs {CPUS[1]} are outside the agent's own CPU affinity {CPUS[0]}" in call[2]

@@ -19,6 +19,7 @@ status the server has not accepted yet, so a status survives network errors and 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
@@ -75,6 +76,8 @@ class Executor:
         self.stop_grace = stop_grace
         self.state = AgentState.load(data / "agent-state.json")
         self.procs: dict[str, Any] = {}  # workload -> Popen, for children of this incarnation
+        #: The CPUs this agent may use (a confined agent cannot pin a child outside them).
+        self.allowed = CPUSet(os.sched_getaffinity(0))
 
     # Start-up ----------------------------------------------------------------------------------
     def adopt(self) -> dict[str, str]:
@@ -125,6 +128,9 @@ class Executor:
         offline = b.cpuset - discovery.online
         if offline:
             reasons.append(f"CPUs {offline} are not online here (online: {discovery.online})")
+        outside = (b.cpuset & discovery.online) - self.allowed
+        if outside:
+            reasons.append(f"CPUs {outside} are outside the agent's own CPU affinity {self.allowed}")
         for kind, grants in b.devices.items():
             for minor, _ in grants:
                 healthy = discovery.healthy(kind, minor)

@@ -151,11 +151,16 @@ def launch(
         before = os.sched_getaffinity(0)
         try:
             os.sched_setaffinity(0, set(cpus))
+        except OSError as exc:
+            _drop(group)
+            raise LaunchError(f"cannot pin to CPUs {cpus}: {exc.strerror or exc}") from None
+        try:
             proc = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=workdir,
                 start_new_session=True,
             )  # fmt: skip
         except OSError as exc:
+            _drop(group)
             raise LaunchError(f"cannot start {command[0]!r}: {exc.strerror or exc}") from None
         finally:
             os.sched_setaffinity(0, before)
@@ -164,6 +169,11 @@ def launch(
     info = process_info(proc.pid, cpus, group, cgroups)
     info["log"] = str(log)
     return Launched(proc.pid, start_time(proc.pid) or 0, log, exit_file, info, group, proc)
+
+
+def _drop(group: Group | None) -> None:
+    if group is not None:
+        group.remove()
 
 
 def process_info(pid: int, cpus: CPUSet, group: Group | None, cgroups: CgroupSupport) -> dict[str, Any]:
