@@ -266,3 +266,35 @@ def test_a_spec_mapping_compiles_like_the_manifest() -> None:
     assert compile_job(spec).slots_needed == 2
     with pytest.raises(CompileError, match=r"spec.tasks\[0\].operators\[0\].resources.cpu"):
         compile_job({"name": "m", "tasks": [task("a", op("x", cpu="lots"))]})
+
+
+@pytest.mark.parametrize(
+    ("spec", "want"),
+    [
+        pytest.param({"tasks": []}, ["spec.tasks: [] a job has at least one task"], id="no-tasks"),
+        pytest.param(
+            {"tasks": [{"id": "a", "operators": []}]},
+            ["spec.tasks[0].operators: [] task a: a task has at least one operator"],
+            id="no-operators",
+        ),
+        # one error for one bad value (no echo of the enclosing lists' lengths)
+        pytest.param(
+            {"tasks": [task("a", op("x", cpu="lots"))]},
+            ['spec.tasks[0].operators[0].resources.cpu: "lots" is not a quantity'],
+            id="one-bad-value-one-error",
+        ),
+        # cpu, memory and gpu have their own fields; extended resources are the others
+        pytest.param(
+            {"tasks": [task("a", op("x", cpu="1", extended={"gpu": 50, "rdma": 100}))]},
+            ["spec.tasks[0].operators[0].resources.extended.gpu: 50 is not an extended resource; use gpu"],
+            id="extended-gpu-refused",
+        ),
+    ],
+)
+def test_manifest_problems_one_line_each(spec: dict[str, Any], want: list[str]) -> None:
+    doc = {"apiVersion": "finesched.io/v1alpha1", "kind": "Job", "metadata": {"name": "j"}, "spec": spec}
+    with pytest.raises(ValidationError) as info:
+        parse_manifest(doc)
+    lines = [str(e) for e in info.value.errors]
+    assert len(lines) == len(want)
+    assert all(line.startswith(prefix) for line, prefix in zip(lines, want, strict=True))

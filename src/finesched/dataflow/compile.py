@@ -227,8 +227,12 @@ def _default_slot(job: Job, given: SlotProfile | Mapping[str, Any] | None) -> Re
 def _structure_problems(graph: JobGraph) -> list[ErrorDetail]:
     """The manifest's own checks, again: a Job built without validation must not compile into nonsense."""
     problems: list[ErrorDetail] = []
+    if not graph.tasks:
+        problems.append(ErrorDetail("spec.tasks", "a job has at least one task"))
     seen: set[str] = set()
     for task in graph.tasks:
+        if not task.operators:
+            problems.append(ErrorDetail(f"{task.path}.operators", f"task {task.id}: a task has at least one operator"))
         if task.id in seen:
             problems.append(ErrorDetail(f"{task.path}.id", "duplicate task id", task.id))
         seen.add(task.id)

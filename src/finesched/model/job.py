@@ -36,6 +36,17 @@ class _ResourceFields(Model):
     gpu: CountQuantity = 0
     extended: ResourceVector = Field(default_factory=ResourceVector)
 
+    @model_validator(mode="after")
+    def _extended_names(self) -> _ResourceFields:
+        own = {"cpu": "cpu", "memory": "taskHeap, taskOffHeap, managedOnHeap, managedOffHeap", "gpu": "gpu"}
+        problems: list[tuple[Loc, str, object]] = [
+            (("extended", name), f"is not an extended resource; use {own[name]}", self.extended[name])
+            for name in self.extended
+            if name in own
+        ]
+        raise_problems(problems, type(self).__name__)
+        return self
+
 
 class OperatorResources(_ResourceFields):
     """An operator's declared ResourceSpec (S2.1)."""
@@ -86,7 +97,8 @@ class Task(Model):
     id: str = Field(min_length=1)
     parallelism: int = 1  # checked in Job so the error names the task
     slot_sharing_group: str | None = Field(default=None, min_length=1)
-    operators: tuple[Operator, ...] = Field(min_length=1)
+    # Emptiness is checked in Job: a tuple's min_length would also fire after an item's own error.
+    operators: tuple[Operator, ...]
 
 
 class Edge(Model):
@@ -108,7 +120,7 @@ class Job(Model):
     weighted_fractions: bool | None = None
     default_slot: SlotProfile = Field(default_factory=SlotProfile)
     network: NetworkMemory = Field(default_factory=NetworkMemory)
-    tasks: tuple[Task, ...] = Field(min_length=1)
+    tasks: tuple[Task, ...]
     edges: tuple[Edge, ...] = ()
 
     @model_validator(mode="after")
@@ -123,9 +135,13 @@ class Job(Model):
 
     def _problems(self) -> list[tuple[Loc, str, object]]:
         problems: list[tuple[Loc, str, object]] = []
+        if not self.tasks:
+            problems.append((("tasks",), "a job has at least one task", []))
         ids: set[str] = set()
         operator_ids: set[str] = set()
         for i, task in enumerate(self.tasks):
+            if not task.operators:
+                problems.append((("tasks", i, "operators"), f"task {task.id}: a task has at least one operator", []))
             if task.id in ids:
                 problems.append((("tasks", i, "id"), "duplicate task id", task.id))
             ids.add(task.id)
