@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import signal
 import socket
@@ -21,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 DONE = ("Succeeded", "Failed", "Rejected")
+FINESCHED = [sys.executable, "-m", "finesched.cli"]
 
 
 def free_port() -> int:
@@ -67,8 +70,17 @@ def row(w: dict[str, Any]) -> str:
     )
 
 
-def watch(client: httpx.Client, names: list[str], timeout: float = 120.0) -> dict[str, dict[str, Any]]:
-    """Print each workload whenever its phase changes, until all are done."""
+def describe(key: str, url: str, token: str) -> None:
+    """`finesched describe` of a running workload: its binding and what the agent applied."""
+    env = {**os.environ, "FINESCHED_SERVER": url, "FINESCHED_TOKEN": token, "COLUMNS": "120"}
+    shown = subprocess.run([*FINESCHED, "describe", "workload", key], capture_output=True, text=True, env=env)
+    print(f"\n$ finesched describe workload {key}\n{(shown.stdout or shown.stderr).rstrip()}\n", flush=True)
+
+
+def watch(
+    client: httpx.Client, names: list[str], on_running: Callable[[str], None], timeout: float = 120.0
+) -> dict[str, dict[str, Any]]:
+    """Print each workload whenever its phase changes, until all are done; `on_running` once for the first."""
     seen: dict[str, str] = {}
     latest: dict[str, dict[str, Any]] = {}
     end = time.monotonic() + timeout
@@ -82,6 +94,8 @@ def watch(client: httpx.Client, names: list[str], timeout: float = 120.0) -> dic
             if seen.get(key) != phase:
                 seen[key] = phase
                 print(row(w), flush=True)
+                if phase == "Running" and key == names[0]:
+                    on_running(key)
         if all(seen.get(k) in DONE for k in names):
             return latest
         time.sleep(0.3)
@@ -96,14 +110,13 @@ def main() -> int:
     data = args.keep or Path(tempfile.mkdtemp(prefix="finesched-demo-"))
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    finesched = [sys.executable, "-m", "finesched.cli"]
     up_log = (data / "up.log").open("wb") if data.is_dir() else None
     if up_log is None:
         data.mkdir(parents=True)
         up_log = (data / "up.log").open("wb")
     print(f"$ finesched up --data {data} --port {port}", flush=True)
     up = subprocess.Popen(
-        [*finesched, "up", "--data", str(data), "--port", str(port), "--interval", "1", "--quiet"],
+        [*FINESCHED, "up", "--data", str(data), "--port", str(port), "--interval", "1", "--quiet"],
         stdout=up_log, stderr=subprocess.STDOUT,
     )  # fmt: skip
     ok = False
@@ -124,9 +137,9 @@ def main() -> int:
             raise SystemExit(f"submit refused: {response.status_code} {response.text}")
         names = [f"{d['metadata'].get('namespace', 'default')}/{d['metadata']['name']}" for d in docs]
         print(f"submitted {', '.join(names)} from {args.manifest.relative_to(ROOT)}\n", flush=True)
-        final = watch(client, names)
+        final = watch(client, names, lambda key: describe(key, url, token))
         for key in names:
-            log = subprocess.run([*finesched, "logs", key, "--data", str(data)], capture_output=True, text=True)
+            log = subprocess.run([*FINESCHED, "logs", key, "--data", str(data)], capture_output=True, text=True)
             print(f"\n$ finesched logs {key}\n{(log.stdout or log.stderr).rstrip()}", flush=True)
         ok = all(final[k]["status"]["phase"] == "Succeeded" for k in names)
     finally:
