@@ -20,6 +20,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from statistics import fmean
 from typing import Annotated, Any
 
 import typer
@@ -171,17 +172,28 @@ def fill(
     lp: Annotated[
         bool | None, typer.Option("--lp-bound/--no-lp-bound", help="Compute the LP upper bound (default: with --out).")
     ] = None,
+    preemption: Annotated[
+        bool, typer.Option("--preemption", help="An arrival that fits nowhere may evict lower-priority pods.")
+    ] = False,
+    priorities: Annotated[
+        str, typer.Option("--priorities", help="Priority mix: weights of classes 0,1,... (e.g. 60,30,10).")
+    ] = "",
 ) -> None:
     """Fill protocol of the FGD paper: allocation rate at 90-130 % arrived GPU demand, per policy and seed."""
     try:
         if not 0 < inflation <= 10:
             raise _Fail(f"--inflation must be in (0, 10], got {inflation}", 2)
+        mix = _priority_mix(priorities)
         names, seed_list = _runs_wanted(output, jobs, policy, seeds)
         node_path, pod_path = _preflight(nodes, pods)
         _prepare_out(out_dir)
         from finesched.sim.runner import RunSpec, bounds
 
-        specs = [RunSpec("fill", node_path, pod_path, p, s, inflation) for p in names for s in seed_list]
+        specs = [
+            RunSpec("fill", node_path, pod_path, p, s, inflation, preemption=preemption, priorities=mix)
+            for p in names
+            for s in seed_list
+        ]
         started = time.perf_counter()
         runs = _run_with_progress(specs, jobs, "sim fill")
         wall = time.perf_counter() - started
@@ -214,6 +226,35 @@ def fill(
         out.print_json(json.dumps(payload))
         return
     _fill_table(records, bound, wall, jobs)
+    if mix:
+        _priority_table(records)
+
+
+def _priority_mix(text: str) -> tuple[float, ...]:
+    """``60,30,10`` -> weights of priority classes 0, 1, 2 (empty: no priorities)."""
+    if not text.strip():
+        return ()
+    try:
+        weights = tuple(float(part) for part in text.split(","))
+    except ValueError:
+        raise _Fail(f"--priorities: {text!r} is not a comma list of weights (e.g. 60,30,10)", 2) from None
+    if any(w < 0 for w in weights) or sum(weights) <= 0:
+        raise _Fail(f"--priorities: weights must be >= 0 with a positive sum, got {text!r}", 2)
+    return weights
+
+
+def _priority_table(records: list[dict[str, Any]]) -> None:
+    """Evictions and final GPU allocation per priority class, mean over seeds, per policy."""
+    table = Table(title="Preemption by priority class: evictions (victims' class) and final GPU allocation %")
+    for column in ("policy", "evictions", "evicted by class", "alloc % by class"):
+        table.add_column(column)
+    for policy in dict.fromkeys(r["policy"] for r in records):
+        rows = [r for r in records if r["policy"] == policy]
+        classes = sorted({k for r in rows for k in r["alloc_by_priority"]}, key=int)
+        evicted = " / ".join(f"{fmean([r['evicted_by_priority'].get(k, 0) for r in rows]):.0f}" for k in classes)
+        alloc = " / ".join(f"{fmean([r['alloc_by_priority'][k] for r in rows]):.2f}" for k in classes)
+        table.add_row(policy, f"{fmean([r['evictions'] for r in rows]):.0f}", evicted, alloc)
+    _print_table(table)
 
 
 def _seeds(text: str) -> list[int]:

@@ -98,6 +98,10 @@ class FillRun:
     failed: int
     wall_s: float
     trace: str = ""
+    #: With a priority mix (`run_fill(priorities=...)`): evictions by the victims' priority class,
+    #: and the final GPU allocation (% of capacity) held by each class.
+    evicted: dict[int, int] | None = None
+    alloc_by_priority: dict[int, float] | None = None
 
     @property
     def pods(self) -> int:
@@ -120,6 +124,16 @@ class FillRun:
             "frag_ratio": {str(x): _round(v) for x, v in ratio.items()},
             "failed": self.failed,
             "wall_s": round(self.wall_s, 3),
+            **self._priority_fields(),
+        }
+
+    def _priority_fields(self) -> dict[str, Any]:
+        if self.evicted is None or self.alloc_by_priority is None:
+            return {}  # runs without a priority mix keep the original row shape
+        return {
+            "evictions": sum(self.evicted.values()),
+            "evicted_by_priority": {str(p): n for p, n in sorted(self.evicted.items())},
+            "alloc_by_priority": {str(p): round(v, 4) for p, v in sorted(self.alloc_by_priority.items())},
         }
 
 
@@ -128,11 +142,14 @@ def _round(value: float) -> float | None:
 
 
 def make_scheduler(
-    nodes: NodeTable, policy: str, seed: int, target: TargetWorkload, **overrides: Any
+    nodes: NodeTable, policy: str, seed: int, target: TargetWorkload, *, preemption: bool = False, **overrides: Any
 ) -> tuple[Scheduler, ClusterState]:
-    """A fresh cluster of `nodes` and a Scheduler running `policy`'s profile with tie seed `seed`."""
+    """A fresh cluster of `nodes` and a Scheduler running `policy`'s profile with tie seed `seed`
+    (plus DefaultPreemption with `preemption`)."""
     state = ClusterState.from_nodes(cluster_nodes(nodes))
     profile = policy_profile(policy, seed, target.to_specs())
+    if preemption:
+        profile["plugins"] = [*profile["plugins"], {"name": "DefaultPreemption"}]
     profile.update(overrides)
     return Scheduler(state, profile, registry=sim_registry()), state
 
@@ -146,14 +163,24 @@ def run_fill(
     *,
     target: TargetWorkload | None = None,
     progress: Progress | None = None,
+    preemption: bool = False,
+    priorities: tuple[float, ...] = (),
 ) -> FillRun:
-    """Run the fill protocol for one policy and seed through the real Scheduler."""
+    """Run the fill protocol for one policy and seed through the real Scheduler.
+
+    `priorities` (weights of classes 0, 1, ...) gives each arrival a seeded priority class; with
+    `preemption` an arrival that fits nowhere may evict lower-priority pods (DefaultPreemption):
+    the evicted pods' GPU demand leaves the allocation, and the run counts evictions per class.
+    """
     policy = resolve_policy(policy)
     capacity = nodes.gpu_capacity_milli
     target = target or metrics.target_workload(pods)
     arrivals = inflate(pods, inflation, capacity, np.random.default_rng(seed))
     started = time.perf_counter()
-    scheduler, state = make_scheduler(nodes, policy, seed, target)
+    scheduler, state = make_scheduler(nodes, policy, seed, target, preemption=preemption)
+    classes = _priority_classes(len(arrivals), priorities, seed)
+    evicted: dict[int, int] = {p: 0 for p in range(len(priorities))}
+    held_by: dict[str, int] = {}
     index = FragmentationIndex.shared(state, target)
     factory = WorkloadFactory()
     n = len(arrivals)
@@ -163,11 +190,24 @@ def run_fill(
     total_arrived = total_used = failed = 0
     for i in range(n):
         total_arrived += request[i]
+        workload = factory.make(arrivals, i)
+        if classes is not None:
+            workload = workload.model_copy(update={"priority": int(classes[i])})
         try:
-            scheduler.schedule_one(factory.make(arrivals, i))
+            scheduler.schedule_one(workload)
             total_used += request[i]
+            held_by[workload.key] = request[i]
         except FitError:
-            failed += 1
+            p, _ = scheduler.find_preemption(workload) if preemption else (None, "")
+            if p is None:
+                failed += 1
+            else:
+                scheduler.apply_preemption(p)
+                for victim in p.victims:
+                    total_used -= held_by.pop(victim.workload)
+                    evicted[victim.priority] = evicted.get(victim.priority, 0) + 1
+                total_used += request[i]
+                held_by[workload.key] = request[i]
         arrived[i], used[i] = total_arrived, total_used
         frag[i], idle = index.totals()
         ratio[i] = 100.0 * frag[i] / idle if idle else 0.0
@@ -187,7 +227,29 @@ def run_fill(
         failed=failed,
         wall_s=time.perf_counter() - started,
         trace=pods.source,
+        evicted=evicted if classes is not None else None,
+        alloc_by_priority=_alloc_by_priority(state, held_by, len(priorities), capacity)
+        if classes is not None
+        else None,
     )
+
+
+def _priority_classes(n: int, weights: tuple[float, ...], seed: int) -> npt.NDArray[np.int64] | None:
+    """A seeded priority class per arrival (None without a mix); its own stream, so the arrival
+    order of the run is the one without priorities."""
+    if not weights:
+        return None
+    p = np.asarray(weights, dtype=np.float64)
+    rng = np.random.default_rng([seed, 14])
+    return rng.choice(len(p), size=n, p=p / p.sum()).astype(np.int64)
+
+
+def _alloc_by_priority(state: ClusterState, held_by: dict[str, int], classes: int, capacity: int) -> dict[int, float]:
+    """Final GPU allocation per priority class, % of GPU capacity."""
+    out = {p: 0 for p in range(classes)}
+    for key, milli in held_by.items():
+        out[state.bindings[key].priority] += milli
+    return {p: 100.0 * v / capacity if capacity else 0.0 for p, v in out.items()}
 
 
 # Replay --------------------------------------------------------------------------------------------------

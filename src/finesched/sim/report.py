@@ -81,9 +81,10 @@ def fill_summary(records: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, An
 def json_view(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """The `-o json` shape: results rows and {policy: {mean_130, std_130}}."""
     keys = ("policy", "seed", "alloc", "unallocated_130", "frag_amount", "failed", "wall_s")
+    extra = ("evictions", "evicted_by_priority", "alloc_by_priority")  # runs with a priority mix only
     summary = fill_summary(records)
     return {
-        "results": [{k: r[k] for k in keys} for r in records],
+        "results": [{k: r[k] for k in (*keys, *(e for e in extra if e in r))} for r in records],
         "summary": {p: {"mean_130": s["mean_130"], "std_130": s["std_130"]} for p, s in summary.items()},
     }
 

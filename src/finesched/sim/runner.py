@@ -41,6 +41,8 @@ class RunSpec:
     seed: int
     inflation: float = 1.3
     time_scale: float = 1.0
+    preemption: bool = False
+    priorities: tuple[float, ...] = ()
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -82,7 +84,17 @@ def execute(spec: RunSpec, progress: Callable[[int, int], None] | None = None) -
     nodes, pods = _nodes(spec.nodes), _pods(spec.pods)
     target = metrics.target_workload(pods)
     if spec.mode == "fill":
-        run = run_fill(nodes, pods, spec.policy, spec.seed, spec.inflation, target=target, progress=progress)
+        run = run_fill(
+            nodes,
+            pods,
+            spec.policy,
+            spec.seed,
+            spec.inflation,
+            target=target,
+            progress=progress,
+            preemption=spec.preemption,
+            priorities=spec.priorities,
+        )
         xs = list(range(CURVE_MAX + 1))
         curves = {
             "x": xs,
