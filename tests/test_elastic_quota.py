@@ -8,6 +8,7 @@ import pytest
 from builders import make_node, make_workload
 from finesched.errors import ValidationError
 from finesched.model.binding import Binding
+from finesched.model.manifest import parse_manifest
 from finesched.model.tenant import Tenant
 from finesched.sched.diagnosis import QuotaWait
 from finesched.sched.elastic import QuotaTree
@@ -131,3 +132,30 @@ def test_whole_gpu_quota_counts_fractional_requests() -> None:
     results = s.run()
     assert [type(r).__name__ for r in results] == ["Binding", "Binding", "QuotaWait"]
     assert "gpu-core (holds 100, asks 50, max 100)" in results[2].message
+
+
+@pytest.mark.parametrize(
+    ("spec", "path"),
+    [
+        pytest.param({"min": {"cpu": "8"}, "max": {"cpu": "4"}}, "spec.min.cpu", id="min-above-max"),
+        pytest.param({"min": {"cpu": "-2"}}, "spec.min.cpu", id="negative"),
+        pytest.param({"parent": ""}, "spec.parent", id="empty-parent"),
+        pytest.param({"mni": {"cpu": "2"}}, "spec.mni", id="typo"),
+    ],
+)
+def test_manifest_errors_name_the_field(spec: dict[str, object], path: str) -> None:
+    doc = {"apiVersion": "finesched.io/v1alpha1", "kind": "Tenant", "metadata": {"name": "a"}, "spec": spec}
+    with pytest.raises(ValidationError) as info:
+        parse_manifest(doc, where="tenants.yaml")
+    assert any(e.path == path for e in info.value.errors), [str(e) for e in info.value.errors]
+
+
+def test_manifest_tree_loads() -> None:
+    docs = [
+        {"kind": "Tenant", "metadata": {"name": "org"}, "spec": {"min": {"nvidia.com/gpu": 4}, "max": {"cpu": "64"}}},
+        {"kind": "Tenant", "metadata": {"name": "team"}, "spec": {"parent": "org", "min": {"cpu": "8"}}},
+    ]
+    tenants = [parse_manifest({"apiVersion": "finesched.io/v1alpha1", **d}) for d in docs]
+    tree = QuotaTree(tenants)  # type: ignore[arg-type]
+    assert tree.min["org"] == {"gpu-core": 400, "gpu-memory-ratio": 400}
+    assert tree.ancestors("team") == ["team", "org"] and tree.subtree("org") == ["org", "team"]

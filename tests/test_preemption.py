@@ -235,3 +235,25 @@ def test_undo_restores_everything() -> None:
     s.apply_preemption(p)
     s.confirm_preemption("default/hi")
     assert s.state.is_committed("default/hi") and not s.nominated
+
+
+@pytest.mark.parametrize(
+    ("others", "node"),
+    [
+        # web1 (n1, prio 1) is the only bound app=web workload; its budget (minAvailable 1 of
+        # app=web) breaks if it goes: 1 violation on n1, 0 on n2 (batch, prio 2). n2.
+        pytest.param([], "n2", id="label-group-at-its-minimum"),
+        # web0 on n3 (prio 20, not evictable) is also app=web: evicting web1 leaves 1 >= 1, no
+        # violation; then the lower top priority (1 < 2) picks n1.
+        pytest.param([pinned("web0", "n3", 4, 20, labels={"app": "web"})], "n1", id="label-group-above-minimum"),
+    ],
+)
+def test_label_group_budget(others: list[Workload], node: str) -> None:
+    s = cluster("n1", "n2", "n3")
+    budget = {"disruptionBudget": {"minAvailable": 1, "selector": {"app": "web"}}, "labels": {"app": "web"}}
+    bind(s, *others, pinned("web1", "n1", 4, 1, **budget), pinned("batch", "n2", 4, 2))
+    if not others:
+        bind(s, pinned("top", "n3", 4, 20))
+    p, why = s.find_preemption(preemptor())
+    assert p is not None, why
+    assert p.node == node and p.violations == 0
