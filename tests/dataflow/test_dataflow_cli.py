@@ -39,6 +39,9 @@ def test_plan_json_uses_the_python_api_names() -> None:
     assert doc["slot_requests"]["region-0"]["cpu"] == 4000  # 0.5 + 0.5 + 1 + 0.25 + 0.5 + 1 + 0.25
     assert doc["fractions"]["session-window"][1] == pytest.approx(2 / 3)  # 1Gi of 1.5Gi managed off-heap
     assert doc["quotas"]["session-window"] == 2**30
+    # one subtask-level region too: every source subtask hangs off the virtual source
+    [region] = doc["subtask_regions"]
+    assert len(region) == 4 + 4 + 2 + 2 + 2 and region[0] == "orders-source#0"
 
 
 def test_plan_options_override_the_manifest() -> None:

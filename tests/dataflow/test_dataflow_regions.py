@@ -6,11 +6,11 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from dataflow_builders import blocking, chain, edge, make_job
+from dataflow_builders import blocking, chain, edge, make_job, task
 
 from finesched.dataflow import compile_job
 from finesched.dataflow.graph import JobGraph
-from finesched.dataflow.regions import connected_components, pipelined_regions
+from finesched.dataflow.regions import connected_components, pipelined_regions, pointwise_links
 
 
 def regions_of(ids: str, edges: list[dict[str, str]], same_region: bool = True) -> list[set[str]]:
@@ -126,3 +126,61 @@ def test_long_chains_do_not_hit_the_recursion_limit() -> None:
     edges = [blocking(a, b) for a, b in itertools.pairwise(ids)]
     job = make_job(chain(*ids), edges)
     assert len(compile_job(job).regions) == 3000
+
+
+@pytest.mark.parametrize(
+    ("producers", "consumers", "want"),
+    [
+        pytest.param(3, 3, [(0, 0), (1, 1), (2, 2)], id="equal-one-to-one"),
+        # fan-in 4 -> 2: consumer j reads producers [2j, 2j + 2)
+        pytest.param(4, 2, [(0, 0), (1, 0), (2, 1), (3, 1)], id="fan-in"),
+        # fan-out 2 -> 3: consumer j reads producer j * 2 // 3 = 0, 0, 1 (producer 0 feeds ceil(3/2) = 2)
+        pytest.param(2, 3, [(0, 0), (0, 1), (1, 2)], id="fan-out"),
+    ],
+)
+def test_pointwise_links(producers: int, consumers: int, want: list[tuple[int, int]]) -> None:
+    assert pointwise_links(producers, consumers) == want
+
+
+def _subtask_regions(tasks: list[dict[str, object]], edges: list[dict[str, str]]) -> list[set[str]]:
+    regions = compile_job(make_job(tasks, edges, allSourcesInSameRegion=False)).subtask_regions()
+    return [{f"{t}{i}" for t, i in region} for region in regions]
+
+
+@pytest.mark.parametrize(
+    ("tasks", "edges", "want"),
+    [
+        # a (2) -> b (2) pointwise: the task level has one region, the subtask level two
+        pytest.param(
+            [task("a", p=2), task("b", p=2)],
+            [edge("a", "b", pattern="pointwise")],
+            [{"a0", "b0"}, {"a1", "b1"}],
+            id="pointwise-splits-per-subtask",
+        ),
+        # all-to-all joins every subtask
+        pytest.param([task("a", p=2), task("b", p=2)], [edge("a", "b")], [{"a0", "a1", "b0", "b1"}], id="all-to-all"),
+        # fan-in 4 -> 2 pointwise: {a0, a1, b0}, {a2, a3, b1}
+        pytest.param(
+            [task("a", p=4), task("b", p=2)],
+            [edge("a", "b", pattern="pointwise")],
+            [{"a0", "a1", "b0"}, {"a2", "a3", "b1"}],
+            id="fan-in",
+        ),
+        # {a0, b0} and {a1, b1} both feed c0 (blocking) and both read from c0 (c -> b blocking): one cycle, one region
+        pytest.param(
+            [task("a", p=2), task("b", p=2), task("c", p=1)],
+            [edge("a", "b", pattern="pointwise"), blocking("a", "c"), blocking("c", "b")],
+            [{"a0", "a1", "b0", "b1", "c0"}],
+            id="cyclic-dependency-merges",
+        ),
+        # blocking pointwise: every subtask alone
+        pytest.param(
+            [task("a", p=2), task("b", p=2)],
+            [edge("a", "b", "blocking", "pointwise")],
+            [{"a0"}, {"a1"}, {"b0"}, {"b1"}],
+            id="blocking-pointwise",
+        ),
+    ],
+)
+def test_subtask_regions(tasks: list[dict[str, object]], edges: list[dict[str, str]], want: list[set[str]]) -> None:
+    assert _subtask_regions(tasks, edges) == want

@@ -142,7 +142,7 @@ def _tables(compiled: CompiledJob) -> list[Table]:
     sources = "all sources in one region" if compiled.all_sources_in_same_region else "sources apart"
     slots = f"{compiled.slots_needed} slots (over groups{components})"
     title = f"Job {job.namespace}/{job.name} ({job.mode}, {sources}): {slots}"
-    regions = Table(title=title)
+    regions = Table(title=title, caption=f"pipelined regions at the subtask level: {len(compiled.subtask_regions())}")
     for column in ("region", "tasks", "groups"):
         regions.add_column(column)
     for k, region in enumerate(compiled.regions):

@@ -28,7 +28,7 @@ from typing import Any
 from finesched.dataflow.fractions import group_fractions, pool_quotas, split_pool
 from finesched.dataflow.graph import JobGraph, ResourceSpec, sum_specs
 from finesched.dataflow.network import NetworkConfig, task_network_bytes
-from finesched.dataflow.regions import connected_components, pipelined_regions
+from finesched.dataflow.regions import Subtask, connected_components, pipelined_regions, subtask_regions
 from finesched.errors import ErrorDetail, ValidationError
 from finesched.model.job import Job, SlotProfile, find_cycle
 from finesched.model.manifest import API_VERSION, METADATA_FIELDS, parse_manifest
@@ -73,6 +73,11 @@ class CompiledJob:
         """Group -> per-slot resources: cpu (millicores), task_heap, task_off_heap, managed_on_heap,
         managed_off_heap, network, gpu (whole GPUs), memory (their memory total), extended resources."""
         return {group: profile.as_dict() for group, profile in self.profiles.items()}
+
+    def subtask_regions(self) -> list[frozenset[Subtask]]:
+        """Pipelined regions per subtask ``(task, index)``: pointwise edges join only the subtasks they
+        link (`finesched.dataflow.regions.subtask_regions`); computed on demand."""
+        return subtask_regions(self.graph, self.all_sources_in_same_region)
 
     def quotas(self, slot_managed_bytes: int | tuple[int, int]) -> dict[str, int]:
         """Operator -> absolute managed-memory quota in bytes for a slot with this much managed memory.

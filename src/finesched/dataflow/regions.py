@@ -17,17 +17,22 @@ Worked example: a -> b pipelined, a -> c blocking, c -> b blocking. Step 1 gives
 
 from __future__ import annotations
 
-from finesched.dataflow.graph import JobGraph
+import itertools
+from typing import Any
+
+from finesched.dataflow.graph import Edge, JobGraph
+
+Subtask = tuple[str, int]
 
 
 class _UnionFind:
-    """Disjoint sets over task ids; `groups` lists them in the order of their first member."""
+    """Disjoint sets (of task ids, or subtasks); `groups` lists them in the order of their first member."""
 
-    def __init__(self, items: list[str]):
+    def __init__(self, items: list[Any]):
         self._order = list(items)
         self._parent = {item: item for item in items}
 
-    def find(self, item: str) -> str:
+    def find(self, item: Any) -> Any:
         root = item
         while self._parent[root] != root:
             root = self._parent[root]
@@ -35,13 +40,13 @@ class _UnionFind:
             self._parent[item], item = root, self._parent[item]
         return root
 
-    def union(self, a: str, b: str) -> None:
+    def union(self, a: Any, b: Any) -> None:
         ra, rb = self.find(a), self.find(b)
         if ra != rb:
             self._parent[rb] = ra
 
-    def groups(self) -> list[frozenset[str]]:
-        by_root: dict[str, list[str]] = {}
+    def groups(self) -> list[frozenset[Any]]:
+        by_root: dict[Any, list[Any]] = {}
         for item in self._order:
             by_root.setdefault(self.find(item), []).append(item)
         return [frozenset(members) for members in by_root.values()]
@@ -125,3 +130,64 @@ def connected_components(graph: JobGraph) -> list[frozenset[str]]:
     for edge in graph.edges:
         sets.union(edge.source, edge.target)
     return sets.groups()
+
+
+def pointwise_links(producers: int, consumers: int) -> list[tuple[int, int]]:
+    """(producer subtask, consumer subtask) pairs of a pointwise edge: i feeds i when the counts are
+    equal; otherwise consecutive ranges, so each subtask has ceil(larger / smaller) partners at most
+    (the channel counts `finesched.dataflow.network` uses). 4 -> 2: (0,0), (1,0), (2,1), (3,1)."""
+    if producers >= consumers:
+        return [(i, i * consumers // producers) for i in range(producers)]
+    return [(j * producers // consumers, j) for j in range(consumers)]
+
+
+def subtask_regions(graph: JobGraph, all_sources_in_same_region: bool) -> list[frozenset[Subtask]]:
+    """Pipelined regions of the execution graph, whose vertices are subtasks ``(task, index)``.
+
+    The same three rules as `pipelined_regions`, applied per subtask: an all-to-all edge joins every
+    producer subtask with every consumer subtask, a pointwise edge only the pairs it links, so
+    a (2) -> b (2) pointwise gives two regions {a0, b0} and {a1, b1} where the task level has one.
+    It says how independently the job can be restarted or staged; slots are asked per task-level
+    group. Cost: linear in subtasks and pointwise links (an all-to-all edge is joined as one chain).
+    """
+    subtasks = [(t.id, i) for t in graph.tasks for i in range(t.parallelism)]
+    sets = _UnionFind(subtasks)
+    for edge in graph.edges:
+        if edge.type != "pipelined":
+            continue
+        for a, b in _pointwise(edge, graph) if edge.pattern == "pointwise" else _chain(edge, graph):
+            sets.union(a, b)
+    if all_sources_in_same_region:
+        sources = [(t, i) for t in graph.sources for i in range(graph.task(t).parallelism)]
+        for other in sources[1:]:
+            sets.union(sources[0], other)
+    regions = sets.groups()
+    index = {sub: k for k, region in enumerate(regions) for sub in region}
+    successors: list[set[int]] = [set() for _ in regions]
+    for edge in graph.edges:
+        if edge.pattern == "pointwise":
+            pairs = {(index[a], index[b]) for a, b in _pointwise(edge, graph)}
+        else:  # every producer region feeds every consumer region
+            producers = {index[(edge.source, i)] for i in range(graph.task(edge.source).parallelism)}
+            consumers = {index[(edge.target, j)] for j in range(graph.task(edge.target).parallelism)}
+            pairs = {(a, b) for a in producers for b in consumers}
+        for a, b in pairs:
+            if a != b:
+                successors[a].add(b)
+    merged = _UnionFind(list(range(len(regions))))
+    for component in _strongly_connected(successors):
+        for k in component[1:]:
+            merged.union(component[0], k)
+    return [frozenset().union(*(regions[k] for k in group)) for group in merged.groups()]
+
+
+def _pointwise(edge: Edge, graph: JobGraph) -> list[tuple[Subtask, Subtask]]:
+    pairs = pointwise_links(graph.task(edge.source).parallelism, graph.task(edge.target).parallelism)
+    return [((edge.source, i), (edge.target, j)) for i, j in pairs]
+
+
+def _chain(edge: Edge, graph: JobGraph) -> list[tuple[Subtask, Subtask]]:
+    """Pairs that join all subtasks of both ends (what p x q all-to-all links join, in p + q - 1 unions)."""
+    ends = [(edge.source, i) for i in range(graph.task(edge.source).parallelism)]
+    ends += [(edge.target, j) for j in range(graph.task(edge.target).parallelism)]
+    return list(itertools.pairwise(ends))

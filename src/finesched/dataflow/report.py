@@ -1,7 +1,8 @@
 """Plain-data views of a compiled job and of its placed slots (for `-o json` and API answers).
 
 Keys are the public Python API's names (`regions`, `groups`, `slot_requests`, `slots_needed`,
-`fractions`, ...), so a script reads the same thing from the CLI as from `compile_job`. A slot
+`fractions`, ...), so a script reads the same thing from the CLI as from `compile_job`; subtasks
+are written ``task#index``. A slot
 record has the shape the server answers `POST /v1/jobs` with:
 ``{"workload", "group", "binding": {"node", "cpuset", "devices", "numa"} | null, "quotas"}``.
 """
@@ -25,6 +26,7 @@ def _ordered(tasks: frozenset[str], compiled: CompiledJob) -> list[str]:
 def compiled_record(compiled: CompiledJob) -> dict[str, Any]:
     """Everything `compile_job` decided, as JSON-ready data (tasks in manifest order)."""
     job = compiled.job
+    position = {task: k for k, task in enumerate(compiled.graph.task_ids)}
     return {
         "job": f"{job.namespace}/{job.name}",
         "mode": job.mode,
@@ -32,6 +34,10 @@ def compiled_record(compiled: CompiledJob) -> dict[str, Any]:
         "weighted_fractions": compiled.weighted_fractions,
         "specified": compiled.specified,
         "regions": [_ordered(region, compiled) for region in compiled.regions],
+        "subtask_regions": [
+            [f"{task}#{i}" for task, i in sorted(region, key=lambda s: (position[s[0]], s[1]))]
+            for region in compiled.subtask_regions()
+        ],
         "groups": {name: _ordered(tasks, compiled) for name, tasks in compiled.groups.items()},
         "group_slots": dict(compiled.group_slots),
         "slot_requests": compiled.slot_requests,
