@@ -182,6 +182,8 @@ class DefaultPreemption:
         assert state is not None
         n = state.n
         levels = sorted(p for p in self.index.held if p < priority or (inclusive and p == priority))
+        if not levels:
+            return np.zeros(0, dtype=np.intp)  # nothing bound that this workload may evict
         bound = np.full(n, len(levels), dtype=np.int64)
         cumulative = {name: self._free(name, n).copy() for name in need}
         devices = self._device_inputs(cycle, n)

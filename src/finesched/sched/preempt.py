@@ -154,7 +154,9 @@ def place_or_preempt(sched: Scheduler, workload: Workload) -> tuple[Binding, Pre
     """Schedule `workload`; when it fits nowhere, preempt for it (raises the FitError when that fails too)."""
     try:
         return sched.schedule_one(workload), None
-    except FitError:
+    except FitError as exc:
+        if exc.unresolvable:  # evicting others cannot help (kube-scheduler skips these too)
+            raise
         p, why = find_preemption(sched, workload)
         if p is None:
             sched.preemption_misses[workload.key] = why
