@@ -7,10 +7,11 @@ import threading
 
 import httpx
 from manifests import node, tenant, workload
-from server_harness import Api, wait_until
+from server_harness import Api, inprocess_server, wait_until
 
 from finesched.codec import encode
 from finesched.cpuset import CPUSet
+from finesched.server.loop import LoopConfig
 
 
 def test_submit_is_bound_and_shows_the_pinned_shape(api: Api) -> None:
@@ -197,3 +198,32 @@ def test_health_readiness_metrics_openapi(api: Api) -> None:
     assert 'finesched_device_used_ratio{dimension="gpu-core",minor="0",node="g1",type="gpu"} 0.25' in text
     spec = plain.get("/openapi.json").json()
     assert {"/v1/nodes", "/v1/workloads", "/v1/workloads/{namespace}/{name}", "/v1/offers"} <= set(spec["paths"])
+
+
+def test_missed_heartbeats_make_a_node_not_ready_then_requeue_its_work(db_url: str) -> None:
+    config = LoopConfig(idle_wait_s=0.05, heartbeat_s=0.2, missed_heartbeats=2, requeue_after_s=1.0)
+    with inprocess_server(db_url, config) as api:
+        api.admin.post("/v1/nodes", json=node("n1"))
+        api.admin.post("/v1/nodes", json=node("n2"))  # registered by hand: no agent, never NotReady
+        agent = api.client(api.token("agent", node="n1"))
+        api.admin.put("/v1/nodes/n1", json=node("n1", pool="x"))
+        api.admin.post("/v1/workloads", json=workload("w", nodeSelector={"pool": "x"}))
+
+        def bound_while_reporting() -> bool:  # the agent reports until the workload is bound
+            assert agent.post("/v1/nodes/n1/report", json={}).status_code == 200
+            return api.admin.get("/v1/workloads/team-a/w").json()["status"]["phase"] == "Bound"
+
+        wait_until(bound_while_reporting, what="the binding")
+        # The agent goes silent: NotReady after 2 missed reports (0.4 s), requeued 1 s later.
+        wait_until(lambda: not api.admin.get("/v1/nodes/n1").json()["status"]["ready"], what="NotReady")
+        assert api.admin.get("/v1/nodes/n2").json()["status"]["ready"] is True
+
+        def reasons() -> list[str]:
+            return [e["reason"] for e in api.admin.get("/v1/events", params={"object": "team-a/w"}).json()["items"]]
+
+        wait_until(lambda: "Requeued" in reasons(), what="the workload to be requeued")
+        assert api.admin.get("/v1/workloads/team-a/w").json()["status"]["phase"] == "Pending"  # n1 takes no work
+        # The agent comes back: Ready again, and the workload is bound there again.
+        assert agent.post("/v1/nodes/n1/report", json={}).status_code == 200
+        assert api.admin.get("/v1/nodes/n1").json()["status"]["ready"] is True
+        wait_until(bound_while_reporting, what="the binding after the agent came back")
