@@ -29,7 +29,7 @@ def test_no_server_errors(tmp_path: Path) -> None:
              "--checks", "not_a_server_error", "--exclude-path", "/v1/events/watch",
              "--phases", "examples,coverage,fuzzing", "--max-examples", "30", "--seed", "1",
              "--generation-deterministic"],
-            capture_output=True, text=True, timeout=600,
+            capture_output=True, text=True, timeout=600, cwd=tmp_path,
         )  # fmt: skip
         assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
         selected = re.search(r"Selected: (\d+)/", done.stdout)
