@@ -35,10 +35,20 @@ def create_app(extender: Extender) -> FastAPI:
     def reply(doc: Any) -> Response:
         return Response(content=wire.encode(doc), media_type=JSON)
 
+    # kube-scheduler sends prioritize the very body it sent filter: decode it once.
+    last: list[tuple[bytes, wire.ExtenderArgs]] = []
+
+    def extender_args(body: bytes) -> wire.ExtenderArgs:
+        if last and last[0][0] == body:
+            return last[0][1]
+        args = wire.extender_args(wire.decode(body))
+        last[:] = [(body, args)]
+        return args
+
     async def filter_verb(request: Request) -> Response:
         args = None
         try:
-            args = wire.extender_args(wire.decode(await request.body()))
+            args = extender_args(await request.body())
             return reply(extender.filter(args))
         except Exception as exc:  # never a 500: the reply carries the error
             _log_unexpected("filter", exc)
@@ -46,14 +56,15 @@ def create_app(extender: Extender) -> FastAPI:
 
     async def prioritize_verb(request: Request) -> Response:
         try:
-            args = wire.extender_args(wire.decode(await request.body()))
+            args = extender_args(await request.body())
         except Exception:
             return reply([])
         try:
-            return reply(extender.prioritize(args))
+            scores = extender.prioritize(args)
         except Exception:
             log.exception("prioritize failed")
-            return reply(wire.host_priorities(args.names, [0] * len(args.names)))
+            scores = [0] * len(args.names)
+        return Response(content=wire.encode_priorities(args.names, scores), media_type=JSON)
 
     async def bind_verb(request: Request) -> Response:
         try:

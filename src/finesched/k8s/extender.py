@@ -27,17 +27,14 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
+import numpy as np
+import numpy.typing as npt
+
 from finesched.errors import ValidationError
 from finesched.k8s.assess import Assessor
 from finesched.k8s.convert import PodError, pod_key, pod_workload
 from finesched.k8s.nodes import NODE_NAME_LABEL
-from finesched.k8s.wire import (
-    BindingArgs,
-    ExtenderArgs,
-    Victims,
-    filter_result,
-    host_priorities,
-)
+from finesched.k8s.wire import BindingArgs, ExtenderArgs, Victims, filter_result
 from finesched.model.base import FrozenDict
 from finesched.model.binding import Binding
 from finesched.model.device_allocated import DEVICE_ALLOCATED, format_device_allocated
@@ -108,6 +105,7 @@ class Extender:
         self.uids: dict[str, str] = {}
         #: Assumed bindings waiting for the API to show the Pod bound: key -> deadline.
         self.pending: dict[str, float] = {}
+        self._lists: OrderedDict[tuple[int, tuple[str, ...]], npt.NDArray[np.intp]] = OrderedDict()
         #: Nodes the API has but finesched could not convert: name -> why (set by the sync).
         self.node_problems: Mapping[str, str] = {}
 
@@ -144,37 +142,47 @@ class Extender:
             except PodError as exc:
                 reason = f"invalid pod: {exc}"
                 return filter_result(args, [], {}, dict.fromkeys(args.names, reason))
-            index = self.state.index
             assessment = self.assessor.assess(workload, self._identity(args.pod))
-            feasible = assessment.feasible
-            passed: list[int] = []
+            names = args.names
+            positions = self._positions(names)
+            ok = np.zeros(len(names), dtype=bool)
+            known = positions >= 0
+            ok[known] = assessment.feasible[positions[known]]
             failed: dict[str, str] = {}
             unresolvable: dict[str, str] = {}
-            for position, name in enumerate(args.names):
-                i = index.get(name)
-                if i is None:
+            for position in np.flatnonzero(~ok).tolist():
+                name, i = names[position], int(positions[position])
+                if i < 0:
                     problem = self.node_problems.get(name)
                     unresolvable[name] = f"{UNKNOWN_NODE}: {problem}" if problem else UNKNOWN_NODE
-                elif feasible[i]:
-                    passed.append(position)
                 else:
                     reason, final = assessment.reason(i)
                     (unresolvable if final else failed)[name] = reason
-            return filter_result(args, passed, failed, unresolvable)
+            return filter_result(args, np.flatnonzero(ok).tolist(), failed, unresolvable)
 
-    def prioritize(self, args: ExtenderArgs) -> list[dict[str, Any]]:
+    def prioritize(self, args: ExtenderArgs) -> list[int]:
+        """Each of `args.names`' score 0..10 (0 for unknown nodes and for a Pod that cannot be read)."""
         with self.lock:
             try:
                 workload = self.workload(args.pod)
             except PodError:
-                return host_priorities(args.names, [0] * len(args.names))
+                return [0] * len(args.names)
             scores = self.assessor.assess(workload, self._identity(args.pod)).scores()
-            index = self.state.index
-            values = []
-            for name in args.names:
-                i = index.get(name)
-                values.append(0 if i is None else int(scores[i]))
-            return host_priorities(args.names, values)
+            positions = self._positions(args.names)
+            return np.where(positions >= 0, scores[positions], 0).tolist()
+
+    def _positions(self, names: list[str]) -> npt.NDArray[np.intp]:
+        """State indices of `names` (-1 for unknown ones). kube-scheduler sends the same list again
+        and again (every feasible node), so the last few lists are kept while the node set stays."""
+        key = (self.state.nodes_version, tuple(names))
+        found = self._lists.get(key)
+        if found is None:
+            get = self.state.index.get
+            found = np.array([get(n, -1) for n in names], dtype=np.intp)
+            self._lists[key] = found
+            while len(self._lists) > 4:
+                self._lists.popitem(last=False)
+        return found
 
     @staticmethod
     def _identity(pod: Mapping[str, Any]) -> tuple[str, str, str]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from json.encoder import encode_basestring
 from typing import Any
 
 MIN_PRIORITY = 0
@@ -58,7 +59,7 @@ def extender_args(doc: Mapping[str, Any]) -> ExtenderArgs:
     names = field(doc, "NodeNames")
     node_list = field(doc, "Nodes")
     if names is not None:
-        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        if not isinstance(names, list) or not set(map(type, names)) <= {str}:
             raise WireError("NodeNames must be a list of node names")
         return ExtenderArgs(pod, names, None)
     if node_list is None:
@@ -78,10 +79,10 @@ def filter_result(
 ) -> dict[str, Any]:
     """An ExtenderFilterResult answering in the form the request came in (`passed`: input positions)."""
     if args.nodes is not None:
-        nodes: Any = {"metadata": {}, "items": [args.nodes[i] for i in passed]}
+        nodes: Any = {"metadata": {}, "items": list(map(args.nodes.__getitem__, passed))}
         names: Any = None
     else:
-        nodes, names = None, [args.names[i] for i in passed]
+        nodes, names = None, list(map(args.names.__getitem__, passed))
     return {
         "Nodes": nodes,
         "NodeNames": names,
@@ -105,6 +106,14 @@ def filter_error(args: ExtenderArgs | None, error: str) -> dict[str, Any]:
 
 def host_priorities(names: Sequence[str], scores: Sequence[int]) -> list[dict[str, Any]]:
     return [{"Host": n, "Score": int(s)} for n, s in zip(names, scores, strict=True)]
+
+
+def encode_priorities(names: Sequence[str], scores: Sequence[int]) -> bytes:
+    """`encode(host_priorities(names, scores))`, written directly: a prioritize reply at 5,000
+    nodes would otherwise build 5,000 dicts only to serialize them."""
+    quote = encode_basestring
+    items = ",".join([f'{{"Host":{quote(n)},"Score":{int(s)}}}' for n, s in zip(names, scores, strict=True)])
+    return f"[{items}]".encode()
 
 
 @dataclass(frozen=True, slots=True)
