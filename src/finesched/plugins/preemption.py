@@ -54,17 +54,15 @@ class Unit:
 
     members: list[Bound]
     reason: str
-    amounts: dict[str, int] = field(default_factory=dict)  # held on the node being looked at
+    amounts: dict[str, int] = field(default_factory=dict)  # held on the node being looked at (needed names)
     grants: list[Grant] = field(default_factory=list)  # device grants there
     violating: bool = False
+    priority: int = 0  # the highest member priority
+    start: int = 0  # the earliest member start
 
-    @property
-    def priority(self) -> int:
-        return max(m.priority for m in self.members)
-
-    @property
-    def start(self) -> int:
-        return min(m.seq for m in self.members)
+    def __post_init__(self) -> None:
+        self.priority = max(m.priority for m in self.members)
+        self.start = min(m.seq for m in self.members)
 
 
 @dataclass
@@ -171,6 +169,19 @@ class DefaultPreemption:
             return np.zeros(n, dtype=np.int64)
         return capacity[:n] - self.index.used(name, n)
 
+    def _free_at(self, name: str, node: int) -> int:
+        """`_free` on one node."""
+        state = self.state
+        assert state is not None
+        r = state.res_index.get(name)
+        if r is not None:
+            return int(state.free[r, node])
+        capacity = self.index.device_capacity.get(name)
+        if capacity is None:
+            return 0
+        held = sum(int(cols[name][node]) for cols in self.index.held.values() if name in cols)
+        return int(capacity[node]) - held
+
     def _possible_nodes(self, cycle: CycleState, priority: int, need: Mapping[str, int], inclusive: bool) -> np.ndarray:
         """Nodes where evicting every eligible workload could free enough, best lower bound first.
 
@@ -236,11 +247,9 @@ class DefaultPreemption:
                 continue
             if bound.gang is None:
                 if bound.priority < priority:
-                    units.append(
-                        Unit(
-                            [bound], f"priority {bound.priority} < {priority}", dict(bound.amounts), list(bound.grants)
-                        )
-                    )
+                    amounts = {n: a for n, a in bound.amounts.items() if n in need}
+                    reason = f"priority {bound.priority} < {priority}"
+                    units.append(Unit([bound], reason, amounts, list(bound.grants)))
                     continue
                 members = [bound]
             else:
@@ -254,7 +263,8 @@ class DefaultPreemption:
                 if m.node != node:
                     continue
                 for name, amount in m.amounts.items():
-                    unit.amounts[name] = unit.amounts.get(name, 0) + amount
+                    if name in need:
+                        unit.amounts[name] = unit.amounts.get(name, 0) + amount
                 unit.grants += m.grants
             units.append(unit)
         return units
@@ -262,7 +272,7 @@ class DefaultPreemption:
     def _model(self, cycle: CycleState, node: int, need: Mapping[str, int]) -> NodeModel:
         state = self.state
         assert state is not None
-        free = {name: int(self._free(name, state.n)[node]) for name in need}
+        free = {name: self._free_at(name, node) for name in need}
         devices = []
         request = cycle.get(DEVICE_REQUEST)
         accounts = state.extras.get("devices")
@@ -367,6 +377,8 @@ def _reprieve_order(units: list[Unit], groups: list[tuple[Any, set[str]]]) -> li
     """Units in the order they are offered back: budget-violating first, then by priority (high
     first) and start (older first), as kube-scheduler's reprieve."""
     ordered = sorted(units, key=lambda u: (-u.priority, u.start))
+    if not groups:
+        return ordered
     allowed = {id(budget): len(members) - budget.min_available for budget, members in groups}
     for unit in ordered:
         keys = {m.key for m in unit.members}

@@ -77,10 +77,10 @@ class NodeModel:
         self.types = [_TypeModel(tr, nd) for tr, nd in devices]
 
     def apply(self, amounts: Mapping[str, int], grants: Sequence[Grant], sign: int) -> None:
+        """`amounts` must name only resources of the request (the plugin filters them once)."""
         free = self.free
         for name, amount in amounts.items():
-            if name in free:
-                free[name] += sign * amount
+            free[name] += sign * amount
         for model in self.types:
             for kind, minor, dims in grants:
                 model.apply(kind, minor, dims, sign)
