@@ -148,3 +148,17 @@ def test_many_operators_fractions_stay_within_one_float_step_below_exact_and_sum
     assert sum(fractions) <= 1.0 and math.fsum(fractions) <= 1.0
     assert all(Fraction(f) <= Fraction(1, n) for f in fractions)
     assert sorted(fractions)[1] == round_down(Fraction(1, n))  # all but at most one are the plain rounded-down 1/n
+
+
+@pytest.mark.parametrize(
+    ("ops", "want"),
+    [
+        # only on-heap users: the whole 1000 bytes are the on-heap pool: 1/2 x 1000 each
+        pytest.param([uses("x", on=True), uses("y", on=True)], {"x": 500, "y": 500}, id="one-pool-on-heap"),
+        # both pools used, the default slot has off-heap managed memory only: half each (500 + 500),
+        # x = 1/1 of on-heap = 500, y = 1/1 of off-heap = 500
+        pytest.param([uses("x", on=True), uses("y", off=True)], {"x": 500, "y": 500}, id="both-pools-half-each"),
+    ],
+)
+def test_one_number_goes_to_the_pools_the_group_uses(ops: list[dict[str, object]], want: dict[str, int]) -> None:
+    assert compile_job(make_job([task("t", *ops)])).quotas(1000) == want

@@ -82,9 +82,9 @@ class CompiledJob:
     def quotas(self, slot_managed_bytes: int | tuple[int, int]) -> dict[str, int]:
         """Operator -> absolute managed-memory quota in bytes for a slot with this much managed memory.
 
-        A pair is (on-heap, off-heap) bytes. One number is the slot's managed memory as a whole,
-        split between the pools as the group's slot profile splits them (all off-heap when the
-        profile has none), so for a job whose operators use one pool it is that pool's size.
+        A pair is (on-heap, off-heap) bytes. One number is the slot's managed memory as a whole: the
+        size of the one pool a group's operators use, or split between the pools as the group's slot
+        profile splits them when they use both.
         quota = floor(on fraction x on-heap bytes) + floor(off fraction x off-heap bytes), per group
         never more than the pool (`finesched.dataflow.fractions.pool_quotas`).
         """
@@ -113,12 +113,16 @@ class CompiledJob:
         return {op: on[op] + off[op] for op in ops}
 
     def _pools(self, group: str, total: int) -> tuple[int, int]:
+        """`total` managed bytes as (on-heap, off-heap) for `group`: all of it in the one pool its
+        operators use; split like its slot profile (half each if the profile lacks one) when both."""
+        used = [self.fractions[op] for op in self.operators_of(group)]
+        on_used, off_used = any(f[0] for f in used), any(f[1] for f in used)
+        if not (on_used and off_used):
+            return (total, 0) if on_used else (0, total)
         profile = self.profiles[group]
-        on_weight, off_weight = profile.managed_on_heap, profile.managed_off_heap
-        if on_weight + off_weight == 0:  # no managed memory in the profile: split by the pools in use
-            used = [self.fractions[op] for op in self.operators_of(group)]
-            on_weight, off_weight = int(any(f[0] for f in used)), int(any(f[1] for f in used))
-        return split_pool(total, on_weight, off_weight)
+        if profile.managed_on_heap and profile.managed_off_heap:
+            return split_pool(total, profile.managed_on_heap, profile.managed_off_heap)
+        return split_pool(total, 1, 1)
 
 
 def compile_job(
