@@ -258,6 +258,23 @@ def test_node_with_device_cr_and_nrt() -> None:
     assert [z.memory for z in node.numa_zones] == [60 << 30, 60 << 30]
 
 
+def test_nrt_topology_policy_from_v1alpha1_or_v1alpha2_unless_a_label_sets_it() -> None:
+    k8s_node = {"metadata": {"name": "n"}, "status": {"allocatable": {"cpu": "64"}}}
+    topo = _nrt("n")
+    assert node_from_k8s(k8s_node, None, topo).policies.numa_topology_policy == "SingleNUMANode"
+    topo["attributes"] = [{"name": "topologyManagerPolicy", "value": "best-effort"}]
+    assert node_from_k8s(k8s_node, None, topo).policies.numa_topology_policy == "BestEffort"
+    labelled = {
+        **k8s_node,
+        "metadata": {"name": "n", "labels": {"node.koordinator.sh/numa-topology-policy": "Restricted"}},
+    }
+    node = node_from_k8s(labelled, None, topo)
+    assert (
+        node.policies.numa_topology_policy is None
+        and node.labels["node.koordinator.sh/numa-topology-policy"] == "Restricted"
+    )
+
+
 def test_node_without_device_cr_gets_the_gpus_it_advertises() -> None:
     node = node_from_k8s(fixture("extender-filter-request.json")["Nodes"]["items"][1])
     assert [d.minor for d in node.devices_of("gpu")] == [0, 1]

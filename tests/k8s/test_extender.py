@@ -236,3 +236,16 @@ def test_preempt_keeps_nodes_where_the_pod_fits_once_victims_are_gone(http: Test
     }
     assert extender.state.bindings == before  # the check put the victims back
     extender.state.check_invariants()
+
+
+def test_preempt_reads_full_victim_pods_and_answers_with_uids() -> None:
+    request = fixture("extender-preempt-request.json")
+    full = {
+        node: {"Pods": [{"metadata": {"uid": p["UID"], "name": "v"}} for p in v["Pods"]], "NumPDBViolations": 0}
+        for node, v in request["NodeNameToMetaVictims"].items()
+    }
+    request.update(NodeNameToMetaVictims=None, NodeNameToVictims=full)
+    _, victims = wire.preemption_args(request)
+    assert victims["gpu-node-a"].uids == ["9e8d7c6b-5a4f-4e3d-8c2b-1a0f9e8d7c6b"]
+    result = wire.preemption_result(victims)
+    assert set(result) == {"NodeNameToMetaVictims"} and len(result["NodeNameToMetaVictims"]["gpu-node-b"]["Pods"]) == 2

@@ -11,8 +11,11 @@
 * NodeResourceTopology (named after the node): CPU topology from the annotation
   ``node.koordinator.sh/cpu-topology``, kubelet CPU manager policy from
   ``kubelet.koordinator.sh/cpu-manager-policy``, NUMA zones (``node-<id>``) with their cpu and
-  memory allocatable, and the NUMA topology policy from ``topologyPolicies`` unless a node label
-  sets one.
+  memory allocatable, and the NUMA topology policy from ``topologyPolicies`` (v1alpha1) or the
+  ``topologyManagerPolicy`` attribute (v1alpha2) unless a node label sets one. Not read:
+  ``node.koordinator.sh/pod-cpu-allocs`` (cpusets the kubelet itself gave pods; finesched counts
+  pods' cpusets from their resource-status annotations) and the shared-pool annotations, which
+  finesched derives.
 
 Every node gets the label `NODE_NAME_LABEL` = its name, so a bind can pin a pod to the node
 kube-scheduler chose through an ordinary node selector. Bad input raises `NodeError`.
@@ -43,6 +46,13 @@ NODE_NAME_LABEL = "finesched.io/node-name"
 CPU_TOPOLOGY = "node.koordinator.sh/cpu-topology"
 CPU_MANAGER_POLICY = "kubelet.koordinator.sh/cpu-manager-policy"
 _DEVICE_TYPES = ("gpu", "rdma", "fpga")
+#: NodeResourceTopology v1alpha2 ``topologyManagerPolicy`` attribute values -> NUMA topology policy.
+_V1ALPHA2_POLICIES = {
+    "none": "None",
+    "best-effort": "BestEffort",
+    "restricted": "Restricted",
+    "single-numa-node": "SingleNUMANode",
+}
 
 
 class NodeError(ValueError):
@@ -155,11 +165,13 @@ def _topology(nrt: Mapping[str, Any] | None, data: dict[str, Any], labels: Mappi
         zones.append(entry)
     if zones:
         data["numaZones"] = zones
-    policies = nrt.get("topologyPolicies") or []
-    if policies and not any(k.startswith("node.koordinator.sh/numa-topology") for k in labels):
-        value = numa_policy_of(str(policies[0]))
-        if value in ("None", "BestEffort", "Restricted", "SingleNUMANode"):
-            data["policies"] = {"numaTopologyPolicy": value}
+    policies = [numa_policy_of(str(p)) for p in nrt.get("topologyPolicies") or []]
+    attributes = {a.get("name"): a.get("value") for a in nrt.get("attributes") or [] if isinstance(a, dict)}
+    if attributes.get("topologyManagerPolicy") in _V1ALPHA2_POLICIES:  # v1alpha2 (topologyPolicies deprecated)
+        policies = [_V1ALPHA2_POLICIES[attributes["topologyManagerPolicy"]]]
+    labelled = any(k.startswith("node.koordinator.sh/numa-topology") for k in labels)
+    if policies and not labelled and policies[0] in ("None", "BestEffort", "Restricted", "SingleNUMANode"):
+        data["policies"] = {"numaTopologyPolicy": policies[0]}
 
 
 def node_from_k8s(

@@ -108,11 +108,27 @@ def host_priorities(names: Sequence[str], scores: Sequence[int]) -> list[dict[st
     return [{"Host": n, "Score": int(s)} for n, s in zip(names, scores, strict=True)]
 
 
+#: Per list of host names (kube-scheduler sends the same one again and again), each entry's JSON up
+#: to its score: ``{"Host":"node-1","Score":`` (a few lists kept).
+_PREFIXES: dict[tuple[str, ...], list[str]] = {}
+_SUFFIXES = [f"{s}}}" for s in range(MIN_PRIORITY, MAX_PRIORITY + 1)]
+
+
 def encode_priorities(names: Sequence[str], scores: Sequence[int]) -> bytes:
     """`encode(host_priorities(names, scores))`, written directly: a prioritize reply at 5,000
     nodes would otherwise build 5,000 dicts only to serialize them."""
-    quote = encode_basestring
-    items = ",".join([f'{{"Host":{quote(n)},"Score":{int(s)}}}' for n, s in zip(names, scores, strict=True)])
+    if len(names) != len(scores):
+        raise ValueError(f"{len(names)} names but {len(scores)} scores")
+    if not all(MIN_PRIORITY <= s <= MAX_PRIORITY for s in (min(scores, default=0), max(scores, default=0))):
+        raise ValueError(f"scores must be within {MIN_PRIORITY}..{MAX_PRIORITY}")
+    key = tuple(names)
+    prefixes = _PREFIXES.get(key)
+    if prefixes is None:
+        prefixes = [f'{{"Host":{encode_basestring(n)},"Score":' for n in names]
+        if len(_PREFIXES) >= 4:
+            _PREFIXES.pop(next(iter(_PREFIXES)))
+        _PREFIXES[key] = prefixes
+    items = ",".join(map(str.__add__, prefixes, map(_SUFFIXES.__getitem__, scores)))
     return f"[{items}]".encode()
 
 
