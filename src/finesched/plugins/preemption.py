@@ -7,8 +7,10 @@ The post_filter point (kube-scheduler's DefaultPreemption, with device- and CPU-
    with its whole gang (the gang is one *unit*: its members on other nodes count as victims too).
    A workload whose `preemptionPolicy` is Never preempts nothing.
 2. One vectorized pass over all nodes (PreemptionIndex): nodes where free + what eligible
-   victims hold covers the request, ordered by the lowest priority whose eviction could suffice.
-3. On the first `candidates` of them, victims are chosen as kube-scheduler does: evict every
+   victims hold covers the request (scalar amounts per node, device amounts per device under
+   the allocator's rule), ordered by the lowest priority level whose eviction could suffice.
+3. On the first `candidates` of them (default 16; kube-scheduler samples at least 100 nodes in
+   arbitrary order, finesched the best by that bound), victims are chosen as kube-scheduler does: evict every
    eligible unit, then re-admit (*reprieve*) units one by one — those whose eviction would break
    a disruption budget first, each group by priority high to low, older first — keeping a unit
    whenever the workload still fits. "Fits" here is a node model with per-device free amounts
@@ -155,8 +157,7 @@ class DefaultPreemption:
             reasons = {m.key: u.reason for u in plan.victims for m in u.members}
             victims = tuple(m.binding for u in plan.victims for m in u.members)
             return Preemption(w.key, state.names[plan.node], victims, binding, reasons, plan.violations), ""
-        looked = min(len(order), self.candidates)
-        return None, f"evicting lower-priority workloads makes it fit on none of the {looked} nodes tried"
+        return None, f"evicting lower-priority workloads makes it fit on none of the {len(order)} nodes tried"
 
     def _free(self, name: str, n: int) -> np.ndarray:
         state = self.state
@@ -217,8 +218,16 @@ class DefaultPreemption:
             bound = np.where((bound == len(levels)) & ok, level, bound)
             if np.count_nonzero(bound <= level) >= self.candidates:
                 break  # the first `candidates` nodes in bound order are known: higher levels come after
-        nodes = np.flatnonzero(bound < len(levels))
-        return nodes[np.lexsort((nodes, bound[nodes]))]
+        # Only the first `candidates` nodes in (bound, index) order are looked at: take them level by level.
+        picked: list[np.ndarray] = []
+        remaining = self.candidates
+        for level in range(len(levels)):
+            if remaining <= 0:
+                break
+            at = np.flatnonzero(bound == level)[:remaining]
+            picked.append(at)
+            remaining -= len(at)
+        return np.concatenate(picked) if picked else np.zeros(0, dtype=np.intp)
 
     def _device_inputs(self, cycle: CycleState, n: int) -> list[tuple[Any, Any, np.ndarray]] | None:
         """(type request, type accounts, a copy of free [K, n, D]) per requested device type; None
