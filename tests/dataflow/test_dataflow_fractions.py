@@ -162,3 +162,14 @@ def test_many_operators_fractions_stay_within_one_float_step_below_exact_and_sum
 )
 def test_one_number_goes_to_the_pools_the_group_uses(ops: list[dict[str, object]], want: dict[str, int]) -> None:
     assert compile_job(make_job([task("t", *ops)])).quotas(1000) == want
+
+
+def test_users_of_a_pool_the_default_slot_lacks_are_warned_about() -> None:
+    c = compile_job(make_job([task("t", uses("x", on=True), uses("y", off=True))]))
+    assert c.warnings == [
+        "group region-0: operators x use on-heap managed memory, but the default slot has none "
+        "(set defaultSlot.managedOnHeap); their quota is 0"
+    ]
+    assert c.group_quotas("region-0") == {"x": 0, "y": 512 * MiB}
+    given = compile_job(make_job([task("t", uses("x", on=True))], defaultSlot={"managedOnHeap": "256Mi"}))
+    assert given.warnings == [] and given.group_quotas("region-0") == {"x": 256 * MiB}

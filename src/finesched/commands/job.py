@@ -103,6 +103,8 @@ def plan_cmd(
         return
     for table in _tables(compiled):
         out.print(table)
+    for warning in compiled.warnings:
+        err.print(f"[yellow]warning:[/] {escape(warning)}", soft_wrap=True)
     if placement is not None:
         out.print(_placement_table(placement))
 

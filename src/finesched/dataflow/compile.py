@@ -64,6 +64,9 @@ class CompiledJob:
     fractions: dict[str, tuple[float, float]]
     #: Task -> network memory of one of its subtasks (bytes), whether or not specs are known.
     network: dict[str, int]
+    #: Things that compile but are likely not what the user meant (e.g. managed-memory users of a
+    #: pool the default slot has none of: their quota is 0).
+    warnings: list[str]
     group_of_task: dict[str, str] = field(repr=False)
     group_of_operator: dict[str, str] = field(repr=False)
     operators_by_group: dict[str, tuple[str, ...]] = field(repr=False)
@@ -172,6 +175,14 @@ def compile_job(
         fractions.update(group_fractions(ops, bool(weighted)))
         group_of_operator.update({op.id: name for op in ops})
         operators_by_group[name] = tuple(op.id for op in ops)
+    warnings = [
+        f"group {name}: operators {', '.join(users)} use {label} managed memory, but the default slot has none "
+        f"(set defaultSlot.{key}); their quota is 0"
+        for name in groups
+        for pool, label, key in ((0, "on-heap", "managedOnHeap"), (1, "off-heap", "managedOffHeap"))
+        if not (profiles[name].managed_on_heap, profiles[name].managed_off_heap)[pool]
+        and (users := [op for op in operators_by_group[name] if fractions[op][pool] > 0])
+    ]
     components = connected_components(graph)
     component_slots = (
         sum(max(graph.task(t).parallelism for t in c) for c in components) if job.mode == "streaming" else None
@@ -191,6 +202,7 @@ def compile_job(
         component_slots=component_slots,
         fractions={op.id: fractions[op.id] for op in graph.operators},
         network=net_bytes,
+        warnings=warnings,
         group_of_task=group_of_task,
         group_of_operator=group_of_operator,
         operators_by_group=operators_by_group,

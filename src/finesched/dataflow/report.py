@@ -45,6 +45,7 @@ def compiled_record(compiled: CompiledJob) -> dict[str, Any]:
         "component_slots": compiled.component_slots,
         "network": dict(compiled.network),
         "fractions": {op: list(pair) for op, pair in compiled.fractions.items()},
+        "warnings": list(compiled.warnings),
         "quotas": {op: q for group in compiled.groups for op, q in compiled.group_quotas(group).items()},
     }
 
