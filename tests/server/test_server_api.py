@@ -227,3 +227,30 @@ def test_missed_heartbeats_make_a_node_not_ready_then_requeue_its_work(db_url: s
         assert agent.post("/v1/nodes/n1/report", json={}).status_code == 200
         assert api.admin.get("/v1/nodes/n1").json()["status"]["ready"] is True
         wait_until(bound_while_reporting, what="the binding after the agent came back")
+
+
+def test_waiting_reason_is_written(api: Api) -> None:
+    api.admin.post("/v1/nodes", json=node("n1", cpu="2"))
+    api.admin.post("/v1/workloads", json=workload("big", cpu="4"))
+    wait_until(lambda: "insufficient cpu" in api.admin.get("/v1/workloads/team-a/big").json()["status"]["reason"],
+               what="the waiting reason")  # fmt: skip
+    events = api.admin.get("/v1/events", params={"object": "team-a/big"}).json()["items"]
+    assert [e["reason"] for e in events] == ["Submitted", "Waiting"]
+
+
+def test_preemption_releases_victims_through_the_store(api: Api) -> None:
+    api.admin.post("/v1/nodes", json=node("n1", cpu="4"))
+    agent = api.client(api.token("agent", node="n1"))
+    api.admin.post("/v1/workloads", json=[workload("low", namespace="team-b", cpu="3", priority=1)])
+    api.wait_phase("team-b/low", ("Bound",))
+    agent.post("/v1/workloads/team-b/low/status", json={"phase": "Running"})
+    api.admin.post("/v1/workloads", json=[workload("high", cpu="3", priority=10)])
+    high = api.wait_phase("team-a/high", ("Bound",))
+    assert high["status"]["binding"]["node"] == "n1"
+    low = api.admin.get("/v1/workloads/team-b/low").json()
+    assert low["status"]["phase"] == "Pending" and low["status"]["binding"] is None
+    assert "preempted by team-a/high on n1" in low["status"]["reason"]
+    assert [b["workload"] for b in agent.get("/v1/bindings").json()["items"]] == ["team-a/high"]  # the agent stops low
+    events = api.admin.get("/v1/events", params={"object": "team-b/low"}).json()["items"]
+    assert "Preempted" in [e["reason"] for e in events]
+    assert 'finesched_decisions_total{result="preempted"} 1.0' in api.admin.get("/metrics").text

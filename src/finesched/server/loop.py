@@ -32,6 +32,7 @@ from finesched.errors import ValidationError
 from finesched.model.binding import Binding
 from finesched.model.workload import Workload
 from finesched.sched.diagnosis import FitError, InvalidRequest
+from finesched.sched.framework import Preemption
 from finesched.sched.scheduler import Scheduler
 from finesched.server.cluster_view import binding_from_row, node_from_row, tenant_from_row, workload_from_row
 from finesched.server.lease import Lease, LostLease
@@ -45,6 +46,8 @@ log = logging.getLogger("finesched.loop")
 #: How long an event id missing from the feed (a transaction that had not committed yet when the
 #: feed was read, which PostgreSQL sequences allow) is looked for again.
 GAP_WINDOW_S = 30.0
+#: Above this many queued workloads, why each waits is not written (it would cost a query each).
+MAX_EXPLAINED = 2000
 
 
 @dataclass
@@ -84,6 +87,7 @@ class SchedulerLoop:
         self._own_events: set[int] = set()
         self._requeued_nodes: set[str] = set()
         self._last_health_check = 0.0
+        self._explained: dict[str, str] = {}  # the reason last written per waiting workload
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -351,14 +355,15 @@ class SchedulerLoop:
                     continue
                 entry = self.queued.get(result.workload)
                 if entry is None:  # deleted while queued
-                    stale.append(result.workload)
+                    stale.append(result)
                     continue
                 decisions.append((entry, result))
-            for key in stale:
-                scheduler.state.forget(key)
+            preemptions = {p.preemptor: p for p in scheduler.take_preemptions()}
+            for binding in stale:
+                self._undo(scheduler, binding, preemptions)
         if not decisions and not rejected:
             return False
-        self._write(decisions)
+        self._write(decisions, preemptions)
         for result in rejected:
             with self.lock:
                 self.queued.pop(result.workload, None)
@@ -367,25 +372,31 @@ class SchedulerLoop:
         self.metrics.cycle_latency.observe(time.perf_counter() - started)
         return len(results) >= self.config.batch_size
 
-    def _write(self, decisions: list[tuple[Queued, Binding]]) -> None:
+    def _write(self, decisions: list[tuple[Queued, Binding]], preemptions: dict[str, Preemption]) -> None:
+        """Make a batch durable (with the evictions its preemptions need), then commit it in memory."""
         payload = [
             (entry.id, entry.version, b.workload, b.node, b.model_dump(mode="json", by_alias=True))
             for entry, b in decisions
         ]
+        evictions = {
+            entry.id: [(v.workload, p.reasons.get(v.workload, "")) for v in p.victims]
+            for entry, b in decisions
+            if (p := preemptions.get(b.workload)) is not None
+        }
         write_started = time.thread_time()
         try:
-            conflicts, event_ids = self.store.bind(payload, fence=self.lease.fence)
+            conflicts, event_ids = self.store.bind(payload, fence=self.lease.fence, evictions=evictions)
         except BaseException:
-            with self.lock:  # nothing was written: undo the assumptions and queue the workloads again
+            with self.lock:  # nothing was written: undo the decisions and queue the workloads again
                 if self.scheduler is not None:
                     for entry, binding in decisions:
-                        self.scheduler.state.forget(binding.workload)
+                        self._undo(self.scheduler, binding, preemptions)
                         self.scheduler.submit([entry.workload])
             raise
         self.metrics.bind_write_seconds.observe(time.thread_time() - write_started)
         conflicted = set(conflicts)
         stamp = time.time()
-        bound: list[str] = []
+        bound, victims = 0, []
         with self.lock:
             self._own_events.update(event_ids)
             scheduler = self.scheduler
@@ -393,14 +404,22 @@ class SchedulerLoop:
                 key = binding.workload
                 if entry.id in conflicted:
                     if scheduler is not None:
-                        scheduler.state.forget(key)
+                        self._undo(scheduler, binding, preemptions)
                     continue
                 if scheduler is not None:
-                    scheduler.state.commit(key)
+                    if key in preemptions:
+                        scheduler.confirm_preemption(key)
+                        victims += preemptions[key].victim_keys
+                    else:
+                        scheduler.state.commit(key)
                 self.queued.pop(key, None)
-                bound.append(key)
+                bound += 1
                 self.metrics.bind_latency.observe(max(0.0, stamp - entry.submitted))
-        self.metrics.decisions.labels("bound").inc(len(bound))
+        self.metrics.decisions.labels("bound").inc(bound)
+        if victims:
+            self.metrics.decisions.labels("preempted").inc(len(victims))
+        for key in victims:  # requeued by the same transaction: queue them again here
+            self.reconcile_workload(key)
         if conflicted:
             self.metrics.write_conflicts.inc(len(conflicted))
             for entry, binding in decisions:
@@ -409,6 +428,15 @@ class SchedulerLoop:
                         self.queued.pop(binding.workload, None)
                     self.reconcile_workload(binding.workload)
 
+    @staticmethod
+    def _undo(scheduler: Scheduler, binding: Binding, preemptions: dict[str, Preemption]) -> None:
+        """Forget an assumed binding; a preemptor's victims are re-admitted exactly as they were."""
+        preemption = preemptions.get(binding.workload)
+        if preemption is not None:
+            scheduler.undo_preemption(preemption)
+        else:
+            scheduler.state.forget(binding.workload)
+
     # Heartbeats ------------------------------------------------------------------------------------
     def _check_heartbeats(self) -> None:
         if time.monotonic() - self._last_health_check < 1.0:
@@ -416,6 +444,7 @@ class SchedulerLoop:
         self._last_health_check = time.monotonic()
         for task in self.maintenance:
             task()
+        self._explain_waiting()
         cfg = self.config
         not_ready_after = timedelta(seconds=cfg.heartbeat_s * cfg.missed_heartbeats)
         stamp = now()
@@ -435,6 +464,24 @@ class SchedulerLoop:
                 keys = self.store.requeue_node(name, f"node {name} not ready for {silent.total_seconds():.0f}s")
                 self._requeued_nodes.add(name)
                 log.warning("node %s not ready: requeued %d workloads", name, len(keys))
+
+    def _explain_waiting(self) -> None:
+        """Write why queued workloads wait (no fit, quota, incomplete gang) when that changed."""
+        with self.lock:
+            scheduler = self.scheduler
+            if scheduler is None or not self.queued or len(self.queued) > MAX_EXPLAINED:
+                return
+            # limit=0 decides nothing: it only reports what waits, and why.
+            waiting = scheduler.run(0, report_waiting=True, flush_backoff=False)
+            changed = {}
+            for error in waiting:
+                key = error.workload
+                if isinstance(error, FitError) and key in self.queued and self._explained.get(key) != error.message:
+                    changed[key] = error.message
+            self._explained = {k: v for k, v in self._explained.items() if k in self.queued}
+            self._explained.update(changed)
+        if changed:
+            self.own(self.store.explain_waiting(changed))
 
     # Views for the API -----------------------------------------------------------------------------
     def figures(self) -> dict[str, Any] | None:

@@ -268,15 +268,21 @@ class Store:
 
     # Bindings ----------------------------------------------------------------------------------------
     def bind(
-        self, decisions: Sequence[tuple[int, int, str, str, Mapping[str, Any]]], fence: Any = None
+        self,
+        decisions: Sequence[tuple[int, int, str, str, Mapping[str, Any]]],
+        fence: Any = None,
+        evictions: Mapping[int, Sequence[tuple[str, str]]] | None = None,
     ) -> tuple[list[int], list[int]]:
         """Write bindings (workload id, version seen, key, node, binding data) in one transaction.
 
         A workload is bound only if it is still Pending at the version the scheduler saw; the ids
         that were not (deleted or changed meanwhile) are returned as conflicts and not bound, with
-        the ids of the events written.
-        `fence(conn)` runs first and must raise when this writer may no longer schedule."""
+        the ids of the events written. `evictions[id]` are the (victim key, reason) pairs a
+        preemptor needs gone: they are released and requeued in the same transaction, and only if
+        that preemptor is bound. `fence(conn)` runs first and must raise when this writer may no
+        longer schedule."""
         conflicts: list[int] = []
+        evictions = evictions or {}
         with self.write() as conn:
             if fence is not None:
                 fence(conn)
@@ -292,12 +298,27 @@ class Store:
                 if result.rowcount != 1:
                     conflicts.append(workload_id)
                     continue
+                for victim, reason in evictions.get(workload_id, ()):
+                    events += self._evict(conn, victim, f"preempted by {key} on {node}: {reason}")
                 rows.append({"workload_id": workload_id, "workload": key, "node": node, "data": dict(data),
                              "acked": False, "version": 1, "created": stamp})  # fmt: skip
                 events.append(Event("Workload", key, "Bound", f"bound to {node}"))
             if rows:
                 conn.execute(insert(t.bindings), rows)
             return conflicts, self.log(conn, events)
+
+    def _evict(self, conn: Connection, key: str, reason: str) -> list[Event]:
+        """Release a preemption victim's binding and requeue it (its agent stops its process)."""
+        row = conn.execute(select(t.bindings.c.workload_id).where(t.bindings.c.workload == key)).first()
+        if row is None:
+            return []
+        conn.execute(delete(t.bindings).where(t.bindings.c.workload_id == row[0]))
+        conn.execute(
+            update(t.workloads)
+            .where(t.workloads.c.id == row[0])
+            .values(phase=PENDING, reason=reason, node=None, version=t.workloads.c.version + 1, updated=now())
+        )
+        return [Event("Workload", key, "Preempted", reason)]
 
     def bindings(self, node: str | None = None) -> list[dict[str, Any]]:
         query = select(t.bindings, t.workloads.c.spec, t.workloads.c.phase).join(
@@ -359,6 +380,23 @@ class Store:
             if result.rowcount == 0:
                 raise NotFound(f"workload {key} not found")
             self.log(conn, [Event("Workload", key, phase, reason)])
+
+    def explain_waiting(self, reasons: Mapping[str, str]) -> list[int]:
+        """Record why Pending workloads still wait (`key -> reason`); informative only, so the
+        version is not bumped (a concurrent bind still succeeds). Ids of the events written."""
+        events = []
+        with self.write() as conn:
+            for key, reason in reasons.items():
+                namespace, name = key.split("/", 1)
+                result = conn.execute(
+                    update(t.workloads)
+                    .where(t.workloads.c.namespace == namespace, t.workloads.c.name == name,
+                           t.workloads.c.phase == PENDING)
+                    .values(reason=reason)
+                )  # fmt: skip
+                if result.rowcount:
+                    events.append(Event("Workload", key, "Waiting", reason))
+            return self.log(conn, events)
 
     def note(self, events: Iterable[Event]) -> list[int]:
         """Record events that change nothing else (e.g. why a change was refused); their ids."""
