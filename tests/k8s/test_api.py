@@ -173,6 +173,10 @@ def test_a_409_unreserves_and_returns_the_error(fake: FakeAPI) -> None:
     assert "409" in error and "Conflict" in error
     assert extender.state.bindings == before and extender.pending == {}
     extender.state.check_invariants()
+    # the annotations written before the failed Binding are taken off again
+    annotations = fake.objects["pods"]["ml/train-resnet-0"]["metadata"]["annotations"]
+    assert "scheduling.koordinator.sh/device-allocated" not in annotations
+    assert "scheduling.koordinator.sh/resource-spec" in annotations
     assert bind(extender, "train-resnet-0", "uid-0") == ""  # kube-scheduler's retry succeeds
 
 

@@ -6,7 +6,8 @@
   resourceVersion; a ``410 Gone`` (an HTTP status or an ERROR event) raises `Gone`, and the
   caller lists again.
 * bind: a merge patch of the Pod's annotations carrying ``metadata.uid`` (a precondition: a Pod
-  deleted and recreated under the same name answers 409), then ``POST .../pods/{name}/binding``.
+  deleted and recreated under the same name answers 409), then ``POST .../pods/{name}/binding``;
+  if that fails, a second patch takes the annotations off again.
 """
 
 from __future__ import annotations
@@ -114,15 +115,16 @@ class KubeAPI:
         return json.loads(resp.data)
 
     def bind(self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str]) -> None:
-        """Patch the annotations, then create the Binding; BindError (conflict on 409) on failure."""
+        """Patch the annotations, then create the Binding; BindError (conflict on 409) on failure.
+
+        When the Binding fails after the patch, the annotations are taken off again (best effort),
+        so an unbound Pod does not carry devices it does not hold.
+        """
+        patched = False
         try:
             if annotations:
-                meta: dict[str, Any] = {"annotations": dict(annotations)}
-                if uid:
-                    meta["uid"] = uid
-                self.core.patch_namespaced_pod(
-                    name, namespace, {"metadata": meta}, _preload_content=False, _request_timeout=self.timeout
-                )
+                self._patch(namespace, name, uid, dict(annotations))
+                patched = True
             body = client.V1Binding(
                 metadata=client.V1ObjectMeta(name=name, namespace=namespace, uid=uid or None),
                 target=client.V1ObjectReference(api_version="v1", kind="Node", name=node),
@@ -132,6 +134,24 @@ class KubeAPI:
                 name, namespace, body, _preload_content=False, _request_timeout=self.timeout
             )
         except ApiException as exc:
+            self._undo(patched, namespace, name, uid, annotations)
             raise BindError(_status_error(exc), conflict=exc.status == 409) from None
         except Exception as exc:  # transport errors: the bind did not happen as far as we know
+            self._undo(patched, namespace, name, uid, annotations)
             raise BindError(f"API call failed: {exc}") from None
+
+    def _patch(self, namespace: str, name: str, uid: str, annotations: Mapping[str, str | None]) -> None:
+        meta: dict[str, Any] = {"annotations": dict(annotations)}
+        if uid:
+            meta["uid"] = uid  # a precondition: another Pod under this name answers 409
+        self.core.patch_namespaced_pod(
+            name, namespace, {"metadata": meta}, _preload_content=False, _request_timeout=self.timeout
+        )
+
+    def _undo(self, patched: bool, namespace: str, name: str, uid: str, annotations: Mapping[str, str]) -> None:
+        if not patched:
+            return
+        try:
+            self._patch(namespace, name, uid, dict.fromkeys(annotations))  # null deletes in a merge patch
+        except Exception:  # the Pod may be gone or changed; a later bind overwrites them anyway
+            return
