@@ -175,14 +175,7 @@ def compile_job(
         fractions.update(group_fractions(ops, bool(weighted)))
         group_of_operator.update({op.id: name for op in ops})
         operators_by_group[name] = tuple(op.id for op in ops)
-    warnings = [
-        f"group {name}: operators {', '.join(users)} use {label} managed memory, but the default slot has none "
-        f"(set defaultSlot.{key}); their quota is 0"
-        for name in groups
-        for pool, label, key in ((0, "on-heap", "managedOnHeap"), (1, "off-heap", "managedOffHeap"))
-        if not (profiles[name].managed_on_heap, profiles[name].managed_off_heap)[pool]
-        and (users := [op for op in operators_by_group[name] if fractions[op][pool] > 0])
-    ]
+    warnings = _pool_warnings(profiles, operators_by_group, fractions)
     components = connected_components(graph)
     component_slots = (
         sum(max(graph.task(t).parallelism for t in c) for c in components) if job.mode == "streaming" else None
@@ -207,6 +200,29 @@ def compile_job(
         group_of_operator=group_of_operator,
         operators_by_group=operators_by_group,
     )
+
+
+def _pool_warnings(
+    profiles: dict[str, ResourceSpec],
+    operators_by_group: dict[str, tuple[str, ...]],
+    fractions: dict[str, tuple[float, float]],
+) -> list[str]:
+    """Groups whose operators use a managed pool their slot has none of (only the default slot can
+    lack one: a known spec's users put their memory into the profile)."""
+    out = []
+    for name, profile in profiles.items():
+        pools = (
+            (profile.managed_on_heap, "on-heap", "managedOnHeap"),
+            (profile.managed_off_heap, "off-heap", "managedOffHeap"),
+        )
+        for pool, (size, label, key) in enumerate(pools):
+            users = [op for op in operators_by_group[name] if fractions[op][pool] > 0]
+            if users and not size:
+                out.append(
+                    f"group {name}: operators {', '.join(users)} use {label} managed memory, but the default slot "
+                    f"has none (set defaultSlot.{key}); their quota is 0"
+                )
+    return out
 
 
 def _first_set(*values: bool | None) -> bool:
