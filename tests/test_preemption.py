@@ -257,3 +257,27 @@ def test_label_group_budget(others: list[Workload], node: str) -> None:
     p, why = s.find_preemption(preemptor())
     assert p is not None, why
     assert p.node == node and p.violations == 0
+
+
+def test_numa_alignment_victims_from_one_numa_node() -> None:
+    # 4 CPUs in 2 NUMA nodes of 2. LSR 1-CPU workloads, SingleNUMANode: a (prio 0) and c (prio 5)
+    # land on NUMA 0, b (prio 0) and d (prio 5) on NUMA 1. The preemptor (prio 10) needs 2 CPUs
+    # on one NUMA node.
+    # Node model (counts only): evict all, reprieve c, d (prio 5, older first) -> 2 free; a back ->
+    # 1 free < 2: a is a victim; b likewise: victims {a, b} — but they free 1 CPU on each NUMA
+    # node, and the real NUMAAlign filter refuses. So the node is retried exactly: all four out,
+    # then c back (NUMA 1 empty: fits, kept), d back (no NUMA node with 2 free: victim), a back
+    # (NUMA 1 still empty: kept), b back (fails: victim). Victims {b, d}: all of NUMA 1.
+    node = make_node("n1").cpu("4").memory("8Gi").topology(sockets=1, numa_per_socket=2, cores_per_numa=2, threads=1)
+    s = Scheduler(ClusterState.from_nodes([node.numa(2, memory="4Gi").obj()]))
+
+    def lsr(name: str, priority: int, cpu: int = 1) -> Workload:
+        w = make_workload(name).req(cpu=str(cpu), memory="512Mi").lim(cpu=str(cpu), memory="512Mi")
+        return w.priority(priority).set(qos="LSR", numaTopologyPolicy="SingleNUMANode").obj()
+
+    placed = {name: s.schedule_one(lsr(name, prio)) for name, prio in [("a", 0), ("c", 5), ("b", 0), ("d", 5)]}
+    assert [placed[n].numa[0].numa for n in "acbd"] == [0, 0, 1, 1]
+    p, why = s.find_preemption(lsr("hi", 10, cpu=2))
+    assert p is not None, why
+    assert sorted(p.victim_keys) == ["default/b", "default/d"]
+    assert [g.numa for g in p.binding.numa] == [1] and str(p.binding.cpuset) == "2-3"
