@@ -281,3 +281,15 @@ def test_numa_alignment_victims_from_one_numa_node() -> None:
     assert p is not None, why
     assert sorted(p.victim_keys) == ["default/b", "default/d"]
     assert [g.numa for g in p.binding.numa] == [1] and str(p.binding.cpuset) == "2-3"
+
+
+def test_nomination_ends_when_the_driver_commits_directly() -> None:
+    s = cluster("n1")
+    s.auto_commit = False
+    bind(s, pinned("a", "n1", 4, 1))
+    p, _ = s.find_preemption(preemptor())
+    assert p is not None
+    s.apply_preemption(p)
+    assert s.nominated == {"default/hi": "n1"}
+    s.state.commit("default/hi")
+    assert s.nominated == {}

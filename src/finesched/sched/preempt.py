@@ -126,7 +126,7 @@ def apply_preemption(sched: Scheduler, p: Preemption) -> Binding:
     if sched.auto_commit:
         state.commit(p.binding.workload)
     else:
-        sched.nominated[p.preemptor] = p.node
+        sched._nominated[p.preemptor] = p.node
     sched.preemptions.append(p)
     return p.binding
 
@@ -138,7 +138,7 @@ def undo_preemption(sched: Scheduler, p: Preemption) -> None:
         state.forget(p.preemptor)
     committed = sched._victims_committed.pop(p.preemptor, {v.workload for v in p.victims})
     _readmit(sched, p.victims, committed)
-    sched.nominated.pop(p.preemptor, None)
+    sched._nominated.pop(p.preemptor, None)
     if p in sched.preemptions:
         sched.preemptions.remove(p)
 

@@ -95,8 +95,7 @@ class Scheduler:
         self.preemption = preemption
         #: Preemptions applied, in order (`take_preemptions` hands them to a driver and clears them).
         self.preemptions: list[Preemption] = []
-        #: Preemptor -> node, while its binding is assumed but not committed (capacity held for it).
-        self.nominated: dict[str, str] = {}
+        self._nominated: dict[str, str] = {}
         #: Why preemption found nothing for a workload that fits nowhere (its latest attempt).
         self.preemption_misses: dict[str, str] = {}
         self._victims_committed: dict[str, set[str]] = {}
@@ -419,8 +418,19 @@ class Scheduler:
     def confirm_preemption(self, preemptor: str) -> None:
         """The driver made the evictions and the preemptor's binding durable: commit; nomination ends."""
         self.state.commit(preemptor)
-        self.nominated.pop(preemptor, None)
+        self._nominated.pop(preemptor, None)
         self._victims_committed.pop(preemptor, None)
+
+    @property
+    def nominated(self) -> dict[str, str]:
+        """Preemptor -> node while its binding is assumed but not yet committed (the capacity its
+        victims freed is held by that binding); an entry ends when the binding is committed, by
+        `confirm_preemption` or `ClusterState.commit`, or is gone."""
+        state = self.state
+        live = {k: n for k, n in self._nominated.items() if k in state.bindings and not state.is_committed(k)}
+        if len(live) != len(self._nominated):
+            self._nominated = dict(live)
+        return live
 
     def preempt(self, workload: Workload) -> Binding:
         """`schedule_one`, preempting when the workload fits nowhere (raises FitError if that fails too)."""
