@@ -57,7 +57,7 @@ def gang_workloads(job: Job, compiled: CompiledJob) -> list[Workload]:
     out: list[Workload] = []
     for group, slots in compiled.group_slots.items():
         requests = slot_requests(compiled.profiles[group])
-        quotas = json.dumps(compiled.group_quotas(group), sort_keys=True, separators=(",", ":"))
+        quotas = json.dumps(compiled.group_quotas(group), separators=(",", ":"))  # operators in manifest order
         for index in range(slots):
             labels = {**job.labels, JOB_LABEL: job.name, GROUP_LABEL: group, SLOT_LABEL: str(index)}
             out.append(
