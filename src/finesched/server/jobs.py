@@ -24,15 +24,13 @@ from finesched.server.views import InputError, canonical, invalid, parse_kind
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
-QUOTAS_ANNOTATION = "finesched.io/managed-memory-quotas"
-GROUP_ANNOTATION = "finesched.io/slot-sharing-group"
-
 JobBody = Annotated[dict[str, Any], Body(description="A Job manifest (dataflow job, seed S2)")]
 
 
 @router.post("", status_code=201)
 def submit_job(body: JobBody, ctx: Ctx, caller: Caller) -> dict[str, Any]:
-    from finesched.dataflow import CompileError, compile_job, gang_workloads
+    from finesched.dataflow import QUOTAS_ANNOTATION, CompileError, compile_job, gang_workloads
+    from finesched.dataflow.gang import GROUP_LABEL
 
     caller.require(ADMIN, TENANT)
     job: Job = parse_kind(body, "Job")
@@ -76,7 +74,7 @@ def submit_job(body: JobBody, ctx: Ctx, caller: Caller) -> dict[str, Any]:
     slots = [
         {
             "workload": w.key,
-            "group": w.annotations.get(GROUP_ANNOTATION, ""),
+            "group": w.annotations.get(GROUP_LABEL, ""),
             "binding": binding_view(by_key[w.key]) if w.key in by_key else None,
             "quotas": json.loads(w.annotations.get(QUOTAS_ANNOTATION, "{}")),
         }
