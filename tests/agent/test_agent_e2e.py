@@ -130,9 +130,16 @@ def test_silent_agent_goes_not_ready_and_on_return_stops_the_requeued_workload(t
     cluster = Cluster(tmp_path, config)
     try:
         agent = cluster.agent()
-        agent.tick_report()
         cluster.submit("held", ["sleep", "30"], {"cpu": "100m"})
-        first = cluster.until(agent, "held", phase_is("Running"), "to run")["status"]["info"]["pid"]
+
+        def running(pid_not: int = -1) -> bool:  # with heartbeats: 0.4 s of silence is NotReady here
+            agent.tick_report()
+            agent.tick_bindings()
+            w = cluster.workload("held")
+            return w["status"]["phase"] == "Running" and w["status"]["info"].get("pid") != pid_not
+
+        wait(running, "the workload to run")
+        first = cluster.workload("held")["status"]["info"]["pid"]
         ready = lambda: cluster.admin.get(f"/v1/nodes/{NODE}").json()["status"]["ready"]  # noqa: E731
         wait(lambda: not ready(), "NotReady after missed heartbeats")  # the agent is silent now
         wait(lambda: cluster.workload("held")["status"]["phase"] == "Pending", "the requeue after the grace")
@@ -140,8 +147,7 @@ def test_silent_agent_goes_not_ready_and_on_return_stops_the_requeued_workload(t
         wait(ready, "Ready again")
         agent.tick_bindings()  # the binding it ran is gone: its process is stopped
         assert not is_running(first, start_time(first) or -1)
-        w = cluster.until(agent, "held", phase_is("Running"), "to run again on the returned node")
-        assert w["status"]["info"]["pid"] != first
+        wait(lambda: running(pid_not=first), "the workload to run again on the returned node")
         agent.executor.stop_all()
     finally:
         cluster.close()
