@@ -155,13 +155,52 @@ def test_many_operators_fractions_stay_within_one_float_step_below_exact_and_sum
     [
         # only on-heap users: the whole 1000 bytes are the on-heap pool: 1/2 x 1000 each
         pytest.param([uses("x", on=True), uses("y", on=True)], {"x": 500, "y": 500}, id="one-pool-on-heap"),
-        # both pools used, the default slot has off-heap managed memory only: half each (500 + 500),
-        # x = 1/1 of on-heap = 500, y = 1/1 of off-heap = 500
-        pytest.param([uses("x", on=True), uses("y", off=True)], {"x": 500, "y": 500}, id="both-pools-half-each"),
+        # both pools used, the default slot has off-heap managed memory only: all 1000 bytes are off-heap,
+        # x = 1/1 of on-heap 0 = 0 (the plan warns), y = 1/1 of off-heap = 1000
+        pytest.param([uses("x", on=True), uses("y", off=True)], {"x": 0, "y": 1000}, id="both-pools-slot-has-one"),
+        # both pools used and the slot has both (256Mi on : 768Mi off = 1 : 3): 250 on-heap, 750 off-heap
+        pytest.param(
+            [uses("x", on=True), uses("y", off=True)], {"x": 250, "y": 750}, id="both-pools-split-like-the-slot"
+        ),
     ],
 )
-def test_one_number_goes_to_the_pools_the_group_uses(ops: list[dict[str, object]], want: dict[str, int]) -> None:
-    assert compile_job(make_job([task("t", *ops)])).quotas(1000) == want
+def test_one_number_goes_to_the_pools_the_group_uses(
+    request: pytest.FixtureRequest, ops: list[dict[str, object]], want: dict[str, int]
+) -> None:
+    slot = {"managedOnHeap": "256Mi", "managedOffHeap": "768Mi"} if "split-like" in request.node.name else {}
+    assert compile_job(make_job([task("t", *ops)], defaultSlot=slot)).quotas(1000) == want
+
+
+@pytest.mark.parametrize(
+    ("ops", "want"),
+    [
+        # nobody declares usesManagedMemory: every operator counts, in both pools (Flink's weight 1 each): 1/3
+        pytest.param(
+            [{"id": "x"}, {"id": "y"}, {"id": "z"}],
+            {k: (round_down(Fraction(1, 3)),) * 2 for k in "xyz"},
+            id="none-declared-all-count",
+        ),
+        # once one operator declares it, the declarations are complete: z uses nothing, x and y 1/2 of off-heap
+        pytest.param(
+            [uses("x", off=True), uses("y", off=True), {"id": "z"}],
+            {"x": (0.0, 0.5), "y": (0.0, 0.5), "z": (0.0, 0.0)},
+            id="declared-somewhere-undeclared-uses-none",
+        ),
+    ],
+)
+def test_undeclared_managed_memory_use_is_all_or_none_per_job(
+    ops: list[dict[str, object]], want: dict[str, tuple[float, float]]
+) -> None:
+    assert compile_job(make_job([task("t", *ops)])).fractions == want
+
+
+def test_undeclared_users_share_the_slots_managed_memory_without_warnings() -> None:
+    # three operators, nothing declared, the default slot's 512Mi off-heap: floor(512Mi x 1/3) each
+    c = compile_job(make_job([task("a", op("x"), op("y")), task("b", op("z"))], [edge("a", "b")]))
+    assert c.warnings == []
+    third = math.floor(round_down(Fraction(1, 3)) * 512 * MiB)
+    assert c.group_quotas("region-0") == {"x": third, "y": third, "z": third}
+    assert c.quotas(1100 * MiB) == {k: math.floor(c.fractions[k][1] * 1100 * MiB) for k in "xyz"}
 
 
 def test_users_of_a_pool_the_default_slot_lacks_are_warned_about() -> None:

@@ -117,13 +117,14 @@ class CompiledJob:
 
     def _pools(self, group: str, total: int) -> tuple[int, int]:
         """`total` managed bytes as (on-heap, off-heap) for `group`: all of it in the one pool its
-        operators use; split like its slot profile (half each if the profile lacks one) when both."""
+        operators use; when they use both, split like the group's slot profile (which may hold one
+        pool only: then all of it there), or half each when the profile has no managed memory."""
         used = [self.fractions[op] for op in self.operators_of(group)]
         on_used, off_used = any(f[0] for f in used), any(f[1] for f in used)
         if not (on_used and off_used):
             return (total, 0) if on_used else (0, total)
         profile = self.profiles[group]
-        if profile.managed_on_heap and profile.managed_off_heap:
+        if profile.managed:
             return split_pool(total, profile.managed_on_heap, profile.managed_off_heap)
         return split_pool(total, 1, 1)
 
@@ -175,7 +176,7 @@ def compile_job(
         fractions.update(group_fractions(ops, bool(weighted)))
         group_of_operator.update({op.id: name for op in ops})
         operators_by_group[name] = tuple(op.id for op in ops)
-    warnings = _pool_warnings(profiles, operators_by_group, fractions)
+    warnings = _pool_warnings(profiles, operators_by_group, fractions, {op.id for op in graph.operators if op.declared})
     components = connected_components(graph)
     component_slots = (
         sum(max(graph.task(t).parallelism for t in c) for c in components) if job.mode == "streaming" else None
@@ -206,9 +207,10 @@ def _pool_warnings(
     profiles: dict[str, ResourceSpec],
     operators_by_group: dict[str, tuple[str, ...]],
     fractions: dict[str, tuple[float, float]],
+    declared: set[str],
 ) -> list[str]:
-    """Groups whose operators use a managed pool their slot has none of (only the default slot can
-    lack one: a known spec's users put their memory into the profile)."""
+    """Groups whose operators declare using a managed pool their slot has none of (only the default
+    slot can lack one: a known spec's users put their memory into the profile)."""
     out = []
     for name, profile in profiles.items():
         pools = (
@@ -216,7 +218,7 @@ def _pool_warnings(
             (profile.managed_off_heap, "off-heap", "managedOffHeap"),
         )
         for pool, (size, label, key) in enumerate(pools):
-            users = [op for op in operators_by_group[name] if fractions[op][pool] > 0]
+            users = [op for op in operators_by_group[name] if fractions[op][pool] > 0 and op in declared]
             if users and not size:
                 out.append(
                     f"group {name}: operators {', '.join(users)} use {label} managed memory, but the default slot "

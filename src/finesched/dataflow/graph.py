@@ -93,7 +93,8 @@ def sum_specs(specs: list[ResourceSpec]) -> ResourceSpec:
 @dataclass(frozen=True, slots=True)
 class Operator:
     """One operator. `spec` None means its resources are unknown (S2.1); `uses_on_heap`/`uses_off_heap`
-    say which managed pools it shares (from its spec when known); `weight` is its share weight (S2.4)."""
+    say which managed pools it shares (from its spec when known; `declared` when the manifest said
+    so, see `JobGraph.from_job`); `weight` is its share weight (S2.4)."""
 
     id: str
     spec: ResourceSpec | None
@@ -101,6 +102,7 @@ class Operator:
     uses_off_heap: bool
     weight: int
     path: str  # manifest field path, e.g. "spec.tasks[1].operators[0]"
+    declared: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,16 +179,26 @@ class JobGraph:
 
     @classmethod
     def from_job(cls, job: Job) -> JobGraph:
+        """The graph of `job`. Which managed pools an operator without resources uses is all or
+        none per job, like resources themselves (S2.1): when no operator declares
+        `usesManagedMemory`, every one counts as using both pools (Flink's default weight 1 for
+        every operator); once any operator declares it, an operator that does not uses none."""
+        declared_anywhere = any(op.uses_managed_memory is not None for t in job.tasks for op in t.operators)
         tasks = []
         for i, task in enumerate(job.tasks):
             operators = []
             for j, op in enumerate(task.operators):
                 spec = ResourceSpec.of(op.resources) if op.resources is not None else None
                 use = op.uses_managed_memory
-                on = spec.managed_on_heap > 0 if spec is not None else bool(use and use.on_heap)
-                off = spec.managed_off_heap > 0 if spec is not None else bool(use and use.off_heap)
                 path = f"spec.tasks[{i}].operators[{j}]"
-                operators.append(Operator(op.id, spec, on, off, op.weight or 1, path))
+                if spec is not None:
+                    on, off, declared = spec.managed_on_heap > 0, spec.managed_off_heap > 0, True
+                elif use is not None:
+                    on, off, declared = use.on_heap, use.off_heap, True
+                else:
+                    on = off = not declared_anywhere
+                    declared = False
+                operators.append(Operator(op.id, spec, on, off, op.weight or 1, path, declared))
             group = task.slot_sharing_group
             tasks.append(Task(task.id, tuple(operators), task.parallelism, group, f"spec.tasks[{i}]"))
         edges = tuple(Edge(e.source, e.target, e.type, e.pattern, f"spec.edges[{k}]") for k, e in enumerate(job.edges))
