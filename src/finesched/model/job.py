@@ -82,7 +82,8 @@ class Operator(Model):
     """One operator; without `resources` it is "unknown" (S2.1).
 
     `uses_managed_memory` says which managed pools an unknown operator shares (S2.4: 1/n of the
-    group's users each); `weight` replaces its 1 when the job sets `weightedFractions`.
+    group's users each); when no operator of the job declares it, every operator counts as a user
+    of both pools. `weight` replaces its 1 when the job sets `weightedFractions`.
     """
 
     id: str = Field(min_length=1)
