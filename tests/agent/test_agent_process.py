@@ -105,3 +105,14 @@ def test_logs_prints_the_workload_output(tmp_path: Path) -> None:
 def test_agent_rejects_a_bad_label() -> None:
     result = CliRunner().invoke(app, ["agent", "--server", "http://x", "--token", "t", "--label", "novalue"])
     assert result.exit_code == 2 and "KEY=VALUE" in result.output
+
+
+def test_agent_with_a_bad_token_exits_with_one_line(tmp_path: Path) -> None:
+    cluster = Cluster(tmp_path)
+    try:
+        args = ["agent", "--server", cluster.url, "--token", "fs_wrong", "--node-name", NODE, "--data", str(tmp_path)]
+        done = subprocess.run([*FINESCHED, *args, "-q"], capture_output=True, text=True, timeout=60)
+    finally:
+        cluster.close()
+    assert done.returncode == 1
+    assert "the server refused this agent: 401" in done.stderr and "Traceback" not in done.stderr

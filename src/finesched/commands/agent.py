@@ -73,7 +73,17 @@ def agent_cmd(
     except ValueError as exc:  # an unreadable state file
         raise _fail(str(exc)) from None
     _stop_on_signals(agent.stopping)
-    agent.run()
+    _run(agent)
+
+
+def _run(agent: object) -> None:
+    """Run the agent; a refused registration (bad token, wrong node) is one line and exit 1."""
+    from finesched.agent.executor import ServerError
+
+    try:
+        agent.run()  # type: ignore[attr-defined]
+    except ServerError as exc:
+        raise _fail(f"the server refused this agent: {exc}") from None
 
 
 def _stop_on_signals(event: object) -> None:
@@ -88,14 +98,14 @@ def _cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "finesched.cli", *args]
 
 
-def _wait_ready(url: str, server: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
+def _wait_ready(url: str, server: subprocess.Popen[bytes], log: Path, timeout: float = 60.0) -> None:
     """Until the server answers at all (401 without a token counts: it is up)."""
     import httpx
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if server.poll() is not None:
-            raise _fail(f"the server exited with code {server.returncode}; see its log")
+            raise _fail(f"the server exited with code {server.returncode}; see {log}")
         try:
             if httpx.get(f"{url}/v1/nodes", timeout=2).status_code < 500:
                 return
@@ -148,7 +158,7 @@ def up_cmd(
     )  # fmt: skip
     agent = None
     try:
-        _wait_ready(url, server)
+        _wait_ready(url, server, data / "server.log")
         admin = _token(db, "--role", "admin")
         write_secret(data / "admin.token", admin)
         agent_token = _token(db, "--role", "agent", "--node", name)
@@ -163,7 +173,7 @@ def up_cmd(
         config = AgentConfig(url, agent_token, data / "agent", name, interval, stop_workloads_on_exit=True)
         agent = Agent(config)
         _stop_on_signals(agent.stopping)
-        agent.run()
+        _run(agent)
     finally:
         server.send_signal(signal.SIGTERM)
         try:
