@@ -284,3 +284,9 @@ def test_cpus_outside_a_confined_agent_are_rejected(ex: Executor) -> None:
     ex.sync([binding("o", ["true"], cpuset=str(CPUS[1]))], node())
     (call,) = ex.server.calls
     assert call[0] == "reject" and f"CPUs {CPUS[1]} are outside the agent's own CPU affinity {CPUS[0]}" in call[2]
+
+
+def test_a_corrupt_state_file_stops_the_agent_with_a_clear_error(tmp_path: Path) -> None:
+    (tmp_path / "agent-state.json").write_text("{not json")
+    with pytest.raises(ValueError, match="agent-state.json is unreadable .*move it away to start afresh"):
+        Executor(tmp_path, RecordingServer(), NO_CGROUP)
