@@ -288,5 +288,5 @@ def test_cpus_outside_a_confined_agent_are_rejected(ex: Executor) -> None:
 
 def test_a_corrupt_state_file_stops_the_agent_with_a_clear_error(tmp_path: Path) -> None:
     (tmp_path / "agent-state.json").write_text("{not json")
-    with pytest.raises(ValueError, match="agent-state.json is unreadable .*move it away to start afresh"):
+    with pytest.raises(ValueError, match=r"agent-state\.json is unreadable .*move it away to start afresh"):
         Executor(tmp_path, RecordingServer(), NO_CGROUP)

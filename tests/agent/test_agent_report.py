@@ -169,3 +169,34 @@ def test_server_down_is_retried_not_fatal(tmp_path: Path) -> None:
     server.down = False
     agent.tick_report()
     assert agent.last_report_error == ""
+
+
+def test_run_survives_a_failing_tick_and_stops_its_workloads_on_exit(tmp_path: Path) -> None:
+    import threading
+
+    server = FakeServer()
+    calls = {"n": 0}
+
+    def flaky() -> Discovery:
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("sysfs hiccup")
+        return gpu_node()
+
+    config = AgentConfig("unused", "t", tmp_path, interval=0.2, watch=0.05, stop_workloads_on_exit=True)
+    agent = Agent(config, server, flaky, CgroupSupport(None, reason="test"))
+    server.items = [{"workload": "t/sleeper", "node": "n1", "cpuset": "", "version": 1, "acked": False,
+                     "workloadSpec": {"command": ["sleep", "30"]}}]  # fmt: skip
+    runner = threading.Thread(target=agent.run)
+    runner.start()
+    try:
+        end = time.monotonic() + 20
+        while len([c for c in server.calls if c[0] == "report"]) < 2 and time.monotonic() < end:
+            time.sleep(0.05)
+    finally:
+        agent.stopping.set()
+        runner.join(timeout=30)
+    assert calls["n"] >= 3  # the failed discovery did not end the loop
+    assert len([c for c in server.calls if c[0] == "report"]) >= 2
+    statuses = [c[2:] for c in server.calls if c[0] == "status"]
+    assert statuses[0] == ("Running", None) and statuses[-1][0] == "Failed"  # stopped on exit (SIGTERM)

@@ -157,10 +157,13 @@ class Agent:
         try:
             while not self.stopping.is_set():
                 now = time.monotonic()
-                if now >= next_report:
-                    self.tick_report()
-                    next_report = now + self.config.interval
-                self.tick_bindings()
+                try:
+                    if now >= next_report:
+                        next_report = now + self.config.interval
+                        self.tick_report()
+                    self.tick_bindings()
+                except Exception:  # a daemon that dies leaves its node silent: log, keep going
+                    log.exception("agent tick failed; retrying")
                 self.stopping.wait(self.config.watch)
         finally:
             if self.config.stop_workloads_on_exit:
