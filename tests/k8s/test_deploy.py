@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -57,3 +58,11 @@ def test_rbac_is_exactly_what_the_extender_calls() -> None:
     pod = deployment["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == account
     assert pod["containers"][0]["args"][:2] == ["k8s-extender", "--in-cluster"]
+
+
+def test_fixture_scheduler_config_uses_the_same_fields_as_ours() -> None:
+    fixture = json.loads((Path(__file__).parent / "fixtures" / "kube-scheduler-config.json").read_text())
+    (theirs,) = fixture["extenders"]
+    (ours,) = docs("kube-scheduler-config.yaml")[0]["extenders"]
+    assert set(theirs) <= EXTENDER_FIELDS and set(theirs) == set(ours)
+    assert {r["name"] for r in theirs["managedResources"]} <= {r["name"] for r in ours["managedResources"]}
