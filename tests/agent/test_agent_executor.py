@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from finesched.agent.binding import AgentBinding, parse_binding
-from finesched.agent.cgroup import CgroupSupport, detect
+from finesched.agent.cgroup import CgroupSupport, detect, make_group
 from finesched.agent.discover import Discovery
 from finesched.agent.executor import MAX_REASON, UNKNOWN_AFTER_RESTART, Executor, ServerError
 from finesched.agent.launch import gpu_env
@@ -199,7 +199,7 @@ def test_restart_reports_a_child_that_ended_while_down(tmp_path: Path) -> None:
     data = tmp_path / "data"
     first = Executor(data, RecordingServer(), NO_CGROUP)
     first.sync([binding("quick", ["true"])], node())
-    wait_for(lambda: Path(first.state.records["team/quick"].exit_file).exists(), "the exit file")
+    wait_for(lambda: first.procs["team/quick"].poll() is not None, "the child to exit")  # first never polls it
     second = Executor(data, RecordingServer(), NO_CGROUP)
     assert second.adopt() == {"team/quick": "Succeeded while the agent was down"}
     second.report()
@@ -290,3 +290,19 @@ def test_a_corrupt_state_file_stops_the_agent_with_a_clear_error(tmp_path: Path)
     (tmp_path / "agent-state.json").write_text("{not json")
     with pytest.raises(ValueError, match=r"agent-state\.json is unreadable .*move it away to start afresh"):
         Executor(tmp_path, RecordingServer(), NO_CGROUP)
+
+
+def test_cgroup_controllers_that_cannot_be_enabled_are_explained(tmp_path: Path) -> None:
+    mount = tmp_path / "cg"
+    (mount / "svc").mkdir(parents=True)
+    (mount / "cgroup.controllers").write_text("cpuset memory\n")
+    (mount / "svc/cgroup.controllers").write_text("cpuset\n")  # memory not delegated here
+    (mount / "svc/cgroup.subtree_control").mkdir()  # a write here fails, as EBUSY would
+    proc = tmp_path / "proc-cgroup"
+    proc.write_text("0::/svc\n")
+    support = detect(mount, proc)
+    assert support.controllers == frozenset()
+    text = support.describe()
+    assert "cpuset and memory not enabled" in text and "svc/cgroup.subtree_control" in text
+    group = make_group(support, "t.w", CPUSet("0"), (0,), 2**20)
+    assert group is not None and group.applied["cpuset.cpus"] == "not set: cpuset controller not enabled"

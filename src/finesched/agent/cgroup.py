@@ -37,7 +37,8 @@ class CgroupSupport:
     def describe(self) -> str:
         if self.base is None:
             return f"unavailable: {self.reason}"
-        return f"{self.base} (controllers: {' '.join(sorted(self.controllers)) or 'none'})"
+        text = f"{self.base} (controllers: {' '.join(sorted(self.controllers)) or 'none'})"
+        return f"{text}; {self.reason}" if self.reason else text
 
 
 def _tokens(path: Path) -> frozenset[str]:
@@ -74,13 +75,26 @@ def detect(
         base.mkdir(exist_ok=True)
     except OSError as exc:
         return CgroupSupport(None, reason=f"cannot create {base}: {exc.strerror or exc}")
-    wanted = " ".join(f"+{c}" for c in WANTED if c in _tokens(base.parent / "cgroup.controllers"))
+    offered = _tokens(base.parent / "cgroup.controllers")
+    wanted = " ".join(f"+{c}" for c in WANTED if c in offered)
+    errors: list[str] = []
     for where in (base.parent, base):
-        # may fail (e.g. EBUSY: the parent holds processes); what is enabled is read back below
-        with contextlib.suppress(OSError):
+        # may fail, e.g. EBUSY when the agent's own cgroup holds processes ("no internal processes")
+        try:
             (where / "cgroup.subtree_control").write_text(wanted)
-    enabled = _tokens(base / "cgroup.subtree_control") & frozenset(WANTED)
-    return CgroupSupport(base, enabled, "" if enabled else "cpuset and memory controllers not delegated")
+        except OSError as exc:
+            errors.append(
+                f"enabling {wanted or 'nothing'} in {where / 'cgroup.subtree_control'}: {exc.strerror or exc}"
+            )
+    # a workload group gets what both levels pass down
+    enabled = _tokens(base / "cgroup.subtree_control") & _tokens(base.parent / "cgroup.subtree_control")
+    enabled &= frozenset(WANTED)
+    missing = [c for c in WANTED if c not in enabled]
+    reason = ""
+    if missing:
+        why = "; ".join(errors) or f"{base.parent} offers only: {' '.join(sorted(offered)) or 'none'}"
+        reason = f"{' and '.join(missing)} not enabled ({why}); run the agent in a delegated cgroup"
+    return CgroupSupport(base, enabled, reason)
 
 
 @dataclass
