@@ -200,3 +200,4 @@ def test_run_survives_a_failing_tick_and_stops_its_workloads_on_exit(tmp_path: P
     assert len([c for c in server.calls if c[0] == "report"]) >= 2
     statuses = [c[2:] for c in server.calls if c[0] == "status"]
     assert statuses[0] == ("Running", None) and statuses[-1][0] == "Failed"  # stopped on exit (SIGTERM)
+    assert agent.executor.state.records["t/sleeper"].reason.startswith("stopped by the agent on its exit")

@@ -261,6 +261,11 @@ class Executor:
 
     def stop_all(self) -> None:
         """Stop every running process (used by `finesched up` on exit, not by a plain agent restart)."""
-        for rec in self._running():
+        stopped = self._running()
+        for rec in stopped:
             stop(rec.pid, rec.start_time, self.stop_grace)
         self.poll()
+        for rec in stopped:
+            if rec.phase != "Running":
+                rec.reason = f"stopped by the agent on its exit ({rec.reason})"
+        self.state.save()
