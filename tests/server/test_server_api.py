@@ -144,7 +144,8 @@ def test_tenants_usage_and_quota(api: Api) -> None:
     api.wait_phase("team-a/a", ("Bound",))
     usage = api.admin.get("/v1/tenants/team-a/usage").json()
     assert usage["usage"]["cpu"] == 2000 and usage["dominantShare"] == 0.25 and usage["weightedShare"] == 0.125
-    assert usage["pending"]["workloads"] == 1  # b waits for quota
+    assert usage["pending"]["workloads"] == 1  # b waits for quota, and says so
+    wait_until(lambda: "quota" in api.admin.get("/v1/workloads/team-a/b").json()["status"]["reason"], what="reason")
     patched = api.admin.patch("/v1/tenants/team-a", json={"quota": {"cpu": "4"}})
     assert patched.status_code == 200 and patched.json()["spec"]["quota"] == {"cpu": "4"}
     api.wait_phase("team-a/b", ("Bound",))

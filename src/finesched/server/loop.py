@@ -466,18 +466,26 @@ class SchedulerLoop:
                 log.warning("node %s not ready: requeued %d workloads", name, len(keys))
 
     def _explain_waiting(self) -> None:
-        """Write why queued workloads wait (no fit, quota, incomplete gang) when that changed."""
+        """Write why queued workloads wait (no node fits, quota, incomplete gang) when that changed."""
         with self.lock:
             scheduler = self.scheduler
             if scheduler is None or not self.queued or len(self.queued) > MAX_EXPLAINED:
                 return
-            # limit=0 decides nothing: it only reports what waits, and why.
-            waiting = scheduler.run(0, report_waiting=True, flush_backoff=False)
-            changed = {}
-            for error in waiting:
-                key = error.workload
-                if isinstance(error, FitError) and key in self.queued and self._explained.get(key) != error.message:
-                    changed[key] = error.message
+            queue, changed = scheduler.queue, {}
+            for unit, why in queue.waiting():
+                reason = ""
+                if why == "unschedulable" and unit.last_error is not None:
+                    reason = unit.last_error.message
+                elif why == "quota" and queue.quotas.limited(unit.tenant):
+                    problem = queue.quota_problem(unit.tenant, unit.demand)
+                    reason = "" if problem == f"tenant {unit.tenant} is within its quota" else f"waiting: {problem}"
+                elif why == "gang":
+                    gang = unit.workloads[0].gang
+                    reason = f"waiting: gang has {len(unit.workloads)}/{gang.min_member if gang else '?'} members"
+                for workload in unit.workloads:  # units merely not decided yet have no reason
+                    key = workload.key
+                    if reason and key in self.queued and self._explained.get(key) != reason:
+                        changed[key] = reason
             self._explained = {k: v for k, v in self._explained.items() if k in self.queued}
             self._explained.update(changed)
         if changed:
