@@ -91,6 +91,17 @@ def test_kubeconfig_mode_lists_the_cluster_and_binds_through_the_api(tmp_path: P
         assert "scheduling.koordinator.sh/device-allocated" in pod["metadata"]["annotations"]
 
 
+def test_a_missing_kubeconfig_is_one_clear_line(tmp_path: Path) -> None:
+    missing = tmp_path / "nope"
+    result = subprocess.run(
+        [sys.executable, "-m", "finesched.cli", "k8s-extender", "--kubeconfig", str(missing)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 1 and f"--kubeconfig {missing}: no such file" in result.stderr
+
+
 def test_sources_are_exclusive(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "finesched.cli", "k8s-extender", "--in-cluster", "--cluster", "x.yaml"],

@@ -45,6 +45,8 @@ def k8s_extender(
         raise fail("give at most one of --kubeconfig, --in-cluster and --cluster", code=2)
     if log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise fail(f"--log-level must be debug, info, warning or error, got {log_level!r}", code=2)
+    if kubeconfig is not None and not kubeconfig.is_file():
+        raise fail(f"--kubeconfig {kubeconfig}: no such file")
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if cluster:
         extender = build_extender(load_or_exit(cluster).nodes, profile=profile)
