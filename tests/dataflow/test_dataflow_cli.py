@@ -50,6 +50,18 @@ def test_plan_options_override_the_manifest() -> None:
     assert len(doc["regions"]) == 2 and doc["slots_needed"] == 4 + 2  # the seed's sum over components
 
 
+def test_plan_trim_partial_pipelines() -> None:
+    args = ["job", "plan", str(JOBS / "streaming-etl.yaml"), "-o", "json", "--trim-partial-pipelines"]
+    doc = json.loads(runner.invoke(app, args).stdout)
+    assert doc["trim_partial_pipelines"] is True
+    # slots 2 and 3 hold only orders-source and enrich (parallelism 4): 0.5 + 0.5 + 1 cpu
+    assert [s["request"]["cpu"] for s in doc["slots"]] == [4000, 4000, 2000, 2000]
+    assert doc["slots"][3]["tasks"] == ["orders-source", "enrich"]
+    assert doc["slots"][3]["quotas"] == {"read-orders": 0, "parse-orders": 0, "lookup-customer": 512 * 2**20}
+    table = runner.invoke(app, [*args[:-3], "--trim-partial-pipelines"])
+    assert table.exit_code == 0 and "Partial pipelines" in table.stdout
+
+
 def test_plan_with_a_cluster_places_the_gang() -> None:
     args = ["job", "plan", str(JOBS / "gpu-inference.yaml"), "--cluster", CLUSTER, "-o", "json"]
     result = runner.invoke(app, args)

@@ -91,3 +91,51 @@ def test_the_scheduler_copies_the_quotas_annotation_and_nothing_else_onto_bindin
     assert state.bindings["default/w"].annotations == {QUOTAS_ANNOTATION: '{"op":1}'}
     plain = Scheduler(state).schedule_one(make_workload("v").req(cpu="1").obj())
     assert plain.annotations == {}
+
+
+def _uneven(**spec: object):  # a (p=4: 1 cpu, 100Mi managed) -> b (p=2: 2 cpu, 300Mi managed), one group
+    tasks = [
+        task("a", op("x", cpu="1", managedOffHeap="100Mi"), p=4),
+        task("b", op("y", cpu="2", managedOffHeap="300Mi"), p=2),
+    ]
+    return make_job(tasks, [edge("a", "b")], network={"bufferSize": 0}, **spec)
+
+
+@pytest.mark.parametrize(
+    ("trim", "want_requests", "want_quotas"),
+    [
+        # whole pipelines (default): all 4 slots ask for a + b: 3 cpu, 400Mi; quotas 100/400 and 300/400 of 400Mi
+        pytest.param(
+            False,
+            [{"cpu": 3000, "memory": 400 * MiB}] * 4,
+            [{"x": 100 * MiB, "y": 300 * MiB}] * 4,
+            id="whole-pipelines",
+        ),
+        # trimmed: slots 2 and 3 hold only a subtask of a: 1 cpu, 100Mi; x's fraction there is 100/100 of 100Mi
+        pytest.param(
+            True,
+            [{"cpu": 3000, "memory": 400 * MiB}] * 2 + [{"cpu": 1000, "memory": 100 * MiB}] * 2,
+            [{"x": 100 * MiB, "y": 300 * MiB}] * 2 + [{"x": 100 * MiB}] * 2,
+            id="trimmed",
+        ),
+    ],
+)
+def test_partial_pipelines(trim: bool, want_requests: list[dict[str, int]], want_quotas: list[dict[str, int]]) -> None:
+    job = _uneven(trimPartialPipelines=trim)
+    c = compile_job(job)
+    assert c.slots_needed == 4 and c.slot_requests["region-0"]["cpu"] == 3000  # the group's (largest) slot either way
+    workloads = gang_workloads(job, c)
+    assert [dict(w.requests) for w in workloads] == want_requests
+    assert [json.loads(w.annotations[QUOTAS_ANNOTATION]) for w in workloads] == want_quotas
+    assert c.slot_tasks("region-0", 3) == ["a"]
+    # the compile option overrides the manifest
+    assert compile_job(job, trim_partial_pipelines=not trim).trim_partial_pipelines is (not trim)
+
+
+def test_trimming_leaves_unknown_specs_on_the_default_slot_but_shares_it_among_present_users() -> None:
+    tasks = [task("a", uses("x", off=True), p=2), task("b", uses("y", off=True), p=1)]
+    job = make_job(tasks, [edge("a", "b")], trimPartialPipelines=True)
+    c = compile_job(job)
+    assert c.slot_profile("region-0", 1) == c.profiles["region-0"]  # the default slot
+    # slot 0 holds x and y: 256Mi each of 512Mi; slot 1 holds x alone: all 512Mi
+    assert [c.slot_quotas("region-0", i) for i in (0, 1)] == [{"x": 256 * MiB, "y": 256 * MiB}, {"x": 512 * MiB}]

@@ -73,6 +73,13 @@ SourcesOption = Annotated[
         help="All sources in one pipelined region (default: streaming yes, batch no, or the manifest's).",
     ),
 ]
+TrimOption = Annotated[
+    bool | None,
+    typer.Option(
+        "--trim-partial-pipelines/--whole-pipelines",
+        help="Known specs: a slot holding fewer tasks than its group asks for those only (default: the manifest's).",
+    ),
+]
 WeightsOption = Annotated[
     bool | None,
     typer.Option("--weighted-fractions/--equal-fractions", help="Unknown specs: operator weights instead of 1/n."),
@@ -89,11 +96,13 @@ def plan_cmd(
     profile: Annotated[str, typer.Option("--profile", "-p", help="Scheduler profile, with --cluster.")] = "default",
     sources: SourcesOption = None,
     weighted: WeightsOption = None,
+    trim: TrimOption = None,
 ) -> None:
     """Compile JOB and show regions, groups, slot profiles, slot counts, fractions (and placement)."""
     if output not in OUTPUTS:
         raise _exit_with(f"--output must be one of {', '.join(OUTPUTS)}, got {output!r}", 2)
-    job, compiled = _load_job(file, all_sources_in_same_region=sources, weighted_fractions=weighted)
+    options = {"all_sources_in_same_region": sources, "weighted_fractions": weighted, "trim_partial_pipelines": trim}
+    job, compiled = _load_job(file, **options)
     placement = _place(job, compiled, cluster, profile) if cluster else None
     if output == "json":
         record = compiled_record(compiled)
@@ -175,7 +184,24 @@ def _tables(compiled: CompiledJob) -> list[Table]:
         for op in task.operators:
             on, off = compiled.fractions[op.id]
             fractions.add_row(op.id, task.id, group, f"{on:.6g}", f"{off:.6g}", _bytes(quotas[op.id]))
-    return [regions, groups, fractions]
+    tables = [regions, groups, fractions]
+    partial = [
+        (group, index)
+        for group, count in compiled.group_slots.items()
+        for index in range(count)
+        if len(compiled.slot_tasks(group, index)) < len(compiled.groups[group])
+    ]
+    if compiled.trim_partial_pipelines and compiled.specified and partial:
+        slots = Table(title="Partial pipelines: slots that hold fewer tasks than their group ask for those only")
+        for column in ("group", "slot", "tasks", "cpu", "memory", "quotas"):
+            slots.add_column(column, overflow="fold")
+        for group, index in partial:
+            p = compiled.slot_profile(group, index)
+            quotas = ", ".join(f"{op}={_bytes(v)}" for op, v in compiled.slot_quotas(group, index).items() if v)
+            row = (group, str(index), ", ".join(compiled.slot_tasks(group, index)), format_quantity(p.cpu, "cpu"))
+            slots.add_row(*row, _bytes(p.memory), quotas)
+        tables.append(slots)
+    return tables
 
 
 def _placement_table(placement: dict[str, Any]) -> Table:

@@ -49,6 +49,9 @@ class CompiledJob:
     graph: JobGraph
     all_sources_in_same_region: bool
     weighted_fractions: bool
+    #: Slots of a group holding fewer tasks than it (a task's parallelism is below the group's) ask
+    #: for those tasks only, with fractions over their operators (`slot_profile`, `slot_quotas`).
+    trim_partial_pipelines: bool
     #: True when every operator declares resources, False when none does (S2.1).
     specified: bool
     regions: list[frozenset[str]]
@@ -70,6 +73,7 @@ class CompiledJob:
     group_of_task: dict[str, str] = field(repr=False)
     group_of_operator: dict[str, str] = field(repr=False)
     operators_by_group: dict[str, tuple[str, ...]] = field(repr=False)
+    tasks_by_group: dict[str, tuple[str, ...]] = field(repr=False)
 
     @property
     def slot_requests(self) -> dict[str, dict[str, int]]:
@@ -105,6 +109,32 @@ class CompiledJob:
         profile = self.profiles[group]
         return self._quotas_in(group, (profile.managed_on_heap, profile.managed_off_heap))
 
+    def slot_tasks(self, group: str, index: int) -> list[str]:
+        """The tasks slot `index` of `group` holds: one subtask of each task with parallelism > index."""
+        return [t for t in self.tasks_by_group[group] if self.graph.task(t).parallelism > index]
+
+    def slot_profile(self, group: str, index: int) -> ResourceSpec:
+        """What slot `index` of `group` requests: the group's profile, or with `trim_partial_pipelines`
+        and known specs only its own tasks' specs and network memory (the seed's parallel pipeline)."""
+        tasks = self.slot_tasks(group, index)
+        if not (self.trim_partial_pipelines and self.specified) or len(tasks) == len(self.groups[group]):
+            return self.profiles[group]
+        specs = [spec for spec in (self.graph.task(t).spec for t in tasks) if spec is not None]
+        return sum_specs(specs) + ResourceSpec(network=sum(self.network[t] for t in tasks))
+
+    def slot_quotas(self, group: str, index: int) -> dict[str, int]:
+        """Operator -> quota in slot `index` of `group`: `group_quotas`, or with `trim_partial_pipelines`
+        the fractions recomputed over the operators that slot holds, from its own profile's pools."""
+        tasks = self.slot_tasks(group, index)
+        if not self.trim_partial_pipelines or len(tasks) == len(self.groups[group]):
+            return self.group_quotas(group)
+        ops = [op for t in tasks for op in self.graph.task(t).operators]
+        fractions = group_fractions(ops, self.weighted_fractions)
+        profile = self.slot_profile(group, index)
+        on = pool_quotas({op.id: fractions[op.id][0] for op in ops}, profile.managed_on_heap)
+        off = pool_quotas({op.id: fractions[op.id][1] for op in ops}, profile.managed_off_heap)
+        return {op.id: on[op.id] + off[op.id] for op in ops}
+
     def operators_of(self, group: str) -> list[str]:
         """The operator ids of `group`, in manifest order."""
         return list(self.operators_by_group[group])
@@ -134,6 +164,7 @@ def compile_job(
     *,
     all_sources_in_same_region: bool | None = None,
     weighted_fractions: bool | None = None,
+    trim_partial_pipelines: bool | None = None,
     default_slot: SlotProfile | Mapping[str, Any] | None = None,
     network: NetworkConfig | None = None,
 ) -> CompiledJob:
@@ -186,6 +217,7 @@ def compile_job(
         graph=graph,
         all_sources_in_same_region=bool(same_region),
         weighted_fractions=bool(weighted),
+        trim_partial_pipelines=_first_set(trim_partial_pipelines, job.trim_partial_pipelines),
         specified=specified,
         regions=regions,
         groups={name: frozenset(members) for name, members in groups.items()},
@@ -200,6 +232,7 @@ def compile_job(
         group_of_task=group_of_task,
         group_of_operator=group_of_operator,
         operators_by_group=operators_by_group,
+        tasks_by_group={name: tuple(members) for name, members in groups.items()},
     )
 
 

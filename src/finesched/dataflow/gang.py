@@ -1,7 +1,8 @@
 """A compiled job as a gang of slot workloads, placed all-or-nothing by the scheduler core (S2.3).
 
 Every slot sharing group needs as many slots as its largest parallelism; each slot becomes one
-workload that requests the group's slot profile in finesched resources:
+workload that requests the group's slot profile (or, with `trimPartialPipelines`, its own tasks'
+profile) in finesched resources:
 
     cpu    = the profile's cpu (millicores)
     memory = task heap + task off-heap + managed on-heap + managed off-heap + network (bytes)
@@ -56,9 +57,9 @@ def gang_workloads(job: Job, compiled: CompiledJob) -> list[Workload]:
     total = compiled.slots_needed
     out: list[Workload] = []
     for group, slots in compiled.group_slots.items():
-        requests = slot_requests(compiled.profiles[group])
-        quotas = json.dumps(compiled.group_quotas(group), separators=(",", ":"))  # operators in manifest order
         for index in range(slots):
+            requests = slot_requests(compiled.slot_profile(group, index))
+            quotas = json.dumps(compiled.slot_quotas(group, index), separators=(",", ":"))  # manifest order
             labels = {**job.labels, JOB_LABEL: job.name, GROUP_LABEL: group, SLOT_LABEL: str(index)}
             out.append(
                 Workload(

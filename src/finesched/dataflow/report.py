@@ -45,6 +45,18 @@ def compiled_record(compiled: CompiledJob) -> dict[str, Any]:
         "component_slots": compiled.component_slots,
         "network": dict(compiled.network),
         "fractions": {op: list(pair) for op, pair in compiled.fractions.items()},
+        "trim_partial_pipelines": compiled.trim_partial_pipelines,
+        "slots": [
+            {
+                "group": group,
+                "index": index,
+                "tasks": compiled.slot_tasks(group, index),
+                "request": compiled.slot_profile(group, index).as_dict(),
+                "quotas": compiled.slot_quotas(group, index),
+            }
+            for group, count in compiled.group_slots.items()
+            for index in range(count)
+        ],
         "warnings": list(compiled.warnings),
         "quotas": {op: q for group in compiled.groups for op, q in compiled.group_quotas(group).items()},
     }

@@ -111,7 +111,8 @@ class Edge(Model):
 
 class Job(Model):
     """A dataflow job. `all_sources_in_same_region` unset means true for streaming, false for batch (S2.2);
-    `weighted_fractions` unset means true when any operator declares a weight."""
+    `weighted_fractions` unset means true when any operator declares a weight;
+    `trim_partial_pipelines` asks for a slot holding fewer tasks than its group to request only them."""
 
     name: str = Field(min_length=1)
     namespace: str = Field(default="default", min_length=1)
@@ -119,6 +120,7 @@ class Job(Model):
     mode: Literal["streaming", "batch"] = "streaming"
     all_sources_in_same_region: bool | None = None
     weighted_fractions: bool | None = None
+    trim_partial_pipelines: bool = False
     default_slot: SlotProfile = Field(default_factory=SlotProfile)
     network: NetworkMemory = Field(default_factory=NetworkMemory)
     tasks: tuple[Task, ...]
