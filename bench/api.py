@@ -25,8 +25,8 @@ was sent. Rates are bound workloads over the time from the first POST to the las
 (/proc) into the scheduling core (Scheduler.run), the store (SQLAlchemy + driver + SQLite itself;
 binding writes, submission writes, change feed) and the rest (HTTP, FastAPI, manifest validation,
 responses, the SSE watch); on PostgreSQL the CPU time of this database's server backends is shown
-beside it. --gpus adds a `batched-gpu` phase on a cluster whose GPU nodes carry 8 GPUs, with 40 %
-of the workloads asking for a GPU share.
+beside it. --clusters scalar,gpu adds a `batched-gpu` phase on a cluster whose GPU nodes carry
+8 GPUs, with 40 % of the workloads asking for a GPU share.
 """
 
 from __future__ import annotations
@@ -61,6 +61,7 @@ from synthetic import scalar_workloads, synthetic_nodes
 
 TICKS = os.sysconf("SC_CLK_TCK")
 WAIT_BOUND_S = 180.0  # the longest a phase waits for its workloads to be bound
+QUIET_S = 15.0  # a watch silent this long while workloads are missing: look them up instead
 GPU_SHAPES = (
     {"koordinator.sh/gpu-core": 25, "koordinator.sh/gpu-memory-ratio": 25},
     {"koordinator.sh/gpu-core": 50, "koordinator.sh/gpu-memory-ratio": 50},
@@ -177,12 +178,12 @@ def parse_metrics(text: str) -> dict[str, float]:
     return out
 
 
-def pg_backend_cpu(url: str) -> float:
-    """CPU seconds of the PostgreSQL backends connected to this database (0 when not readable)."""
+def pg_backend_cpu(url: str) -> dict[int, float]:
+    """CPU seconds of each PostgreSQL backend connected to this database, by pid (empty when not readable)."""
     import psycopg
 
     dsn = url.replace("postgresql+psycopg://", "postgresql://")
-    total = 0.0
+    out: dict[int, float] = {}
     with psycopg.connect(dsn, autocommit=True) as conn:
         name = dsn.rsplit("/", 1)[1]
         pids = [r[0] for r in conn.execute("SELECT pid FROM pg_stat_activity WHERE datname = %s", (name,))]
@@ -193,10 +194,15 @@ def pg_backend_cpu(url: str) -> float:
         try:
             with open(f"/proc/{pid}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / TICKS
         except OSError:  # another host, or the backend ended
-            return 0.0
-    return total
+            continue
+        out[pid] = (int(fields[11]) + int(fields[12])) / TICKS
+    return out
+
+
+def pg_delta(before: dict[int, float], after: dict[int, float]) -> float:
+    """CPU the backends used in between (those that exited meanwhile are not counted: a lower bound)."""
+    return sum(cpu - before.get(pid, 0.0) for pid, cpu in after.items())
 
 
 # Following Bound events ------------------------------------------------------------------------------
@@ -245,19 +251,34 @@ class Watcher:
                 self.other[event["object"]] = reason
             self.cond.notify_all()
 
-    def wait(self, keys: list[str], timeout: float = WAIT_BOUND_S) -> dict[str, float]:
-        """Bound times of `keys` once all are bound or ended otherwise; the bound ones only."""
+    def wait(self, keys: list[str], timeout: float = WAIT_BOUND_S) -> tuple[dict[str, float], int]:
+        """Bound times of `keys` once all are bound or ended otherwise, and how many of them the watch
+        did not deliver: when it stays silent for QUIET_S, each missing workload's Bound event is
+        looked up in GET /v1/events?object=... instead."""
         deadline = time.monotonic() + timeout
         with self.cond:
+            seen, quiet_since = -1, time.monotonic()
             while True:
                 missing = [k for k in keys if k not in self.bound and k not in self.other]
-                if not missing:
-                    break
-                if self.error is not None or time.monotonic() > deadline:
-                    print(f"  ! {len(missing)} not seen bound (e.g. {missing[0]}); watch error: {self.error!r}")
+                if len(missing) != seen:
+                    seen, quiet_since = len(missing), time.monotonic()
+                now_ = time.monotonic()
+                if not missing or self.error is not None or now_ > deadline or now_ - quiet_since > QUIET_S:
                     break
                 self.cond.wait(0.5)
-            return {k: self.bound[k] for k in keys if k in self.bound}
+            found = {k: self.bound[k] for k in keys if k in self.bound}
+        recovered = 0
+        for key in missing:
+            events = self.client.get("/v1/events", params={"kind": "Workload", "object": key}).json()["items"]
+            times = [datetime.fromisoformat(e["time"]).timestamp() for e in events if e["reason"] == "Bound"]
+            if times:
+                found[key] = times[0]
+                recovered += 1
+        if len(missing) > recovered:
+            print(
+                f"  ! {len(missing) - recovered} workloads not bound (e.g. {missing[0]}); watch error: {self.error!r}"
+            )
+        return found, recovered
 
     def stop(self) -> None:
         self.client.close()
@@ -293,6 +314,7 @@ class Phase:
     post_latencies: list[float] = field(default_factory=list)  # POST round trips, seconds
     errors: int = 0
     late_sends: int = 0
+    watch_missed: int = 0  # Bound events the SSE watch never delivered (found with GET /v1/events)
     client_cpu_s: float = 0.0
     breakdown: dict[str, float] = field(default_factory=dict)
 
@@ -311,6 +333,7 @@ class Phase:
             "max_ms": float(lat.max()),
             "post_p99_ms": float(np.percentile(post, 99)),
             "late_sends": self.late_sends,
+            "watch_missed": self.watch_missed,
             "client_cpu_s": self.client_cpu_s,
             **self.breakdown,
         }
@@ -441,7 +464,7 @@ def run_open(server: Server, watcher: Watcher, name: str, docs: list[dict[str, A
 
 
 def _finish(phase: Phase, watcher: Watcher, sent_at: dict[str, float], start: float, cpu0: float) -> Phase:
-    bound = watcher.wait(list(sent_at))
+    bound, phase.watch_missed = watcher.wait(list(sent_at))
     phase.client_cpu_s = time.process_time() - cpu0
     phase.bound = len(bound)
     if bound:
@@ -455,10 +478,10 @@ def measure(server: Server, url: str, breakdown: bool, run: Any) -> Phase:
     if not breakdown:
         return run()  # type: ignore[no-any-return]
     is_pg = url.startswith("postgresql")
-    m0, cpu0, pg0 = server.metrics(), server.cpu_seconds(), pg_backend_cpu(url) if is_pg else 0.0
+    m0, cpu0, pg0 = server.metrics(), server.cpu_seconds(), pg_backend_cpu(url) if is_pg else {}
     phase: Phase = run()
     time.sleep(0.3)  # the last batch's metrics
-    m1, cpu1, pg1 = server.metrics(), server.cpu_seconds(), pg_backend_cpu(url) if is_pg else 0.0
+    m1, cpu1, pg1 = server.metrics(), server.cpu_seconds(), pg_backend_cpu(url) if is_pg else {}
 
     def delta(name: str) -> float:
         return m1.get(name, 0.0) - m0.get(name, 0.0)
@@ -476,7 +499,7 @@ def measure(server: Server, url: str, breakdown: bool, run: Any) -> Phase:
         "rest_s": max(0.0, cpu - core - store),
         "batches": delta("finesched_batch_seconds_count"),
         "batch_wall_s": delta("finesched_batch_seconds_sum"),
-        "pg_backend_cpu_s": pg1 - pg0,
+        "pg_backend_cpu_s": pg_delta(pg0, pg1),
     }
     return phase
 
@@ -575,12 +598,12 @@ def format_row(r: dict[str, Any]) -> str:
 def print_tables(rows: list[dict[str, Any]], breakdown: bool) -> None:
     print()
     print("| backend | phase | workloads | bound | submitted/s | bound/s end to end | submit→bound p50 ms "
-          "| p99 ms | max ms | POST p99 ms | errors | late sends |")  # fmt: skip
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "| p99 ms | max ms | POST p99 ms | errors | late sends | missed by watch |")  # fmt: skip
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(f"| {r['backend']} | {r['phase']} | {r['workloads']:,} | {r['bound']:,} | {r['submitted_per_s']:,.0f} "
               f"| {r['bound_per_s']:,.0f} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {r['max_ms']:.1f} "
-              f"| {r['post_p99_ms']:.1f} | {r['errors']} | {r['late_sends']} |")  # fmt: skip
+              f"| {r['post_p99_ms']:.1f} | {r['errors']} | {r['late_sends']} | {r['watch_missed']} |")  # fmt: skip
     if not breakdown:
         return
     print()
@@ -613,7 +636,8 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=50, help="concurrent clients in the single phase")
     parser.add_argument("--rate", type=float, default=100.0, help="latency phase: offered workloads/s")
     parser.add_argument("--seconds", type=float, default=10.0, help="latency phase: duration")
-    parser.add_argument("--gpus", action="store_true", help="also a batched phase on a cluster with GPUs")
+    parser.add_argument("--clusters", default="scalar",
+                        help="scalar (CPU/memory nodes; every phase), gpu (with GPUs; batched)")  # fmt: skip
     parser.add_argument("--breakdown", action="store_true", help="split server CPU time: core / store / rest")
     parser.add_argument("--lease-ttl", type=float, default=60.0,
                         help="the server's scheduler lease TTL (s); rebuilding 10,000 nodes can outlast the default "
@@ -630,6 +654,9 @@ def main() -> None:
     for b in backends:
         if b not in ("sqlite", "postgres"):
             parser.error(f"--db-backends: unknown backend {b!r} (sqlite, postgres)")
+    clusters = [c.strip() for c in args.clusters.split(",") if c.strip()]
+    if not clusters or any(c not in ("scalar", "gpu") for c in clusters):
+        parser.error(f"--clusters: {args.clusters!r}; use scalar, gpu or both")
     if "postgres" in backends and not args.pg_url:
         parser.error("--pg-url (or FINESCHED_TEST_PG_URL) is needed for the postgres backend")
     print(f"{platform.python_implementation()} {platform.python_version()}, {os.cpu_count()} CPUs, "
@@ -637,9 +664,8 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="finesched-bench-") as tmp:
         for backend in backends:
-            rows += run_backend(backend, args, tmp, gpus=False)
-            if args.gpus:
-                rows += run_backend(backend, args, tmp, gpus=True)
+            for cluster in clusters:
+                rows += run_backend(backend, args, tmp, gpus=cluster == "gpu")
     print_tables(rows, args.breakdown)
     if args.json:
         with open(args.json, "w") as f:
