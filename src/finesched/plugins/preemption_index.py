@@ -20,7 +20,7 @@ import numpy as np
 import numpy.typing as npt
 
 from finesched.model.binding import Binding
-from finesched.model.device_allocated import binding_devices
+from finesched.model.device_allocated import DEVICE_ALLOCATED, binding_devices
 from finesched.model.node import Node, device_totals
 from finesched.model.resources import device_dimension
 from finesched.sched.tenant_usage import binding_amounts
@@ -163,21 +163,32 @@ class PreemptionIndex:
         if key in self.bound:  # a replayed binding is counted once
             self.forget(self.bound[key].node, self.bound[key].binding)
         self._seq += 1
-        grants = tuple(
-            (kind, g.minor, tuple((device_dimension(n), a) for n, a in g.resources.items()))
-            for kind, given in binding_devices(binding).items()
-            for g in given
-        )
-        bound = Bound(binding, index, self._seq, binding_amounts(binding), grants)
-        text = binding.annotations.get(ANNOTATION_PREEMPTION)
-        if text:
-            _read_annotation(bound, text)
+        annotations = binding.annotations
+        if binding.devices or DEVICE_ALLOCATED in annotations:
+            grants = tuple(
+                (kind, g.minor, tuple((device_dimension(n), a) for n, a in g.resources.items()))
+                for kind, given in binding_devices(binding).items()
+                for g in given
+            )
+            bound = Bound(binding, index, self._seq, binding_amounts(binding), grants)
+        else:  # scalar only: the requests are all it holds (an immutable vector: no copy)
+            bound = Bound(binding, index, self._seq, binding.requests)
+        if annotations:
+            text = annotations.get(ANNOTATION_PREEMPTION)
+            if text:
+                _read_annotation(bound, text)
         self.bound[key] = bound
         self.on_node[index][key] = bound
-        columns = self.held.setdefault(binding.priority, {})
+        columns = self.held.get(binding.priority)
+        if columns is None:
+            columns = self.held[binding.priority] = {}
         for name, amount in bound.amounts.items():
-            self._column(columns, name)[index] += amount
-        self._hold_devices(bound, +1)
+            array = columns.get(name)
+            if array is None:
+                array = self._column(columns, name)
+            array[index] += amount
+        if bound.grants:
+            self._hold_devices(bound, +1)
         if bound.gang:
             self.gangs.setdefault(bound.gang, set()).add(key)
         if bound.budget is not None:
