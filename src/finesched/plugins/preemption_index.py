@@ -319,11 +319,18 @@ class PreemptionIndex:
         return [self.bound[k] for k in sorted(self.gangs.get(bound.gang, ())) if k in self.bound]
 
     def budget_groups(self) -> list[tuple[Budget, set[str]]]:
-        """Every declared budget with the keys of the bound workloads it covers (empty when none)."""
+        """Every distinct declared budget with the keys of the bound workloads it covers."""
         if not self.budgets:
             return []
-        groups = []
+        groups, seen = [], set()
         for budget in self.budgets.values():
+            # Members of a gang (or of a label group) usually all declare the same budget: one group.
+            same = (budget.namespace, budget.selector, budget.min_available) + (
+                () if budget.selector else (budget.gang or budget.owner,)
+            )
+            if same in seen:
+                continue
+            seen.add(same)
             groups.append((budget, {b.key for b in self._candidates(budget) if budget.covers(b)}))
         return groups
 
