@@ -52,6 +52,20 @@ class PreemptionMachine(RuleBasedStateMachine):
         self.s.submit([w.obj()])
         self.run_and_check()
 
+    @rule(tenant=st.sampled_from(TENANTS), priority=st.integers(0, 3), cpu=st.integers(1, 3))
+    def submit_gang_and_run(self, tenant: str, priority: int, cpu: int) -> None:
+        # Two members, all or nothing: a gang that cannot place both evicts nothing.
+        self.count += 1
+        gang = {"gang": {"name": f"g{self.count}", "minMember": 2}}
+        members = [
+            make_workload(f"g{self.count}-{i}").req(cpu=str(cpu)).tenant(tenant).priority(priority).set(**gang).obj()
+            for i in range(2)
+        ]
+        self.s.submit(members)
+        self.run_and_check()
+        bound = [m.key in self.s.state.bindings for m in members]
+        assert all(bound) or not any(bound)
+
     @rule(pick=st.integers(0, 1000))
     def release_and_run(self, pick: int) -> None:
         bound = sorted(self.s.state.bindings)
