@@ -159,3 +159,29 @@ def test_manifest_tree_loads() -> None:
     tree = QuotaTree(tenants)  # type: ignore[arg-type]
     assert tree.min["org"] == {"gpu-core": 400, "gpu-memory-ratio": 400}
     assert tree.ancestors("team") == ["team", "org"] and tree.subtree("org") == ["org", "team"]
+
+
+def test_reclaim_under_a_parents_min() -> None:
+    # prod (min 4 CPUs) has children web and api without a min of their own; batch has none.
+    # batch borrows all 8 CPUs; web's 2 CPUs reclaim under prod's min (prod's subtree holds 0 + 2
+    # <= 4): batch's two newest go. api then takes prod to 4 = min; a fifth prod CPU would go
+    # above it: no reclaim, it waits.
+    tenants = [
+        tenant("prod", min={"cpu": "4"}),
+        tenant("web", parent="prod"),
+        tenant("api", parent="prod"),
+        tenant("batch"),
+    ]
+    s = Scheduler(one_node(), tenants=tenants)
+    s.submit(jobs("batch", 8))
+    s.run()
+    s.submit(jobs("web", 2))
+    s.run()
+    assert sorted(k for p in s.take_preemptions() for k in p.victim_keys) == ["default/batch6", "default/batch7"]
+    s.submit(jobs("api", 2))
+    s.run()
+    assert (held(s, "web"), held(s, "api"), held(s, "batch")) == (2000, 2000, 4000)
+    s.take_preemptions()
+    s.submit(jobs("api", 1, first=2))
+    (result,) = s.run()
+    assert not isinstance(result, Binding) and not s.take_preemptions()

@@ -368,18 +368,19 @@ def _eligible(members: list[Bound], priority: int, rule: ReclaimRule | None) -> 
 
 
 def _reclaim_keeps_min(victims: list[Unit], priority: int, rule: ReclaimRule | None) -> bool:
-    """Whether the equal-priority (reclaim) victims, all together, leave every tenant at its min."""
+    """Whether the equal-priority (reclaim) victims, all together, leave every guarantee at its min."""
     if rule is None:
         return True
-    by_tenant: dict[str, dict[str, int]] = {}
+    by_group: dict[str, tuple[str, dict[str, int]]] = {}
     for unit in victims:
         for m in unit.members:
             if m.priority < priority:
                 continue
-            amounts = by_tenant.setdefault(m.binding.tenant, {})
+            tenant = m.binding.tenant
+            _, amounts = by_group.setdefault(rule.group(tenant), (tenant, {}))
             for name, amount in m.amounts.items():
                 amounts[name] = amounts.get(name, 0) + amount
-    return all(rule.victim_ok(t, a) for t, a in by_tenant.items())
+    return all(rule.victim_ok(t, a) for t, a in by_group.values())
 
 
 def _reprieve_order(units: list[Unit], groups: list[tuple[Any, set[str]]]) -> list[Unit]:

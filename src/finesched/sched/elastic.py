@@ -8,10 +8,12 @@ Rules (model/tenant.py says what users write):
   what other tenants' `min` guarantees but they do not use (up to its `max`); it is lent, not
   given — reclaim takes it back;
 * reclaim: a tenant whose holdings plus a pending workload's demand stay within its `min` (in
-  every demanded resource its `min` names, at least one) may preempt *borrowers* at equal
-  priority: workloads of other tenants that hold more than their own `min` of a resource the
-  workload needs, and keep at least their `min` after the eviction. A tenant under its `min`
-  is never such a victim. A tenant with no `min` counts as `min` 0: all it holds is borrowed.
+  every demanded resource its `min` names, at least one) — or, for a tenant without one, whose
+  nearest ancestor's subtree does — may preempt *borrowers* at equal priority: workloads of
+  tenants outside that subtree whose own guarantee (nearest `min` up their tree) holds more than
+  its `min` of a resource the workload needs, and keeps at least its `min` after the eviction. A
+  tenant under its `min` is never such a victim. A tenant with no `min` anywhere up its tree
+  counts as `min` 0: all it holds is borrowed.
 
 Amounts are translated (`nvidia.com/gpu: 1` = gpu-core 100 + gpu-memory-ratio 100), so quotas
 count in the same names as requests.
@@ -36,6 +38,8 @@ class ReclaimRule:
     tenant: str
     needs: frozenset[str]
     victim_ok: Callable[[str, Amounts], bool]
+    #: The guarantee a victim tenant's holdings count against (victims are checked together per group).
+    group: Callable[[str], str] = str
 
 
 class QuotaTree:
@@ -157,22 +161,47 @@ class QuotaTree:
 
     # Reclaim -----------------------------------------------------------------------------------------
     def reclaim_rule(self, tenant: str, demand: Amounts, held: Callable[[str], Amounts]) -> ReclaimRule | None:
-        """The reclaim rule for a pending workload of `tenant`, or None when it is not under its min."""
-        mins = self.min.get(tenant)
-        if not mins:
+        """The reclaim rule for a pending workload of `tenant`, or None when it is not under a min.
+
+        The guarantee that reclaims is the nearest of `tenant` and its ancestors whose subtree stays
+        within its `min` with the demand added (a team without its own `min` reclaims under its
+        department's). A victim must be outside that subtree, and its own nearest guarantee (its
+        tenant's or an ancestor's `min`, else 0) must be borrowed above before the eviction and
+        still be held after it.
+        """
+        owner = next((a for a in self.ancestors(tenant) if self._within_min(a, demand, held)), None)
+        if owner is None:
             return None
-        mine = held(tenant)
-        named = [n for n, a in demand.items() if a > 0 and n in mins]
-        if not named or any(mine.get(n, 0) + demand[n] > mins[n] for n in named):
-            return None
+        inside = set(self.subtree(owner))
         needs = frozenset(n for n, a in demand.items() if a > 0 and n != PODS)
 
         def victim_ok(victim_tenant: str, amounts: Amounts) -> bool:
-            if victim_tenant == tenant:
+            if victim_tenant in inside:
                 return False
-            floor, has = self.min.get(victim_tenant, {}), held(victim_tenant)
+            guard = self._guarantee_of(victim_tenant)
+            floor = self.min.get(guard, {}) if guard is not None else {}
+            has = self.subtree_held(guard, held) if guard is not None else dict(held(victim_tenant))
             borrowing = any(has.get(n, 0) > floor.get(n, 0) for n in needs)
             keeps_min = all(has.get(n, 0) - amounts.get(n, 0) >= floor.get(n, 0) for n in needs)
             return borrowing and keeps_min
 
-        return ReclaimRule(tenant, needs, victim_ok)
+        def group(victim_tenant: str) -> str:
+            return self._guarantee_of(victim_tenant) or victim_tenant
+
+        return ReclaimRule(tenant, needs, victim_ok, group)
+
+    def _within_min(self, tenant: str, demand: Amounts, held: Callable[[str], Amounts]) -> bool:
+        mins = self.min.get(tenant)
+        if not mins:
+            return False
+        named = [n for n, a in demand.items() if a > 0 and n in mins]
+        if not named:
+            return False
+        sub = self.subtree_held(tenant, held) if tenant in self.children else held(tenant)
+        return all(sub.get(n, 0) + demand[n] <= mins[n] for n in named)
+
+    def _guarantee_of(self, tenant: str) -> str | None:
+        """The nearest of `tenant` and its ancestors with a `min` (None: nothing guaranteed)."""
+        if tenant not in self.names:
+            return None
+        return next((a for a in self.ancestors(tenant) if a in self.min), None)
