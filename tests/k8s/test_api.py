@@ -281,3 +281,26 @@ def test_bad_objects_affect_only_themselves(fake: FakeAPI) -> None:
     sync.watch_once("devices", timeout_seconds=1)
     assert sorted(extender.state.names) == ["gpu-node-a", "gpu-node-b"] and sync.node_problems == {}
     assert extender.state.bindings["other/busy-0"].node == "gpu-node-b"
+
+
+def test_kubelet_pinned_cpusets_from_pod_cpu_allocs(fake: FakeAPI) -> None:
+    pinned = foreign_pod("pinned", "gpu-node-a", 0)
+    pinned["metadata"]["annotations"] = {}
+    pinned["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "2"}, "limits": {"cpu": "2"}}
+    fake.put("pods", pinned)
+    topology = nrt("gpu-node-a")
+    allocs = [{"namespace": "other", "name": "pinned", "uid": "uid-pinned", "cpuset": "2,34", "managedByKubelet": True}]
+    topology["metadata"]["annotations"]["node.koordinator.sh/pod-cpu-allocs"] = json.dumps(allocs)
+    fake.put("noderesourcetopologies", topology)
+    extender, sync = start(fake)
+    assert str(extender.state.bindings["other/pinned"].cpuset) == "2,34"
+    allocs[0]["cpuset"] = "3,35"  # koordlet reports a new assignment
+    topology["metadata"]["annotations"]["node.koordinator.sh/pod-cpu-allocs"] = json.dumps(allocs)
+    fake.put("noderesourcetopologies", topology)
+    sync.watch_once("noderesourcetopologies", timeout_seconds=1)
+    assert str(extender.state.bindings["other/pinned"].cpuset) == "3,35"
+    extender.state.check_invariants()
+    topology["metadata"]["annotations"]["node.koordinator.sh/pod-cpu-allocs"] = '[{"cpuset": "1"}]'
+    fake.put("noderesourcetopologies", topology)
+    sync.watch_once("noderesourcetopologies", timeout_seconds=1)
+    assert "pod-cpu-allocs: entry [0]" in sync.node_problems["gpu-node-a"]

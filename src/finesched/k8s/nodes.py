@@ -12,10 +12,10 @@
   ``node.koordinator.sh/cpu-topology``, kubelet CPU manager policy from
   ``kubelet.koordinator.sh/cpu-manager-policy``, NUMA zones (``node-<id>``) with their cpu and
   memory allocatable, and the NUMA topology policy from ``topologyPolicies`` (v1alpha1) or the
-  ``topologyManagerPolicy`` attribute (v1alpha2) unless a node label sets one. Not read:
-  ``node.koordinator.sh/pod-cpu-allocs`` (cpusets the kubelet itself gave pods; finesched counts
-  pods' cpusets from their resource-status annotations) and the shared-pool annotations, which
-  finesched derives.
+  ``topologyManagerPolicy`` attribute (v1alpha2) unless a node label sets one.
+  `kubelet_cpusets` reads ``node.koordinator.sh/pod-cpu-allocs``: the cpusets pods hold without a
+  resource-status annotation (the kubelet's static CPU manager gave them), which the sync adds to
+  those pods' bindings. The shared-pool annotations are not read: finesched derives the pools.
 
 Every node gets the label `NODE_NAME_LABEL` = its name, so a bind can pin a pod to the node
 kube-scheduler chose through an ordinary node selector. Bad input raises `NodeError`.
@@ -29,6 +29,7 @@ from typing import Any
 
 import pydantic
 
+from finesched.cpuset import CPUSet
 from finesched.model.base import FrozenDict
 from finesched.model.node import Node, numa_policy_of
 from finesched.model.resources import (
@@ -45,6 +46,7 @@ from finesched.model.resources import (
 NODE_NAME_LABEL = "finesched.io/node-name"
 CPU_TOPOLOGY = "node.koordinator.sh/cpu-topology"
 CPU_MANAGER_POLICY = "kubelet.koordinator.sh/cpu-manager-policy"
+POD_CPU_ALLOCS = "node.koordinator.sh/pod-cpu-allocs"
 _DEVICE_TYPES = ("gpu", "rdma", "fpga")
 #: NodeResourceTopology v1alpha2 ``topologyManagerPolicy`` attribute values -> NUMA topology policy.
 _V1ALPHA2_POLICIES = {
@@ -174,6 +176,24 @@ def _topology(nrt: Mapping[str, Any] | None, data: dict[str, Any], labels: Mappi
         data["policies"] = {"numaTopologyPolicy": policies[0]}
 
 
+def kubelet_cpusets(nrt: Mapping[str, Any] | None) -> dict[str, CPUSet]:
+    """Pod UID -> cpuset from a NodeResourceTopology's ``pod-cpu-allocs`` annotation ({} without one)."""
+    if nrt is None:
+        return {}
+    allocs = _json_annotation((nrt.get("metadata") or {}).get("annotations") or {}, POD_CPU_ALLOCS, list)
+    out: dict[str, CPUSet] = {}
+    for i, entry in enumerate(allocs or []):
+        if not isinstance(entry, dict) or not isinstance(entry.get("uid"), str):
+            raise NodeError(f"annotation {POD_CPU_ALLOCS}: entry [{i}]: expected an object with a uid")
+        try:
+            cpus = CPUSet.parse(entry.get("cpuset") or "")
+        except (ValueError, TypeError) as exc:
+            raise NodeError(f"annotation {POD_CPU_ALLOCS}: entry [{i}] field cpuset: {exc}") from None
+        if cpus:
+            out[entry["uid"]] = cpus
+    return out
+
+
 def node_from_k8s(
     node: Mapping[str, Any], device_cr: Mapping[str, Any] | None = None, nrt: Mapping[str, Any] | None = None
 ) -> Node:
@@ -193,6 +213,7 @@ def node_from_k8s(
         "devices": _devices(device_cr, allocatable),
     }
     _topology(nrt, data, labels)
+    kubelet_cpusets(nrt)  # checked here too: a malformed annotation leaves the node out, with its reason
     numa_ids = {d["numa"] for d in data["devices"] if "numa" in d}
     if numa_ids and "cpuTopology" not in data and "numaZones" not in data:
         data["numaZones"] = [{"id": n} for n in sorted(numa_ids)]

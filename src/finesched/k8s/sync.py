@@ -2,6 +2,8 @@
 
 Nodes, Device CRs and NodeResourceTopologies are kept raw per node name; any change to one of
 them converts the three again (k8s/nodes.py) and adds, updates or removes the finesched node.
+A pod without a resource-status annotation that the NodeResourceTopology's ``pod-cpu-allocs``
+lists (the kubelet's static CPU manager pinned it) holds that cpuset.
 Pods bound to a node and not finished hold a binding built from their annotations
 (k8s/convert.py `pod_binding`), whoever bound them: pods of other schedulers count as used. A
 Pod this extender bound confirms the assumed binding (commit) when the API shows it bound.
@@ -20,10 +22,12 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
+from finesched.cpuset import CPUSet
 from finesched.k8s.api import Gone, KubeAPI
 from finesched.k8s.convert import PodError, pod_binding, pod_holds_resources, pod_key
 from finesched.k8s.extender import Extender
-from finesched.k8s.nodes import NodeError, node_from_k8s
+from finesched.k8s.nodes import NodeError, kubelet_cpusets, node_from_k8s
+from finesched.plugins.resource_status import ANNOTATION_RESOURCE_STATUS
 from finesched.state.cluster import StateError
 
 log = logging.getLogger("finesched.k8s")
@@ -178,6 +182,22 @@ class ClusterSync:
         except (NodeError, StateError) as exc:
             log.warning("node %s left as it was: %s", name, exc)
             self.node_problems[name] = str(exc)
+            return
+        self._repin(name)
+
+    def _repin(self, name: str) -> None:
+        """Place again the pods on node `name` whose kubelet cpuset (pod-cpu-allocs) changed."""
+        state = self.extender.state
+        cpusets = kubelet_cpusets(self.objects["noderesourcetopologies"].get(name))
+        for binding in state.bindings_on(name):
+            key = binding.workload
+            pod = self.objects["pods"].get(key)
+            if pod is None or key in self.extender.pending or ANNOTATION_RESOURCE_STATUS in binding.annotations:
+                continue
+            uid = str((pod.get("metadata") or {}).get("uid", ""))
+            if cpusets.get(uid, CPUSet()) != binding.cpuset:
+                self.extender.drop(key)
+                self._place(key, pod)
 
     def _pod(self, key: str, pod: dict[str, Any] | None) -> None:
         extender, state = self.extender, self.extender.state
@@ -202,6 +222,11 @@ class ClusterSync:
             if binding.node not in state.index:
                 self.waiting[key] = f"node {binding.node} is not known (yet)"
                 return
+            if not binding.cpuset and ANNOTATION_RESOURCE_STATUS not in binding.annotations:
+                uid = str((pod.get("metadata") or {}).get("uid", ""))
+                pinned = kubelet_cpusets(self.objects["noderesourcetopologies"].get(binding.node)).get(uid)
+                if pinned:  # the kubelet's static CPU manager gave this pod exclusive CPUs
+                    binding = binding.model_copy(update={"cpuset": pinned})
             state.assume(binding)
             state.commit(key)
         except (PodError, StateError) as exc:
