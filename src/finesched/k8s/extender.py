@@ -253,8 +253,8 @@ class Extender:
     def expire(self) -> list[str]:
         """Release assumed bindings whose Pod the API never showed bound within `assume_ttl`."""
         now = self.clock()
-        gone = [key for key, deadline in self.pending.items() if deadline <= now]
-        with self.lock:
+        with self.lock:  # the watch thread calls this too: read `pending` under the lock
+            gone = [key for key, deadline in self.pending.items() if deadline <= now]
             for key in gone:
                 log.warning("assumed binding of %s expired: the API never showed the pod bound", key)
                 self.drop(key)
