@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -304,3 +305,25 @@ def test_kubelet_pinned_cpusets_from_pod_cpu_allocs(fake: FakeAPI) -> None:
     fake.put("noderesourcetopologies", topology)
     sync.watch_once("noderesourcetopologies", timeout_seconds=1)
     assert "pod-cpu-allocs: entry [0]" in sync.node_problems["gpu-node-a"]
+
+
+def test_the_watch_threads_follow_the_cluster_until_stopped(fake: FakeAPI) -> None:
+    configuration = client.Configuration()
+    configuration.host = fake.url
+    api = KubeAPI(client.ApiClient(configuration), request_timeout=5)
+    extender = build_extender(binder=api, assume_ttl=30)
+    sync = ClusterSync(extender, api)
+    sync.start(timeout_seconds=1)
+    try:
+        fake.put("nodes", k8s_node("gpu-node-c"))
+        fake.delete("pods", "other/busy-0")
+        for _ in range(100):  # bounded: 10 s
+            with extender.lock:
+                done = "gpu-node-c" in extender.state.index and "other/busy-0" not in extender.state.bindings
+            if done:
+                break
+            time.sleep(0.1)
+        assert done
+    finally:
+        stopped = sync.close(timeout=10)
+    assert stopped

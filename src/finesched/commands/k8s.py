@@ -70,4 +70,4 @@ def k8s_extender(
         uvicorn.run(create_app(extender), host=host, port=port, log_level=log_level.lower(), access_log=False)
     finally:
         if sync is not None:
-            sync.stop.set()
+            sync.stop.set()  # daemon threads: the process does not wait for their watches to end

@@ -130,6 +130,14 @@ class ClusterSync:
             thread.start()
             self._threads.append(thread)
 
+    def close(self, timeout: float = 10.0) -> bool:
+        """Stop the watch threads; True when all ended within `timeout` seconds each (a watch ends
+        when its server-side timeout passes)."""
+        self.stop.set()
+        for thread in self._threads:
+            thread.join(timeout=timeout)
+        return not any(thread.is_alive() for thread in self._threads)
+
     def _loop(self, kind: str, timeout_seconds: int) -> None:
         delay = 0.5
         while not self.stop.is_set():
