@@ -287,6 +287,7 @@ def test_nomination_ends_when_the_driver_commits_directly() -> None:
     s = cluster("n1")
     s.auto_commit = False
     bind(s, pinned("a", "n1", 4, 1))
+    s.state.commit("default/a")
     p, _ = s.find_preemption(preemptor())
     assert p is not None
     s.apply_preemption(p)
@@ -315,3 +316,15 @@ def test_gang_budget_without_selector() -> None:
     p, why = s2.find_preemption(preemptor())
     assert p is not None, why
     assert (sorted(p.victim_keys), p.violations) == (["default/g1", "default/g2"], 1)
+
+
+def test_in_flight_bindings_are_not_victims() -> None:
+    # a is assumed but not committed (its driver has not written it yet): it is not evicted.
+    s = cluster("n1")
+    s.auto_commit = False
+    bind(s, pinned("a", "n1", 4, 1))
+    p, _ = s.find_preemption(preemptor())
+    assert p is None
+    s.state.commit("default/a")
+    p, _ = s.find_preemption(preemptor())
+    assert p is not None and p.victim_keys == ["default/a"]

@@ -2,8 +2,8 @@
 
 The post_filter point (kube-scheduler's DefaultPreemption, with device- and CPU-level precision):
 
-1. Eligible victims: bound workloads of lower priority; with quota reclaim (sched/elastic.py),
-   also equal-priority workloads of tenants borrowing above their `min`. A gang member goes only
+1. Eligible victims: bound (committed) workloads of lower priority; with quota reclaim
+   (sched/elastic.py), also equal-priority workloads of tenants borrowing above their `min`. A gang member goes only
    with its whole gang (the gang is one *unit*: its members on other nodes count as victims too).
    A workload whose `preemptionPolicy` is Never preempts nothing.
 2. One vectorized pass over all nodes (PreemptionIndex): nodes where free + what eligible
@@ -246,13 +246,21 @@ class DefaultPreemption:
 
     def _units(self, node: int, w: Workload, rule: ReclaimRule | None, need: Mapping[str, int]) -> list[Unit]:
         """The eligible victim units on `node` that hold something the workload needs (evicting
-        any other could never help, so reprieve would always keep it)."""
+        any other could never help, so reprieve would always keep it).
+
+        Only committed bindings are victims: one still in flight (assumed, its driver has not
+        made it durable yet, e.g. decided earlier in the same batch) is not evicted under it.
+        """
+        assert self.state is not None
+        committed = self.state.is_committed
         units, seen = [], set()
         priority = w.priority
         for bound in list(self.index.on_node[node].values()):
             if bound.key in seen:
                 continue
             if not bound.grants and not any(n in need for n in bound.amounts):
+                continue
+            if not committed(bound.key):
                 continue
             if bound.gang is None:
                 if bound.priority < priority:
@@ -265,7 +273,7 @@ class DefaultPreemption:
                 members = self.index.gang_members(bound)
                 seen.update(m.key for m in members)
             reason = _eligible(members, priority, rule)
-            if reason is None:
+            if reason is None or not all(committed(m.key) for m in members):
                 continue
             unit = Unit(members, reason)
             for m in members:
