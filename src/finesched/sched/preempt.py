@@ -13,6 +13,9 @@ Driver-facing contract (Scheduler methods, see sched/scheduler.py):
   `Scheduler.confirm_preemption(preemptor)` (commit; the nomination ends). If a write fails it
   calls `Scheduler.undo_preemption(p)`: the preemptor's binding is forgotten and the victims are
   assumed (and committed) again, exactly as before.
+* only committed bindings are victims: a binding still in flight (assumed, not yet committed by
+  its driver, e.g. decided earlier in the same batch) is never evicted under it;
+* victims are not queued again by the core: a driver that wants them retried submits them;
 * `Scheduler.run` does all this itself for queued work: a unit that fits nowhere preempts (a gang
   only when every member can be placed, else nothing is evicted), and every decision is kept in
   `Scheduler.preemptions` (`take_preemptions()` returns and clears them) so a driver sees which
