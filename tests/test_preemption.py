@@ -328,3 +328,15 @@ def test_in_flight_bindings_are_not_victims() -> None:
     s.state.commit("default/a")
     p, _ = s.find_preemption(preemptor())
     assert p is not None and p.victim_keys == ["default/a"]
+
+
+def test_preempt_places_directly_or_preempts() -> None:
+    s = cluster("n1", "n2")
+    bind(s, pinned("a", "n1", 4, 1))
+    assert s.preempt(preemptor()).node == "n2" and not s.preemptions  # fits: no eviction
+    binding = s.preempt(make_workload("hi2").req(cpu="4").priority(10).obj())
+    assert binding.node == "n1" and "default/a" not in s.state.bindings
+    assert [p.victim_keys for p in s.take_preemptions()] == [["default/a"]]
+    with pytest.raises(FitError):  # nothing left to evict (equal priority, no quota reclaim)
+        s.preempt(make_workload("hi3").req(cpu="4").priority(10).obj())
+    assert s.preemption_misses["default/hi3"] == "no node would fit even with every lower-priority workload evicted"
