@@ -82,6 +82,26 @@ def _replay(messages: list[Message], then: Callable[[], Awaitable[Message]] | No
     return receive
 
 
+class CountRequests:
+    """Count requests by method and status (a plain ASGI middleware: no per-request task or copy)."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics):
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Callable[[], Awaitable[Message]], send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def counted(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                self.metrics.requests.labels(scope["method"], str(message["status"])).inc()
+            await send(message)
+
+        await self.app(scope, receive, counted)
+
+
 def _too_large(limit: int) -> JSONResponse:
     return JSONResponse({"detail": [{"loc": ["body"], "msg": f"request body larger than {limit} bytes"}]}, 413)
 
@@ -111,11 +131,7 @@ def create_app(store: Store, config: LoopConfig | None = None, *, max_body_bytes
     app.state.ctx = ctx
     app.add_middleware(BodyLimit, limit=max_body_bytes)
 
-    @app.middleware("http")
-    async def count_requests(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-        response = await call_next(request)
-        metrics.requests.labels(request.method, str(response.status_code)).inc()
-        return response
+    app.add_middleware(CountRequests, metrics=metrics)
 
     @app.exception_handler(InputError)
     async def input_error(request: Request, exc: InputError) -> JSONResponse:

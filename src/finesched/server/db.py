@@ -65,7 +65,8 @@ def open_engines(url: str, *, migrate: bool = True) -> Engines:
     if parsed.get_backend_name() == "sqlite":
         assert parsed.database is not None
         Path(parsed.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
-        engines = Engines(_sqlite_engine(parsed, immediate=True), _sqlite_engine(parsed, immediate=False), parsed)
+        writer = _sqlite_engine(parsed, immediate=True, pool_size=1)
+        engines = Engines(writer, _sqlite_engine(parsed, immediate=False, pool_size=5), parsed)
     else:
         engine = create_engine(parsed, pool_size=10, max_overflow=20, pool_pre_ping=True)
         engines = Engines(engine, engine, parsed)
@@ -74,8 +75,16 @@ def open_engines(url: str, *, migrate: bool = True) -> Engines:
     return engines
 
 
-def _sqlite_engine(url: URL, *, immediate: bool) -> Engine:
-    engine = create_engine(url, connect_args={"timeout": BUSY_TIMEOUT_S, "check_same_thread": False})
+def _sqlite_engine(url: URL, *, immediate: bool, pool_size: int) -> Engine:
+    """One SQLite engine. The writer gets a single connection: writers queue for it in order
+    instead of sleeping in SQLite's busy handler (which backs off in steps of up to 100 ms)."""
+    engine = create_engine(
+        url,
+        connect_args={"timeout": BUSY_TIMEOUT_S, "check_same_thread": False},
+        pool_size=pool_size,
+        max_overflow=0,
+        pool_timeout=BUSY_TIMEOUT_S,
+    )
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: sqlite3.Connection, _record: Any) -> None:

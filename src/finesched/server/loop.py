@@ -18,6 +18,7 @@ feed does not have to reload them.
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 import time
@@ -35,6 +36,7 @@ from finesched.sched.diagnosis import FitError, InvalidRequest
 from finesched.sched.framework import Preemption
 from finesched.sched.scheduler import Scheduler
 from finesched.server.cluster_view import binding_from_row, node_from_row, tenant_from_row, workload_from_row
+from finesched.server.feed import FeedCursor
 from finesched.server.lease import Lease, LostLease
 from finesched.server.metrics import Metrics
 from finesched.server.store import HOLDING, PENDING, REJECTED, Event, NotFound, Store, now
@@ -43,9 +45,6 @@ from finesched.state.device_wire import EncodedUpdateError, apply_encoded_update
 
 log = logging.getLogger("finesched.loop")
 
-#: How long an event id missing from the feed (a transaction that had not committed yet when the
-#: feed was read, which PostgreSQL sequences allow) is looked for again.
-GAP_WINDOW_S = 30.0
 #: Above this many queued workloads, why each waits is not written (it would cost a query each).
 MAX_EXPLAINED = 2000
 
@@ -82,8 +81,7 @@ class SchedulerLoop:
         self.lock = threading.RLock()
         self.scheduler: Scheduler | None = None
         self.queued: dict[str, Queued] = {}
-        self._cursor = 0
-        self._gaps: dict[int, float] = {}
+        self._feed = FeedCursor(0)
         self._own_events: set[int] = set()
         self._requeued_nodes: set[str] = set()
         self._last_health_check = 0.0
@@ -148,9 +146,26 @@ class SchedulerLoop:
         held = self.lease.try_acquire()
         if held and self.scheduler is None:
             self.rebuild()
+            # A rebuild of a large cluster may outlast the lease: renew it at once, and give the
+            # state up if another replica took the lease over meanwhile.
+            held = self.lease.try_acquire()
+            if not held:
+                self._drop()
         elif not held and self.scheduler is not None:
             self._drop()
         self.metrics.leader.set(1 if held else 0)
+
+    def _renew_while_busy(self, every_s: float) -> Callable[[], None]:
+        """A callback for long work (the rebuild): renews the lease at most every `every_s` seconds."""
+        last = time.monotonic()
+
+        def renew() -> None:
+            nonlocal last
+            if time.monotonic() - last >= every_s:
+                self.lease.try_acquire()
+                last = time.monotonic()
+
+        return renew
 
     def _drop(self) -> None:
         with self.lock:
@@ -161,8 +176,10 @@ class SchedulerLoop:
     def rebuild(self) -> None:
         """Build the state from the store: nodes, then bindings, then the pending queue."""
         cursor = self.store.last_event_id()  # changes after this are replayed by the feed (idempotent)
+        renew = self._renew_while_busy(self.config.lease_ttl_s / 3)
         state = ClusterState()
         for row in self.store.list_nodes():
+            renew()
             try:
                 state.add_node(node_from_row(row))
             except (ValidationError, StateError) as exc:
@@ -170,6 +187,7 @@ class SchedulerLoop:
         tenants = [tenant_from_row(r) for r in self.store.list_tenants()]
         scheduler = Scheduler(state, self.config.profile, tenants, auto_commit=False)
         for row in self.store.bindings():
+            renew()
             binding = binding_from_row(row)
             try:
                 state.assume(binding)
@@ -184,8 +202,12 @@ class SchedulerLoop:
         with self.lock:
             self.scheduler = scheduler
             self.queued = queued
-            self._cursor, self._gaps, self._own_events = cursor, {}, set()
+            self._feed, self._own_events = FeedCursor(cursor), set()
         log.info("scheduler state rebuilt: %d nodes, %d bindings, %d queued", state.n, len(state.bindings), len(queued))
+        # The rebuilt state is millions of long-lived objects: keep the collector from walking them
+        # on every full collection (a multi-second pause of every thread on a large cluster).
+        gc.collect()
+        gc.freeze()
 
     def _queue_row(self, scheduler: Scheduler, queued: dict[str, Queued], row: dict[str, Any]) -> None:
         key = f"{row['namespace']}/{row['name']}"
@@ -225,26 +247,16 @@ class SchedulerLoop:
 
     # Change feed -----------------------------------------------------------------------------------
     def _follow_feed(self) -> None:
-        events = self.store.events(self._cursor, also=self._gaps, limit=5000)
+        events = self._feed.read(self.store, limit=5000)
         if not events:
             return
         touched: dict[tuple[str, str], None] = {}
-        stamp = time.monotonic()
         with self.lock:
-            expected = self._cursor + 1
             for event in events:
-                event_id = event["id"]
-                self._gaps.pop(event_id, None)
-                if event_id >= expected:
-                    for missing in range(expected, event_id):
-                        self._gaps[missing] = stamp
-                    expected = event_id + 1
-                if event_id in self._own_events:
-                    self._own_events.discard(event_id)
+                if event["id"] in self._own_events:
+                    self._own_events.discard(event["id"])
                     continue
                 touched[(event["kind"], event["object"])] = None
-            self._cursor = max(self._cursor, expected - 1)
-            self._gaps = {i: t for i, t in self._gaps.items() if stamp - t < GAP_WINDOW_S}
         for kind, obj in touched:
             if kind == "Node":
                 self.reconcile_node(obj)
@@ -448,20 +460,18 @@ class SchedulerLoop:
         cfg = self.config
         not_ready_after = timedelta(seconds=cfg.heartbeat_s * cfg.missed_heartbeats)
         stamp = now()
-        for name, ready, beat in self.store.heartbeats():
-            if beat is None:  # never reported: a node registered by hand, no agent to miss
-                continue
-            silent = stamp - beat
+        silent = {name: (ready, beat) for name, ready, beat in self.store.silent_nodes(stamp - not_ready_after)}
+        self._requeued_nodes &= set(silent)  # a node that reported again may be requeued again later
+        for name, (ready, beat) in silent.items():
+            quiet = stamp - beat
             if ready:
-                self._requeued_nodes.discard(name)
-                if silent > not_ready_after:
-                    message = f"no heartbeat for {silent.total_seconds():.0f}s ({cfg.missed_heartbeats} missed)"
-                    self.store.set_node_flags(name, "NotReady", message, ready=False)
+                message = f"no heartbeat for {quiet.total_seconds():.0f}s ({cfg.missed_heartbeats} missed)"
+                self.store.set_node_flags(name, "NotReady", message, ready=False)
                 continue
             if cfg.requeue_after_s is None or name in self._requeued_nodes:
                 continue
-            if silent > not_ready_after + timedelta(seconds=cfg.requeue_after_s):
-                keys = self.store.requeue_node(name, f"node {name} not ready for {silent.total_seconds():.0f}s")
+            if quiet > not_ready_after + timedelta(seconds=cfg.requeue_after_s):
+                keys = self.store.requeue_node(name, f"node {name} not ready for {quiet.total_seconds():.0f}s")
                 self._requeued_nodes.add(name)
                 log.warning("node %s not ready: requeued %d workloads", name, len(keys))
 

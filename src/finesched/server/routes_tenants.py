@@ -15,6 +15,7 @@ from finesched.model.tenant import Tenant
 from finesched.sched.queue import demand_of
 from finesched.server.auth import ADMIN, TENANT, Identity
 from finesched.server.context import Caller, Ctx, ServerContext
+from finesched.server.feed import FeedCursor
 from finesched.server.store import Conflict, NotFound
 from finesched.server.views import InputError, canonical, event_view, parse_kind, tenant_view
 
@@ -24,6 +25,7 @@ TenantBody = Annotated[dict[str, Any], Body(description="A Tenant manifest")]
 PatchBody = Annotated[dict[str, Any], Body(description="Tenant spec fields to change, e.g. {weight, quota}")]
 WATCH_POLL_S = 0.25
 WATCH_KEEPALIVE_S = 15.0
+WATCH_PAGE = 500
 
 
 def _store_tenant(ctx: ServerContext, tenant: Tenant, *, create_only: bool) -> bool:
@@ -160,14 +162,14 @@ async def watch_events(
 
     async def stream(position: int) -> AsyncIterator[str]:
         yield f": watching events after {position}\n\n"
-        quiet = 0.0
+        feed, quiet = FeedCursor(position), 0.0
         while not await request.is_disconnected():
-            rows = await run_in_threadpool(ctx.store.events, position, kind=kind, obj=object, limit=500)
-            if rows:
-                position = rows[-1]["id"]
-                for row in await run_in_threadpool(_visible_events, ctx, caller, rows):
-                    yield f"id: {row['id']}\nevent: {row['kind']}\ndata: {json.dumps(event_view(row))}\n\n"
+            read = await run_in_threadpool(feed.read, ctx.store, WATCH_PAGE)
+            rows = [r for r in read if (not kind or r["kind"] == kind) and (not object or r["object"] == object)]
+            for row in await run_in_threadpool(_visible_events, ctx, caller, rows) if rows else ():
+                yield f"id: {row['id']}\nevent: {row['kind']}\ndata: {json.dumps(event_view(row))}\n\n"
                 quiet = 0.0
+            if len(read) == WATCH_PAGE:  # more to catch up on: no pause
                 continue
             await asyncio.sleep(WATCH_POLL_S)
             quiet += WATCH_POLL_S

@@ -425,11 +425,14 @@ class Store:
         with self.read() as conn:
             return [as_dict(r) for r in conn.execute(query.order_by(t.events.c.id).limit(limit))]  # type: ignore[misc]
 
-    def heartbeats(self) -> list[tuple[str, bool, datetime | None]]:
-        """(name, ready, last heartbeat) of every node: what the heartbeat monitor needs, nothing more."""
+    def silent_nodes(self, cutoff: datetime) -> list[tuple[str, bool, datetime]]:
+        """(name, ready, last heartbeat) of nodes with an agent that has not reported since `cutoff`
+        (nodes registered by hand never reported and are left out)."""
+        query = select(t.nodes.c.name, t.nodes.c.ready, t.nodes.c.heartbeat).where(
+            t.nodes.c.heartbeat.is_not(None), t.nodes.c.heartbeat < cutoff
+        )
         with self.read() as conn:
-            rows = conn.execute(select(t.nodes.c.name, t.nodes.c.ready, t.nodes.c.heartbeat))
-            return [(name, bool(ready), aware(beat)) for name, ready, beat in rows]
+            return [(name, bool(ready), aware(beat)) for name, ready, beat in conn.execute(query)]  # type: ignore[misc]
 
     # Tenants -----------------------------------------------------------------------------------------
     def put_tenant(self, name: str, weight: float, spec: Mapping[str, Any], *, create_only: bool) -> bool:
