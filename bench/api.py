@@ -639,9 +639,8 @@ def main() -> None:
     parser.add_argument("--clusters", default="scalar",
                         help="scalar (CPU/memory nodes; every phase), gpu (with GPUs; batched)")  # fmt: skip
     parser.add_argument("--breakdown", action="store_true", help="split server CPU time: core / store / rest")
-    parser.add_argument("--lease-ttl", type=float, default=60.0,
-                        help="the server's scheduler lease TTL (s); rebuilding 10,000 nodes can outlast the default "
-                             "10 s on a loaded machine; the lease is not renewed before the first write")  # fmt: skip
+    parser.add_argument("--lease-ttl", type=float, default=10.0,
+                        help="the server's scheduler lease TTL (s); the server's default is 10")  # fmt: skip
     parser.add_argument("--serve-arg", action="append", default=[], help="extra `finesched serve` argument")
     parser.add_argument("--json", help="also write the rows to this file")
     parser.add_argument("--profile-server", metavar="PATH",
