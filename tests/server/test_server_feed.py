@@ -58,3 +58,21 @@ def test_a_rebuild_longer_than_the_lease_keeps_leading(tmp_path, monkeypatch) ->
         time.sleep(1.5)
         wait_until(lambda: api.admin.get("/readyz").json()["leader"], what="leadership")
         assert api.admin.get("/metrics").text.count("finesched_leader 1.0") == 1
+
+
+def test_an_unexpected_error_in_the_loop_rebuilds_and_goes_on(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    real_follow = SchedulerLoop._follow_feed
+    failures = [1]
+
+    def flaky_follow(self: SchedulerLoop) -> None:
+        if failures:
+            failures.pop()
+            raise RuntimeError("a bug")
+        real_follow(self)
+
+    with inprocess_server(f"sqlite:///{tmp_path / 'db'}", LoopConfig(idle_wait_s=0.05)) as api:
+        monkeypatch.setattr(SchedulerLoop, "_follow_feed", flaky_follow)
+        api.admin.post("/v1/nodes", json=node("n1"))
+        api.admin.post("/v1/workloads", json=workload("w"))
+        api.wait_phase("team-a/w", ("Bound",))
+        assert not failures  # the error happened, and scheduling went on

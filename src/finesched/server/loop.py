@@ -138,6 +138,11 @@ class SchedulerLoop:
                 self._drop()
                 next_lease = 0.0
                 self._stop.wait(1.0)
+            except Exception:  # a bug must not stop scheduling for good: start again from the store
+                log.exception("unexpected error in the scheduling loop; rebuilding from the store")
+                self._drop()
+                next_lease = 0.0
+                self._stop.wait(1.0)
             if not busy:
                 self._wake.wait(self.config.idle_wait_s)
                 self._wake.clear()
