@@ -24,7 +24,6 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import Any
 
 from sqlalchemy.exc import SQLAlchemyError
@@ -38,15 +37,13 @@ from finesched.sched.scheduler import Scheduler
 from finesched.server.cluster_view import binding_from_row, node_from_row, tenant_from_row, workload_from_row
 from finesched.server.feed import FeedCursor
 from finesched.server.lease import Lease, LostLease
-from finesched.server.metrics import Metrics
-from finesched.server.store import HOLDING, PENDING, REJECTED, Event, NotFound, Store, now
+from finesched.server.metrics import Metrics, cluster_figures
+from finesched.server.store import HOLDING, PENDING, REJECTED, Event, NotFound, Store
+from finesched.server.upkeep import HeartbeatMonitor, WaitingReasons
 from finesched.state.cluster import ClusterState, StateError
 from finesched.state.device_wire import EncodedUpdateError, apply_encoded_updates
 
 log = logging.getLogger("finesched.loop")
-
-#: Above this many queued workloads, why each waits is not written (it would cost a query each).
-MAX_EXPLAINED = 2000
 
 
 @dataclass
@@ -83,9 +80,10 @@ class SchedulerLoop:
         self.queued: dict[str, Queued] = {}
         self._feed = FeedCursor(0)
         self._own_events: set[int] = set()
-        self._requeued_nodes: set[str] = set()
-        self._last_health_check = 0.0
-        self._explained: dict[str, str] = {}  # the reason last written per waiting workload
+        cfg = self.config
+        self.heartbeats = HeartbeatMonitor(store, cfg.heartbeat_s, cfg.missed_heartbeats, cfg.requeue_after_s)
+        self.waiting = WaitingReasons()
+        self._last_upkeep = 0.0
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -129,7 +127,7 @@ class SchedulerLoop:
                     self._follow_feed()
                     self.metrics.feed_seconds.observe(time.thread_time() - feed_started)
                     busy = self._schedule_batch()
-                    self._check_heartbeats()
+                    self._upkeep()
             except LostLease:
                 log.warning("lost the scheduler lease; following")
                 self._drop()
@@ -282,8 +280,8 @@ class SchedulerLoop:
             state = scheduler.state
             if row is None:
                 if name in state.index:
-                    for binding in state.remove_node(name, force=True):
-                        self._requeue_in_memory(binding.workload)
+                    for binding in state.remove_node(name, force=True):  # the store requeued them
+                        self.queued.pop(binding.workload, None)
                 return
             try:
                 node = node_from_row(row)
@@ -347,10 +345,6 @@ class SchedulerLoop:
         with self.lock:
             if self.scheduler is not None:
                 self.scheduler.queue.set_tenant(tenant)
-
-    def _requeue_in_memory(self, key: str) -> None:
-        """A binding lost with its node: the store requeues it in the same transaction; follow it."""
-        self.queued.pop(key, None)
 
     # Deciding --------------------------------------------------------------------------------------
     def _schedule_batch(self) -> bool:
@@ -455,76 +449,23 @@ class SchedulerLoop:
             scheduler.state.forget(binding.workload)
 
     # Heartbeats ------------------------------------------------------------------------------------
-    def _check_heartbeats(self) -> None:
-        if time.monotonic() - self._last_health_check < 1.0:
+    def _upkeep(self) -> None:
+        """Once a second: maintenance hooks, agents' heartbeats, why queued work waits."""
+        if time.monotonic() - self._last_upkeep < 1.0:
             return
-        self._last_health_check = time.monotonic()
+        self._last_upkeep = time.monotonic()
         for task in self.maintenance:
             task()
-        self._explain_waiting()
-        cfg = self.config
-        not_ready_after = timedelta(seconds=cfg.heartbeat_s * cfg.missed_heartbeats)
-        stamp = now()
-        silent = {name: (ready, beat) for name, ready, beat in self.store.silent_nodes(stamp - not_ready_after)}
-        self._requeued_nodes &= set(silent)  # a node that reported again may be requeued again later
-        for name, (ready, beat) in silent.items():
-            quiet = stamp - beat
-            if ready:
-                message = f"no heartbeat for {quiet.total_seconds():.0f}s ({cfg.missed_heartbeats} missed)"
-                self.store.set_node_flags(name, "NotReady", message, ready=False)
-                continue
-            if cfg.requeue_after_s is None or name in self._requeued_nodes:
-                continue
-            if quiet > not_ready_after + timedelta(seconds=cfg.requeue_after_s):
-                keys = self.store.requeue_node(name, f"node {name} not ready for {quiet.total_seconds():.0f}s")
-                self._requeued_nodes.add(name)
-                log.warning("node %s not ready: requeued %d workloads", name, len(keys))
-
-    def _explain_waiting(self) -> None:
-        """Write why queued workloads wait (no node fits, quota, incomplete gang) when that changed."""
+        self.heartbeats.check()
         with self.lock:
-            scheduler = self.scheduler
-            if scheduler is None or not self.queued or len(self.queued) > MAX_EXPLAINED:
-                return
-            queue, changed = scheduler.queue, {}
-            for unit, why in queue.waiting():
-                reason = ""
-                if why == "unschedulable" and unit.last_error is not None:
-                    reason = unit.last_error.message
-                elif why == "quota" and queue.quotas.limited(unit.tenant):
-                    problem = queue.quota_problem(unit.tenant, unit.demand)
-                    reason = "" if problem == f"tenant {unit.tenant} is within its quota" else f"waiting: {problem}"
-                elif why == "gang":
-                    gang = unit.workloads[0].gang
-                    reason = f"waiting: gang has {len(unit.workloads)}/{gang.min_member if gang else '?'} members"
-                for workload in unit.workloads:  # units merely not decided yet have no reason
-                    key = workload.key
-                    if reason and key in self.queued and self._explained.get(key) != reason:
-                        changed[key] = reason
-            self._explained = {k: v for k, v in self._explained.items() if k in self.queued}
-            self._explained.update(changed)
+            changed = self.waiting.changes(self.scheduler.queue, self.queued) if self.scheduler is not None else {}
         if changed:
             self.own(self.store.explain_waiting(changed))
 
     # Views for the API -----------------------------------------------------------------------------
     def figures(self) -> dict[str, Any] | None:
         """Queue depth, allocation per resource and per-device usage (None when not the leader)."""
-        from finesched.state.devices import attach_device_accounts
-
         with self.lock:
-            scheduler = self.scheduler
-            if scheduler is None:
+            if self.scheduler is None:
                 return None
-            state = scheduler.state
-            resources = {name: (int(state.used_of(name).sum()), total) for name, total in state.totals().items()}
-            devices: dict[tuple[str, str, int, str], float] = {}
-            accounts = attach_device_accounts(state)
-            for kind, acc in accounts.types.items():
-                for i in range(state.n):
-                    for d in range(int(acc.count[i])):
-                        for k, dim in enumerate(acc.dims):
-                            total = int(acc.total[k, i, d])
-                            if total > 0:
-                                used = (total - int(acc.free[k, i, d])) / total
-                                devices[(state.names[i], kind, int(acc.minor[i, d]), dim)] = used
-            return {"queue_depth": len(self.queued), "resources": resources, "devices": devices}
+            return cluster_figures(self.scheduler.state, len(self.queued))

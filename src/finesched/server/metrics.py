@@ -14,6 +14,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from finesched.state.cluster import ClusterState
+from finesched.state.devices import attach_device_accounts
+
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
@@ -108,3 +111,20 @@ class _ClusterCollector(Collector):
         for (node, kind, minor, dim), ratio in figures["devices"].items():
             device.add_metric([node, kind, str(minor), dim], ratio)
         yield device
+
+
+def cluster_figures(state: ClusterState, queue_depth: int) -> dict[str, Any]:
+    """What the scrape-time gauges show: queue depth, (used, total) per resource, and the used share
+    of every device dimension by (node, type, minor, dimension)."""
+    resources = {name: (int(state.used_of(name).sum()), total) for name, total in state.totals().items()}
+    devices: dict[tuple[str, str, int, str], float] = {}
+    for kind, acc in attach_device_accounts(state).types.items():
+        for i in range(state.n):
+            for d in range(int(acc.count[i])):
+                for k, dim in enumerate(acc.dims):
+                    total = int(acc.total[k, i, d])
+                    if total > 0:
+                        devices[(state.names[i], kind, int(acc.minor[i, d]), dim)] = (
+                            total - int(acc.free[k, i, d])
+                        ) / total
+    return {"queue_depth": queue_depth, "resources": resources, "devices": devices}

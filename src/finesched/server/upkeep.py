@@ -1,0 +1,79 @@
+"""What the scheduling leader looks after once a second besides deciding: agents' heartbeats
+(NotReady, then requeue after a grace period) and why each queued workload still waits."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from finesched.sched.queue import SchedulingQueue
+from finesched.server.store import Store, now
+
+log = logging.getLogger("finesched.loop")
+
+#: Above this many queued workloads, why each waits is not written (it would cost a query each).
+MAX_EXPLAINED = 2000
+
+
+@dataclass
+class HeartbeatMonitor:
+    """A node whose agent missed `missed` reports (`heartbeat_s` apart) goes NotReady; after
+    `requeue_after_s` more seconds (None: never) its workloads are requeued, once per silence.
+    Nodes registered by hand never reported and are never marked."""
+
+    store: Store
+    heartbeat_s: float
+    missed: int
+    requeue_after_s: float | None
+    requeued: set[str] = field(default_factory=set)
+
+    def check(self) -> None:
+        not_ready_after = timedelta(seconds=self.heartbeat_s * self.missed)
+        stamp = now()
+        silent = {name: (ready, beat) for name, ready, beat in self.store.silent_nodes(stamp - not_ready_after)}
+        self.requeued &= set(silent)  # a node that reported again may be requeued again later
+        for name, (ready, beat) in silent.items():
+            quiet = stamp - beat
+            if ready:
+                message = f"no heartbeat for {quiet.total_seconds():.0f}s ({self.missed} missed)"
+                self.store.set_node_flags(name, "NotReady", message, ready=False)
+                continue
+            if self.requeue_after_s is None or name in self.requeued:
+                continue
+            if quiet > not_ready_after + timedelta(seconds=self.requeue_after_s):
+                keys = self.store.requeue_node(name, f"node {name} not ready for {quiet.total_seconds():.0f}s")
+                self.requeued.add(name)
+                log.warning("node %s not ready: requeued %d workloads", name, len(keys))
+
+
+@dataclass
+class WaitingReasons:
+    """Why queued workloads wait (no node fits, a reached quota, an incomplete gang), remembered so
+    that only changes are written."""
+
+    written: dict[str, str] = field(default_factory=dict)
+
+    def changes(self, queue: SchedulingQueue, queued: Collection[str]) -> dict[str, str]:
+        """Reasons that differ from the last written ones (units not decided yet have none)."""
+        if not queued or len(queued) > MAX_EXPLAINED:
+            return {}
+        changed: dict[str, str] = {}
+        for unit, why in queue.waiting():
+            reason = ""
+            if why == "unschedulable" and unit.last_error is not None:
+                reason = unit.last_error.message
+            elif why == "quota" and queue.quotas.limited(unit.tenant):
+                problem = queue.quota_problem(unit.tenant, unit.demand)
+                reason = "" if problem == f"tenant {unit.tenant} is within its quota" else f"waiting: {problem}"
+            elif why == "gang":
+                gang = unit.workloads[0].gang
+                reason = f"waiting: gang has {len(unit.workloads)}/{gang.min_member if gang else '?'} members"
+            for workload in unit.workloads:
+                key = workload.key
+                if reason and key in queued and self.written.get(key) != reason:
+                    changed[key] = reason
+        self.written = {k: v for k, v in self.written.items() if k in queued}
+        self.written.update(changed)
+        return changed
