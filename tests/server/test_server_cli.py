@@ -72,3 +72,16 @@ def test_client_commands(api: Api, tmp_path: Path) -> None:
     assert denied.returncode == 1 and "401" in denied.stderr
     usage = run("get", "pods", *common)
     assert usage.returncode == 2 and "workloads, nodes or tenants" in usage.stderr
+
+
+def test_serve_refuses_bad_options_in_one_line(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    for args, fragment in (
+        (["--log-level", "loud"], "--log-level"),
+        (["--port", "0"], "--port"),
+        (["--profile", "nope"], "unknown profile"),
+        (["--db", "mysql://x/y"], "unsupported database"),
+    ):
+        done = run("serve", "--db", db, *args) if args[0] != "--db" else run("serve", *args)
+        assert done.returncode in (1, 2) and fragment in done.stderr, (args, done.stderr)
+        assert "Traceback" not in done.stderr

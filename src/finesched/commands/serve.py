@@ -8,8 +8,7 @@ from typing import Annotated
 
 import typer
 
-from finesched.errors import ValidationError
-
+LOG_LEVELS = ("debug", "info", "warning", "error")
 DEFAULT_DB = f"sqlite:///{Path.home() / '.local/share/finesched/finesched.db'}"
 
 DbOption = Annotated[
@@ -36,13 +35,14 @@ def serve(
     """Run the control plane: HTTP API, store and scheduling loop (one leader per database)."""
     import uvicorn
 
+    from finesched.sched.profile import resolve_profile
     from finesched.server.app import create_app
     from finesched.server.loop import LoopConfig
     from finesched.server.store import Store
 
+    if log_level.lower() not in LOG_LEVELS:
+        raise typer.BadParameter(f"{log_level!r}: use one of {', '.join(LOG_LEVELS)}", param_hint="--log-level")
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from finesched.sched.profile import resolve_profile
-
     resolve_profile(profile)  # a bad profile is reported before anything starts
     config = LoopConfig(
         profile=profile,
@@ -73,6 +73,3 @@ def token_create(
         typer.echo(create_token(store, role, tenant=tenant, node=node))
     finally:
         store.close()
-
-
-__all__ = ["DEFAULT_DB", "ValidationError", "serve", "token_app"]

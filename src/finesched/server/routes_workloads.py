@@ -204,6 +204,3 @@ def reject_binding(namespace: str, name: str, report: RejectReport, ctx: Ctx, ca
         raise HTTPException(404, str(exc)) from None
     ctx.loop.changed("Workload", key)
     return {"workload": key, "phase": PENDING}
-
-
-__all__ = ["Conflict", "router"]

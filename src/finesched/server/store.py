@@ -329,12 +329,6 @@ class Store:
         with self.read() as conn:
             return [as_dict(r) for r in conn.execute(query.order_by(t.bindings.c.workload_id))]  # type: ignore[misc]
 
-    def get_binding(self, namespace: str, name: str) -> dict[str, Any]:
-        row = self.get_workload(namespace, name)
-        if row["binding"] is None:
-            raise NotFound(f"workload {namespace}/{name} is not bound")
-        return row
-
     def ack(self, key: str) -> None:
         with self.write() as conn:
             result = conn.execute(
