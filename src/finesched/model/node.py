@@ -190,6 +190,8 @@ class Device(Model):
     numa: int | None = Field(default=None, ge=0)
     pcie: str | None = None
     resources: ResourceVector = Field(default_factory=ResourceVector)
+    #: What a workload's deviceAllocateHint selector matches (e.g. a NIC's role or a GPU's model).
+    labels: FrozenStrDict = Field(default_factory=FrozenDict)
 
     @model_validator(mode="after")
     def _default_resources(self) -> Device:

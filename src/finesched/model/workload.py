@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import json
 import typing
+from collections.abc import Mapping
 from typing import Literal
 
-from pydantic import Field, PositiveInt, model_validator
+from pydantic import AfterValidator, Field, PositiveInt, model_validator
 
 from finesched.model.base import FrozenDict, FrozenStrDict, Loc, Model, raise_problems
 from finesched.model.resources import CPU, MEMORY, ResourceVector
@@ -57,6 +58,88 @@ class NodeAffinityTerm(Model):
         if self.operator in ("Exists", "DoesNotExist") and self.values:
             raise ValueError(f"operator {self.operator} takes no values")
         return self
+
+
+HintAllocateStrategy = Literal["ApplyForAll", "RequestsAsCount"]
+HintTopologyScope = Literal["Device", "PCIe", "NUMANode", "Node"]
+HintExclusivePolicy = Literal["DeviceLevel", "PCIeLevel"]
+
+
+class DeviceLabelSelector(Model):
+    """A Kubernetes LabelSelector over device labels: every matchLabels pair and expression must hold."""
+
+    match_labels: FrozenStrDict = Field(default_factory=FrozenDict)
+    match_expressions: tuple[NodeAffinityTerm, ...] = ()
+
+    @property
+    def empty(self) -> bool:
+        return not self.match_labels and not self.match_expressions
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        """True when `labels` satisfy the selector (an empty selector matches every device)."""
+        if any(labels.get(k) != v for k, v in self.match_labels.items()):
+            return False
+        for term in self.match_expressions:
+            has = term.key in labels
+            if term.operator == "In" and (not has or labels[term.key] not in term.values):
+                return False
+            if term.operator == "NotIn" and has and labels[term.key] in term.values:
+                return False
+            if (term.operator == "Exists") != has and term.operator in ("Exists", "DoesNotExist"):
+                return False
+        return True
+
+
+class DeviceHint(Model):
+    """How one device type of a workload is chosen (Koordinator's device-allocate-hint entry).
+
+    * ``selector``: only devices whose labels match may be allocated;
+    * ``allocateStrategy``: RequestsAsCount reads the request as a device count (rdma: 2 -> two
+      whole devices); ApplyForAll gives the per-device request on every matching device of the node;
+    * ``requiredTopologyScope``: all the type's devices within one PCIe switch / NUMA node
+      (Device and Node add nothing: one node is always one scope);
+    * ``exclusivePolicy``: DeviceLevel takes only unused devices and grants each whole, so no other
+      workload shares them; PCIeLevel takes devices only on PCIe switches where no device of the
+      type is in use.
+
+    ``vfSelector`` is accepted only empty: finesched does not model SR-IOV virtual functions, so a
+    non-empty one could not be honoured and is rejected rather than silently ignored.
+    """
+
+    selector: DeviceLabelSelector | None = None
+    vf_selector: DeviceLabelSelector | None = Field(default=None, alias="vfSelector")
+    allocate_strategy: HintAllocateStrategy | None = None
+    required_topology_scope: HintTopologyScope | None = None
+    exclusive_policy: HintExclusivePolicy | None = None
+
+    @model_validator(mode="after")
+    def _no_vfs(self) -> DeviceHint:
+        if self.vf_selector is not None and not self.vf_selector.empty:
+            problem = "finesched does not model virtual functions; only an empty vfSelector ({}) is accepted"
+            raise_problems([(("vfSelector",), problem, self.vf_selector.model_dump(by_alias=True))], "DeviceHint")
+        return self
+
+
+class DeviceHints(dict[str, DeviceHint]):
+    """Device type -> DeviceHint, read-only and hashable (request shapes and memo keys hold it)."""
+
+    __slots__ = ()
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(frozenset(self.items()))
+
+    def _refuse(self, *args: object, **kwargs: object) -> typing.NoReturn:
+        raise TypeError("this mapping is read-only; build a new object with model_copy(update=...)")
+
+    __setitem__ = __delitem__ = __ior__ = _refuse
+    clear = pop = popitem = setdefault = update = _refuse  # type: ignore[assignment]
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (DeviceHints, (dict(self),))
+
+
+def _hints(value: dict[str, DeviceHint]) -> DeviceHints:
+    return value if isinstance(value, DeviceHints) else DeviceHints(value)
 
 
 #: Koordinator's scheduling annotations: JSON objects whose policy fields we read (other fields are
@@ -135,6 +218,9 @@ class Workload(Model):
     numa_topology_policy: NUMATopologyPolicy | None = None
     device_allocate_strategy: DeviceAllocateStrategy | None = None
     device_joint_allocate: DeviceJointAllocate | None = None
+    device_allocate_hint: typing.Annotated[dict[str, DeviceHint], AfterValidator(_hints)] = Field(
+        default_factory=DeviceHints
+    )
     node_selector: FrozenStrDict = Field(default_factory=FrozenDict)
     node_affinity: tuple[NodeAffinityTerm, ...] = ()
     gang: Gang | None = None

@@ -28,6 +28,7 @@ Grants carry both gpu-memory and gpu-memory-ratio, filled per card (`fill_gpu_am
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -40,6 +41,15 @@ import numpy.typing as npt
 
 from finesched.model.binding import DeviceGrant
 from finesched.model.resources import GPU, GPU_CORE, GPU_MEMORY, GPU_MEMORY_RATIO, ResourceVector
+from finesched.plugins.deviceshare.hints import (
+    SCOPE_WORDS,
+    Labels,
+    hint_candidates,
+    hint_problem,
+    needed,
+    scope_groups,
+    scoped_sets,
+)
 from finesched.plugins.deviceshare.request import (
     DeviceRequest,
     FitRule,
@@ -208,13 +218,27 @@ def ranked_sets(
         yield tuple(int(s) for s in combos[row])
 
 
-def _pool(nd: NodeDevices | None, request: TypeRequest, strategy: str, affinity: NUMAAffinity | None) -> _Pool:
+def _pool(
+    nd: NodeDevices | None,
+    request: TypeRequest,
+    strategy: str,
+    affinity: NUMAAffinity | None,
+    labels: Labels = (),
+) -> _Pool:
     kind = request.type
     if nd is None or len(nd) == 0:
         raise InsufficientDevices(f"node has no {kind}", kind)
     rule = compile_rule(request, nd.dims)
     fits = fit_mask(rule, nd.free, nd.total, nd.healthy)
     allowed = fits
+    if request.hint is not None:  # hints.py: the same candidates and verdict as the filter
+        problem = hint_problem(nd, request, labels, fits)
+        if problem is not None:
+            raise InsufficientDevices(problem, kind)
+        matching, allowed = hint_candidates(nd, request, labels, fits)
+        fits = allowed
+        if request.hint.apply_all:
+            request = dataclasses.replace(request, count=needed(request, matching))
     outside = [0] * len(nd)
     if affinity is not None:
         in_numa = np.zeros(len(nd), dtype=bool)
@@ -260,7 +284,12 @@ def _grants(pool: _Pool, slots: Sequence[int]) -> tuple[DeviceGrant, ...]:
     nd = pool.nd
     mem = nd.dim(GPU_MEMORY) if nd.type == GPU else None
     out = []
+    hint = pool.request.hint
     for slot in sorted(slots, key=lambda s: int(nd.minors[s])):
+        if hint is not None and hint.exclusive == "DeviceLevel":  # the whole (unused) device: nobody shares it
+            whole = {name: int(nd.total[k, slot]) for k, name in enumerate(nd.dims) if nd.total[k, slot] > 0}
+            out.append(DeviceGrant.model_construct(minor=int(nd.minors[slot]), resources=ResourceVector(whole)))
+            continue
         memory = int(nd.total[mem, slot]) if mem is not None else -1
         out.append(_grant(nd.type, int(nd.minors[slot]), pool.request.per_device, memory))
     return tuple(out)
@@ -280,14 +309,20 @@ def allocate_devices(
     strategy: str = "LeastAllocated",
     affinity: NUMAAffinity | None = None,
     chooser: ChooseFn | None = None,
+    labels: Mapping[str, Labels] | None = None,
 ) -> DeviceAllocation:
     """Choose the devices of `request` on one node; raise InsufficientDevices when it cannot.
 
-    `node_devices` maps each requested type to the node's devices of it (missing/None: none).
+    `node_devices` maps each requested type to the node's devices of it (missing/None: none);
+    `labels` their device labels in slot order (read only for hinted types with a selector).
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown device allocate strategy {strategy!r}; valid: {list(STRATEGIES)}")
-    pools = {kind: _pool(node_devices.get(kind), tr, strategy, affinity) for kind, tr in request.types.items()}
+    labels = labels or {}
+    pools = {
+        kind: _pool(node_devices.get(kind), tr, strategy, affinity, labels.get(kind, ()))
+        for kind, tr in request.types.items()
+    }
     chosen: dict[str, tuple[int, ...]] = {}
     joint = request.joint
     if joint is not None:
@@ -297,10 +332,49 @@ def allocate_devices(
             continue
         pool = pools[kind]
         pick = _chosen(pool, chooser)
+        if pick is not None and not _in_scope(pool, pick):
+            pick = None  # a chooser's set outside the hint's required scope is not taken
         if pick is None and pool.request.count == 1:  # the common case, without the set machinery
             pick = (min(pool.slots, key=pool.single_key),)
-        chosen[kind] = pick or next(ranked_sets(pool, pool.slots, pool.request.count))
+        pick = pick or _best_set(pool, pool.slots)
+        if pick is None:  # only with a required scope: no group holds enough (e.g. under a NUMA affinity)
+            where = SCOPE_WORDS[str(_scope_of(pool))]
+            raise InsufficientDevices(f"deviceAllocateHint {kind}: no {where} has enough free {kind}", kind)
+        chosen[kind] = pick
     return DeviceAllocation({kind: _grants(pools[kind], chosen[kind]) for kind in sorted(chosen)})
+
+
+def _scope_of(pool: _Pool) -> str | None:
+    return None if pool.request.hint is None else pool.request.hint.scope
+
+
+def _in_scope(pool: _Pool, slots: Sequence[int]) -> bool:
+    """True when `slots` respect the pool's required topology scope (always, without one)."""
+    scope = _scope_of(pool)
+    return scope is None or len({int(g) for g in scope_groups(pool.nd, scope)[list(slots)]}) == 1
+
+
+def _best_set(pool: _Pool, candidates: Sequence[int]) -> tuple[int, ...] | None:
+    """The best set of the pool's count among `candidates` (None: none), within one scope group when
+    the hint requires a scope: each group's best set, then the best of those by the set order's
+    own keys (fewer devices outside a preferred NUMA affinity, higher summed score, lower minors)."""
+    count = pool.request.count
+    scope = _scope_of(pool)
+    if scope is None:
+        return next(ranked_sets(pool, candidates, count), None)
+    best: tuple[tuple[int, int, list[int]], tuple[int, ...]] | None = None
+    for group in scoped_sets(scope_groups(pool.nd, scope), candidates):
+        found = next(ranked_sets(pool, group, count), None)
+        if found is None:
+            continue
+        key = (
+            sum(pool.outside[s] for s in found),
+            -sum(pool.scores[s] for s in found),
+            sorted(pool.minors[s] for s in found),
+        )
+        if best is None or key < best[0]:
+            best = (key, found)
+    return None if best is None else best[1]
 
 
 def _joint(
@@ -316,11 +390,13 @@ def _joint(
         [first] if first is not None else [], ranked_sets(primary, primary.slots, primary.request.count, all_sets=True)
     )
     for pset in tries:
+        if not _in_scope(primary, pset):
+            continue
         scopes = {int(scope_of(primary)[s]) for s in pset} - {-1}
         picks = {types[0]: pset}
         for pool in secondaries:
             near = [s for s in pool.slots if int(scope_of(pool)[s]) in scopes]
-            best = next(ranked_sets(pool, near, pool.request.count), None)
+            best = _best_set(pool, near)
             if best is None:
                 break
             picks[pool.request.type] = best

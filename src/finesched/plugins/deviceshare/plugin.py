@@ -32,6 +32,7 @@ from finesched.model.binding import Binding
 from finesched.model.device_allocated import DEVICE_ALLOCATED, format_device_allocated
 from finesched.model.workload import Workload
 from finesched.plugins.deviceshare.allocator import DeviceAllocation, InsufficientDevices, allocate_devices
+from finesched.plugins.deviceshare.hints import Labels, device_labels, hint_problem
 from finesched.plugins.deviceshare.request import (
     DeviceRequest,
     FitRule,
@@ -95,6 +96,7 @@ class DeviceShare:
     def __init__(self, strategy: str = "LeastAllocated"):
         self.strategy = strategy
         self.accounts: DeviceAccounts | None = None
+        self._state: ClusterState | None = None
         self._normalized: OrderedDict[tuple[Any, ...], object] = OrderedDict()
         self._offers: dict[tuple[Any, ...], DeviceAllocation | Status] = {}  # see `reserve`
 
@@ -105,6 +107,7 @@ class DeviceShare:
 
     def attach(self, state: ClusterState) -> None:
         self.accounts = attach_device_accounts(state)
+        self._state = state
         self._offers = {}
 
     def _acc(self) -> DeviceAccounts:
@@ -133,7 +136,11 @@ class DeviceShare:
         accounts = self._acc()
         if shape is None:
             joint = workload.device_joint_allocate
-            shape = (workload.requests, None if joint is None else (joint.device_types, joint.required_scope))
+            shape = (
+                workload.requests,
+                None if joint is None else (joint.device_types, joint.required_scope),
+                workload.device_allocate_hint or None,
+            )
         key = (shape, accounts.epoch)
         hit = self._normalized.get(key, _MISSING)
         if hit is _MISSING:
@@ -151,7 +158,12 @@ class DeviceShare:
         if not any(device_resource(name, types) for name in workload.requests):
             return None
         try:
-            dreq = normalize_device_request(workload.requests, device_types=types, joint=workload.device_joint_allocate)
+            dreq = normalize_device_request(
+                workload.requests,
+                device_types=types,
+                joint=workload.device_joint_allocate,
+                hints=workload.device_allocate_hint,
+            )
         except InvalidDeviceRequest as exc:
             return exc
         if not dreq.types:
@@ -191,10 +203,36 @@ class DeviceShare:
                 acc = accounts.types[tr.type]
                 free, total, healthy = node_rows(acc, index)
                 mask &= fit_mask(rule, free, total, healthy).sum(axis=1) >= tr.count
+            if tr.hint is not None and rule is not None:
+                mask &= self._hint_ok(tr, rule, everyone, index)
         joint = cycle.read(DEVICE_REQUEST).joint
         if joint is not None:
             mask &= self._joint_ok(rules, joint.types, joint.scope, everyone, index)
         return FilterResult(mask, lambda: self._explain(cycle, nodes, mask))
+
+    def labels_of(self, node: int, kind: str) -> Labels:
+        """Node `node`'s device labels of `kind` in slot order (what hint selectors read)."""
+        if self._state is None:
+            raise MissingState("DeviceShare: not attached to a ClusterState")
+        return device_labels(self._state.nodes[node], kind)
+
+    def _hint_problem(self, tr: TypeRequest, rule: FitRule, node: int) -> str | None:
+        """hints.py's verdict on one node (the allocator reaches the same one)."""
+        nd = self._acc().node_devices(node, tr.type, copy=False)
+        fits = None if nd is None else fit_mask(rule, nd.free, nd.total, nd.healthy)
+        return hint_problem(nd, tr, self.labels_of(node, tr.type) if nd is not None else (), fits)
+
+    def _hint_ok(self, tr: TypeRequest, rule: FitRule, n: int, index: np.ndarray | None) -> BoolArray:
+        """[batch] nodes where the hinted type can be served: per node in Python, so cached over all
+        nodes like the fit counts (only changed nodes are re-evaluated) or run on a subset `index`."""
+
+        def compute(rows: Any) -> tuple[np.ndarray, ...]:
+            ids = range(rows.start or 0, rows.stop) if isinstance(rows, slice) else rows.tolist()
+            return (np.fromiter((self._hint_problem(tr, rule, i) is None for i in ids), dtype=bool, count=len(ids)),)
+
+        if index is not None:
+            return compute(index)[0]
+        return self._acc().cached(("hint", tr, rule), compute, n)[0]
 
     def _joint_ok(
         self, rules: _Rules, types: tuple[str, ...], scope: str, n: int, index: np.ndarray | None
@@ -253,6 +291,18 @@ class DeviceShare:
             free, total, healthy = acc.free[:, rows], acc.total[:, rows], acc.healthy[rows]
             out.update(explain_type(tr.type, rule, tr.count, acc.dims, free, total, healthy, acc.valid[rows]))
             per_type_ok &= fit_mask(rule, free, total, healthy).sum(axis=1) >= tr.count
+        node_ids = range(nodes.state.n) if nodes.index is None else nodes.index.tolist()
+        for tr, rule in cycle.read(_RULES).items:
+            if tr.hint is None or rule is None:
+                continue
+            for row, node in enumerate(node_ids):
+                if not per_type_ok[row]:
+                    continue
+                problem = self._hint_problem(tr, rule, node)
+                if problem is not None:
+                    hit = out.setdefault(problem, (np.zeros(n, dtype=bool), Code.UNSCHEDULABLE))[0]
+                    hit[row] = True
+                    per_type_ok[row] = False
         joint = cycle.read(DEVICE_REQUEST).joint
         if joint is not None:
             where = "PCIe switch" if joint.scope == "SamePCIe" else "NUMA node"
@@ -297,18 +347,27 @@ class DeviceShare:
                 None if affinity is None else (affinity.numa, affinity.required),
                 accounts.epoch,
                 tuple(accounts.device_state_key(node, kind) for kind in dreq.types),
+                self._hint_labels(dreq, node),
             )
             outcome = self._offers.get(key)
             if outcome is None:
                 if len(self._offers) >= _OFFERS_CACHE:
                     self._offers.clear()
-                outcome = self._offers[key] = self._offer(accounts, dreq, node, strategy, affinity, None)
+                outcome = self._offers[key] = self._offer(accounts, dreq, node, strategy, affinity, None, key[-1])
         else:
-            outcome = self._offer(accounts, dreq, node, strategy, affinity, partial(chooser.choose, node))
+            outcome = self._offer(
+                accounts, dreq, node, strategy, affinity, partial(chooser.choose, node), self._hint_labels(dreq, node)
+            )
         if isinstance(outcome, Status):
             return outcome
         offers.by_node[node] = outcome
         return SUCCESS
+
+    def _hint_labels(self, dreq: DeviceRequest, node: int) -> tuple[tuple[str, Labels], ...] | None:
+        """Device labels of the types whose hint has a selector (None without one: hint-less requests
+        read no labels, and the offer memo key stays as it was)."""
+        kinds = [k for k, tr in dreq.types.items() if tr.hint is not None and tr.hint.selector is not None]
+        return tuple((k, self.labels_of(node, k)) for k in kinds) or None  # hashable: part of the memo key
 
     @staticmethod
     def _offer(
@@ -318,11 +377,14 @@ class DeviceShare:
         strategy: str,
         affinity: NUMAAffinity | None,
         choose: Any,
+        labels: tuple[tuple[str, Labels], ...] | None = None,
     ) -> DeviceAllocation | Status:
         """The exact offer on `node`, or the Status saying why there is none."""
         devices = {kind: accounts.node_devices(node, kind, copy=False) for kind in dreq.types}
         try:
-            return allocate_devices(devices, dreq, strategy=strategy, affinity=affinity, chooser=choose)
+            return allocate_devices(
+                devices, dreq, strategy=strategy, affinity=affinity, chooser=choose, labels=dict(labels or ())
+            )
         except InsufficientDevices as exc:
             return Status.unschedulable(exc.reason)
         except ValueError as exc:  # a DeviceChooser answered outside the fitting devices: a plugin bug

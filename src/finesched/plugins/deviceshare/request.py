@@ -43,7 +43,7 @@ from finesched.model.resources import (
     koordinator_name,
     resource_kind,
 )
-from finesched.model.workload import DeviceJointAllocate
+from finesched.model.workload import DeviceHint, DeviceJointAllocate, DeviceLabelSelector
 from finesched.quantity import QuantityError, format_quantity, parse_quantity
 from finesched.sched.framework import Code
 
@@ -88,14 +88,30 @@ class InvalidDeviceRequest(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
+class TypeHint:
+    """A type's deviceAllocateHint, compiled (hints.py applies it; model/workload.py DeviceHint says what
+    each field means). `scope` is "PCIe" or "NUMANode" (Device and Node constrain nothing)."""
+
+    selector: DeviceLabelSelector | None = None
+    apply_all: bool = False
+    scope: str | None = None
+    exclusive: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class TypeRequest:
-    """`count` devices of `type`, each giving `per_device` (short names, canonical ints)."""
+    """`count` devices of `type`, each giving `per_device` (short names, canonical ints).
+
+    With a hint whose allocateStrategy is ApplyForAll, `count` is only the lower bound (1): the
+    node's matching devices decide how many are taken.
+    """
 
     type: str
     count: int
     per_device: ResourceVector
     #: True when one device is shared (per-GPU ratio < 100, or gpu-memory in bytes; < 100 for others).
     shared: bool
+    hint: TypeHint | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,12 +183,15 @@ def normalize_device_request(
     *,
     device_types: Collection[str] = (),
     joint: DeviceJointAllocate | JointSpec | None = None,
+    hints: Mapping[str, DeviceHint] | None = None,
 ) -> DeviceRequest:
     """Translate and validate a workload's device requests (module docstring); raise InvalidDeviceRequest.
 
     Names that are not device names pass through untouched (the scalar fit owns them).
-    `device_types` adds manifest-defined types; `joint` must name only requested types.
+    `device_types` adds manifest-defined types; `joint` must name only requested types. `hints`
+    (deviceAllocateHint) attach to the types they name; a hint on a type not requested does nothing.
     """
+    hints = hints or {}
     gpu: dict[str, int] = {}
     other: dict[str, int] = {}
     for name, value in requests.items():
@@ -188,20 +207,49 @@ def normalize_device_request(
             target[short] = amount
     types: dict[str, TypeRequest] = {}
     if gpu:
-        types[GPU] = _gpu_request(gpu)
+        types[GPU] = _gpu_request(gpu, _as_count(hints.get(GPU)))
     for kind, amount in other.items():
+        if _as_count(hints.get(kind)):  # RequestsAsCount: the amount is a number of whole devices
+            types[kind] = TypeRequest(kind, amount, ResourceVector({kind: 100}), False)
+            continue
         _check_percent(kind, amount)
         count, each = (amount // 100, 100) if amount > 100 else (1, amount)
         types[kind] = TypeRequest(kind, count, ResourceVector({kind: each}), each < 100)
+    for kind, hint in hints.items():
+        if kind in types:
+            types[kind] = _with_hint(types[kind], hint)
     return DeviceRequest(types, _joint(joint, types))
 
 
-def _gpu_request(gpu: dict[str, int]) -> TypeRequest:
+def _as_count(hint: DeviceHint | None) -> bool:
+    return hint is not None and hint.allocate_strategy == "RequestsAsCount"
+
+
+def _with_hint(request: TypeRequest, hint: DeviceHint) -> TypeRequest:
+    selector = hint.selector if hint.selector is not None and not hint.selector.empty else None
+    scope = hint.required_topology_scope if hint.required_topology_scope in ("PCIe", "NUMANode") else None
+    apply_all = hint.allocate_strategy == "ApplyForAll"
+    compiled = TypeHint(selector, apply_all, scope, hint.exclusive_policy)
+    if compiled == TypeHint():
+        return request  # an empty hint changes nothing: keep the hint-less request (and its caches)
+    return TypeRequest(request.type, 1 if apply_all else request.count, request.per_device, request.shared, compiled)
+
+
+def _gpu_request(gpu: dict[str, int], as_count: bool = False) -> TypeRequest:
     names = frozenset(gpu)
     if names not in VALID_GPU_COMBINATIONS:
         shown = sorted(_shown(n) for n in names)
         raise InvalidDeviceRequest(f"invalid resource device requests: [{' '.join(shown)}]", shown)
     whole = names & WHOLE_GPU_NAMES
+    if as_count and not whole:
+        if names != {GPU}:
+            shown = sorted(_shown(n) for n in names)
+            raise InvalidDeviceRequest(
+                f"deviceAllocateHint.gpu.allocateStrategy RequestsAsCount needs {_shown(GPU)} or a whole-GPU "
+                f"name (a count of GPUs), not [{' '.join(shown)}]",
+                shown,
+            )
+        whole = frozenset({GPU})
     if whole:
         count = gpu[next(iter(whole))]
         return TypeRequest(GPU, count, ResourceVector({GPU_CORE: 100, GPU_MEMORY_RATIO: 100}), False)
