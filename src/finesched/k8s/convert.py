@@ -28,7 +28,7 @@ from finesched.cpuset import CPUSet
 from finesched.model.binding import Binding, NUMAGrant
 from finesched.model.device_allocated import DEVICE_ALLOCATED, AnnotationError, parse_device_allocated
 from finesched.model.resources import CPU, MEMORY, PODS, ResourceVector
-from finesched.model.workload import DeviceJointAllocate, ResourceSpec, Workload
+from finesched.model.workload import DeviceHint, DeviceJointAllocate, ResourceSpec, Workload
 from finesched.plugins.resource_status import ANNOTATION_RESOURCE_STATUS
 
 RESOURCE_SPEC = "scheduling.koordinator.sh/resource-spec"
@@ -208,13 +208,28 @@ def _policies(annotations: Mapping[str, str]) -> dict[str, Any]:
         )
     hint = _annotation(annotations, DEVICE_ALLOCATE_HINT)
     if hint is not None:
-        for kind, entry in hint.items():
-            if not isinstance(entry, dict):
-                raise PodError(f"annotation {DEVICE_ALLOCATE_HINT}: field {kind}: expected an object")
-            _check_fields(f"{DEVICE_ALLOCATE_HINT} ({kind})", entry, _HINT_FIELDS)
-            for selector in ("selector", "vfSelector"):
-                if entry.get(selector) not in (None, {}) and not isinstance(entry.get(selector), dict):
-                    raise PodError(f"annotation {DEVICE_ALLOCATE_HINT}: field {kind}.{selector}: expected an object")
+        out["device_allocate_hint"] = _device_hint(hint)
+    return out
+
+
+def _device_hint(hint: Mapping[str, Any]) -> dict[str, DeviceHint]:
+    """The annotation as the Workload's deviceAllocateHint (model/workload.py DeviceHint): the same
+    JSON shape, Go's empty strings and null selectors meaning unset; errors name the field."""
+    out = {}
+    for kind, entry in hint.items():
+        if not isinstance(entry, dict):
+            raise PodError(f"annotation {DEVICE_ALLOCATE_HINT}: field {kind}: expected an object")
+        _check_fields(f"{DEVICE_ALLOCATE_HINT} ({kind})", entry, _HINT_FIELDS)
+        for selector in ("selector", "vfSelector"):
+            if entry.get(selector) not in (None, {}) and not isinstance(entry.get(selector), dict):
+                raise PodError(f"annotation {DEVICE_ALLOCATE_HINT}: field {kind}.{selector}: expected an object")
+        fields = {k: v for k, v in entry.items() if v not in (None, "")}
+        try:
+            out[kind] = DeviceHint.model_validate(fields)
+        except pydantic.ValidationError as exc:
+            first = exc.errors()[0]
+            field = ".".join(str(p) for p in first["loc"])
+            raise PodError(f"annotation {DEVICE_ALLOCATE_HINT}: field {kind}.{field}: {first['msg']}") from None
     return out
 
 

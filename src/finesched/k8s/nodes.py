@@ -4,7 +4,7 @@
   ``status.allocatable``; device resources (``koordinator.sh/gpu-*``, ``nvidia.com/gpu``, ...) are
   left out of the scalar amounts, since the devices carry them.
 * Device (``scheduling.koordinator.sh/v1alpha1``, named after the node): one finesched Device per
-  ``spec.devices[]`` entry (type, minor, UUID, health, NUMA node, PCIe switch, resources).
+  ``spec.devices[]`` entry (type, minor, UUID, health, NUMA node, PCIe switch, resources, labels).
   Without a Device CR, a node that advertises GPUs (``koordinator.sh/gpu-core`` or
   ``nvidia.com/gpu``) gets that many whole GPUs, sharing ``koordinator.sh/gpu-memory`` evenly,
   with no topology: Koordinator's koordlet is what reports the real inventory.
@@ -112,6 +112,11 @@ def _devices(device_cr: Mapping[str, Any] | None, allocatable: Mapping[str, int]
             device["numa"] = topo["nodeID"]
         if topo.get("pcieID"):
             device["pcie"] = str(topo["pcieID"])
+        labels = d.get("labels") or {}
+        if not isinstance(labels, Mapping) or not all(isinstance(v, str) for v in labels.values()):
+            raise NodeError(f"{where}.labels: expected an object of string values")
+        if labels:  # what a pod's device-allocate-hint selector matches
+            device["labels"] = dict(labels)
         out.append(device)
     return out
 
