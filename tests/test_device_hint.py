@@ -263,3 +263,31 @@ def test_manifest_round_trip_keeps_the_hint():
     assert again.device_allocate_hint == workload.device_allocate_hint
     node = nics(base(), ["x"]).obj()
     assert node.devices[0].labels == {"role": "x"}
+
+
+# With deviceJointAllocate -------------------------------------------------------------------------
+
+
+def test_joint_allocation_with_a_hinted_type_is_filtered_exactly():
+    # node a: the storage NIC is on p1, the GPU on p0 -> no joint choice; node b: both on p0
+    a = base("a").device("gpu", 0, pcie="p0").device("rdma", 0, pcie="p0", labels={"role": "compute"})
+    a = a.device("rdma", 1, pcie="p1", labels={"role": "storage"})
+    b = base("b").device("gpu", 0, pcie="p0").device("rdma", 0, pcie="p0", labels={"role": "storage"})
+    s = scheduler(a, b)
+    hint = {"rdma": {"selector": {"matchLabels": {"role": "storage"}}}}
+    joint = {"deviceTypes": ["gpu", "rdma"], "requiredScope": "SamePCIe"}
+
+    def make(name):
+        fields = {"deviceAllocateHint": hint, "deviceJointAllocate": joint}
+        return make_workload(name).req(cpu="1", **{"nvidia.com/gpu": 1, RDMA: 100}).set(**fields)
+
+    binding = s.schedule_one(make("j1").obj())
+    assert binding.node == "b" and minors(binding) == [0] and minors(binding, "gpu") == [0]
+    with pytest.raises(FitError) as exc:
+        s.schedule_one(make("j2").obj())
+    assert exc.value.reasons == {
+        "no free gpu shares a PCIe switch with enough free rdma": 1,  # node a, from the exact allocator
+        "insufficient gpu-core on any single GPU": 1,  # node b: its GPU and NIC are taken
+        "insufficient gpu-memory on any single GPU": 1,
+        "insufficient free rdma devices": 1,
+    }

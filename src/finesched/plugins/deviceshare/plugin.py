@@ -205,10 +205,41 @@ class DeviceShare:
                 mask &= fit_mask(rule, free, total, healthy).sum(axis=1) >= tr.count
             if tr.hint is not None and rule is not None:
                 mask &= self._hint_ok(tr, rule, everyone, index)
-        joint = cycle.read(DEVICE_REQUEST).joint
+        dreq = cycle.read(DEVICE_REQUEST)
+        joint = dreq.joint
         if joint is not None:
             mask &= self._joint_ok(rules, joint.types, joint.scope, everyone, index)
+            if any(dreq.types[t].hint is not None for t in joint.types):
+                mask &= self._joint_hint_ok(dreq, rules, everyone, index)
         return FilterResult(mask, lambda: self._explain(cycle, nodes, mask))
+
+    def _joint_hint_problem(self, dreq: DeviceRequest, node: int) -> str | None:
+        """The exact allocator's verdict for a joint request with hints on one node (None: it can serve).
+
+        The vectorized joint check cannot see selectors, exclusivity or scopes, so for these rare
+        requests the filter asks the allocator itself: the filter then never passes a node the
+        offer fails on. The card-level strategy only orders equally valid sets, so the node's one
+        stands in for the workload's.
+        """
+        accounts = self._acc()
+        devices = {kind: accounts.node_devices(node, kind, copy=False) for kind in dreq.types}
+        labels = dict(self._hint_labels(dreq, node) or ())
+        strategy = accounts.strategy_of(node) or self.strategy
+        try:
+            allocate_devices(devices, dreq, strategy=strategy, labels=labels)
+        except InsufficientDevices as exc:
+            return exc.reason
+        return None
+
+    def _joint_hint_ok(self, dreq: DeviceRequest, rules: _Rules, n: int, index: np.ndarray | None) -> BoolArray:
+        def compute(rows: Any) -> tuple[np.ndarray, ...]:
+            ids = range(rows.start or 0, rows.stop) if isinstance(rows, slice) else rows.tolist()
+            ok = (self._joint_hint_problem(dreq, i) is None for i in ids)
+            return (np.fromiter(ok, dtype=bool, count=len(ids)),)
+
+        if index is not None:
+            return compute(index)[0]
+        return self._acc().cached(("joint-hint", rules, dreq.joint), compute, n)[0]
 
     def labels_of(self, node: int, kind: str) -> Labels:
         """Node `node`'s device labels of `kind` in slot order (what hint selectors read)."""
@@ -303,11 +334,21 @@ class DeviceShare:
                     hit = out.setdefault(problem, (np.zeros(n, dtype=bool), Code.UNSCHEDULABLE))[0]
                     hit[row] = True
                     per_type_ok[row] = False
-        joint = cycle.read(DEVICE_REQUEST).joint
+        dreq = cycle.read(DEVICE_REQUEST)
+        joint = dreq.joint
+        if joint is not None and any(dreq.types[t].hint is not None for t in joint.types):
+            for row, node in enumerate(node_ids):
+                if per_type_ok[row] and not mask[row]:
+                    problem = self._joint_hint_problem(dreq, node) or "no joint allocation fits"
+                    hit = out.setdefault(problem, (np.zeros(n, dtype=bool), Code.UNSCHEDULABLE))[0]
+                    hit[row] = True
+                    per_type_ok[row] = False
         if joint is not None:
             where = "PCIe switch" if joint.scope == "SamePCIe" else "NUMA node"
             reason = f"no free {joint.types[0]} shares a {where} with enough free {', '.join(joint.types[1:])}"
-            out[reason] = (per_type_ok & ~mask, Code.UNSCHEDULABLE)
+            earlier = out.get(reason)  # the allocator may have given hinted nodes the same reason
+            hit = per_type_ok & ~mask if earlier is None else (per_type_ok & ~mask) | earlier[0]
+            out[reason] = (hit, Code.UNSCHEDULABLE)
         return out
 
     # Score ------------------------------------------------------------------------------------------
