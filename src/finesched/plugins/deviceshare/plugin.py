@@ -32,7 +32,8 @@ from finesched.model.binding import Binding
 from finesched.model.device_allocated import DEVICE_ALLOCATED, format_device_allocated
 from finesched.model.workload import Workload
 from finesched.plugins.deviceshare.allocator import DeviceAllocation, InsufficientDevices, allocate_devices
-from finesched.plugins.deviceshare.hints import Labels, device_labels, hint_problem
+from finesched.plugins.deviceshare.hint_filter import HintChecks
+from finesched.plugins.deviceshare.hints import Labels
 from finesched.plugins.deviceshare.request import (
     DeviceRequest,
     FitRule,
@@ -96,7 +97,7 @@ class DeviceShare:
     def __init__(self, strategy: str = "LeastAllocated"):
         self.strategy = strategy
         self.accounts: DeviceAccounts | None = None
-        self._state: ClusterState | None = None
+        self._hints: HintChecks | None = None
         self._normalized: OrderedDict[tuple[Any, ...], object] = OrderedDict()
         self._offers: dict[tuple[Any, ...], DeviceAllocation | Status] = {}  # see `reserve`
 
@@ -107,8 +108,13 @@ class DeviceShare:
 
     def attach(self, state: ClusterState) -> None:
         self.accounts = attach_device_accounts(state)
-        self._state = state
+        self._hints = HintChecks(self.accounts, state, self.strategy)
         self._offers = {}
+
+    def _checks(self) -> HintChecks:
+        if self._hints is None:
+            raise MissingState("DeviceShare: not attached to a ClusterState")
+        return self._hints
 
     def _acc(self) -> DeviceAccounts:
         if self.accounts is None:
@@ -204,66 +210,14 @@ class DeviceShare:
                 free, total, healthy = node_rows(acc, index)
                 mask &= fit_mask(rule, free, total, healthy).sum(axis=1) >= tr.count
             if tr.hint is not None and rule is not None:
-                mask &= self._hint_ok(tr, rule, everyone, index)
+                mask &= self._checks().type_ok(tr, rule, everyone, index)
         dreq = cycle.read(DEVICE_REQUEST)
         joint = dreq.joint
         if joint is not None:
             mask &= self._joint_ok(rules, joint.types, joint.scope, everyone, index)
             if any(dreq.types[t].hint is not None for t in joint.types):
-                mask &= self._joint_hint_ok(dreq, rules, everyone, index)
+                mask &= self._checks().joint_ok(dreq, rules, everyone, index)
         return FilterResult(mask, lambda: self._explain(cycle, nodes, mask))
-
-    def _joint_hint_problem(self, dreq: DeviceRequest, node: int) -> str | None:
-        """The exact allocator's verdict for a joint request with hints on one node (None: it can serve).
-
-        The vectorized joint check cannot see selectors, exclusivity or scopes, so for these rare
-        requests the filter asks the allocator itself: the filter then never passes a node the
-        offer fails on. The card-level strategy only orders equally valid sets, so the node's one
-        stands in for the workload's.
-        """
-        accounts = self._acc()
-        devices = {kind: accounts.node_devices(node, kind, copy=False) for kind in dreq.types}
-        labels = dict(self._hint_labels(dreq, node) or ())
-        strategy = accounts.strategy_of(node) or self.strategy
-        try:
-            allocate_devices(devices, dreq, strategy=strategy, labels=labels)
-        except InsufficientDevices as exc:
-            return exc.reason
-        return None
-
-    def _joint_hint_ok(self, dreq: DeviceRequest, rules: _Rules, n: int, index: np.ndarray | None) -> BoolArray:
-        def compute(rows: Any) -> tuple[np.ndarray, ...]:
-            ids = range(rows.start or 0, rows.stop) if isinstance(rows, slice) else rows.tolist()
-            ok = (self._joint_hint_problem(dreq, i) is None for i in ids)
-            return (np.fromiter(ok, dtype=bool, count=len(ids)),)
-
-        if index is not None:
-            return compute(index)[0]
-        return self._acc().cached(("joint-hint", rules, dreq.joint), compute, n)[0]
-
-    def labels_of(self, node: int, kind: str) -> Labels:
-        """Node `node`'s device labels of `kind` in slot order (what hint selectors read)."""
-        if self._state is None:
-            raise MissingState("DeviceShare: not attached to a ClusterState")
-        return device_labels(self._state.nodes[node], kind)
-
-    def _hint_problem(self, tr: TypeRequest, rule: FitRule, node: int) -> str | None:
-        """hints.py's verdict on one node (the allocator reaches the same one)."""
-        nd = self._acc().node_devices(node, tr.type, copy=False)
-        fits = None if nd is None else fit_mask(rule, nd.free, nd.total, nd.healthy)
-        return hint_problem(nd, tr, self.labels_of(node, tr.type) if nd is not None else (), fits)
-
-    def _hint_ok(self, tr: TypeRequest, rule: FitRule, n: int, index: np.ndarray | None) -> BoolArray:
-        """[batch] nodes where the hinted type can be served: per node in Python, so cached over all
-        nodes like the fit counts (only changed nodes are re-evaluated) or run on a subset `index`."""
-
-        def compute(rows: Any) -> tuple[np.ndarray, ...]:
-            ids = range(rows.start or 0, rows.stop) if isinstance(rows, slice) else rows.tolist()
-            return (np.fromiter((self._hint_problem(tr, rule, i) is None for i in ids), dtype=bool, count=len(ids)),)
-
-        if index is not None:
-            return compute(index)[0]
-        return self._acc().cached(("hint", tr, rule), compute, n)[0]
 
     def _joint_ok(
         self, rules: _Rules, types: tuple[str, ...], scope: str, n: int, index: np.ndarray | None
@@ -322,27 +276,10 @@ class DeviceShare:
             free, total, healthy = acc.free[:, rows], acc.total[:, rows], acc.healthy[rows]
             out.update(explain_type(tr.type, rule, tr.count, acc.dims, free, total, healthy, acc.valid[rows]))
             per_type_ok &= fit_mask(rule, free, total, healthy).sum(axis=1) >= tr.count
-        node_ids = range(nodes.state.n) if nodes.index is None else nodes.index.tolist()
-        for tr, rule in cycle.read(_RULES).items:
-            if tr.hint is None or rule is None:
-                continue
-            for row, node in enumerate(node_ids):
-                if not per_type_ok[row]:
-                    continue
-                problem = self._hint_problem(tr, rule, node)
-                if problem is not None:
-                    hit = out.setdefault(problem, (np.zeros(n, dtype=bool), Code.UNSCHEDULABLE))[0]
-                    hit[row] = True
-                    per_type_ok[row] = False
+        node_ids = list(range(nodes.state.n)) if nodes.index is None else nodes.index.tolist()
         dreq = cycle.read(DEVICE_REQUEST)
+        self._checks().explain(dreq, cycle.read(_RULES).items, node_ids, per_type_ok, mask, out)
         joint = dreq.joint
-        if joint is not None and any(dreq.types[t].hint is not None for t in joint.types):
-            for row, node in enumerate(node_ids):
-                if per_type_ok[row] and not mask[row]:
-                    problem = self._joint_hint_problem(dreq, node) or "no joint allocation fits"
-                    hit = out.setdefault(problem, (np.zeros(n, dtype=bool), Code.UNSCHEDULABLE))[0]
-                    hit[row] = True
-                    per_type_ok[row] = False
         if joint is not None:
             where = "PCIe switch" if joint.scope == "SamePCIe" else "NUMA node"
             reason = f"no free {joint.types[0]} shares a {where} with enough free {', '.join(joint.types[1:])}"
@@ -388,7 +325,7 @@ class DeviceShare:
                 None if affinity is None else (affinity.numa, affinity.required),
                 accounts.epoch,
                 tuple(accounts.device_state_key(node, kind) for kind in dreq.types),
-                self._hint_labels(dreq, node),
+                self._checks().hint_labels(dreq, node),
             )
             outcome = self._offers.get(key)
             if outcome is None:
@@ -397,18 +334,18 @@ class DeviceShare:
                 outcome = self._offers[key] = self._offer(accounts, dreq, node, strategy, affinity, None, key[-1])
         else:
             outcome = self._offer(
-                accounts, dreq, node, strategy, affinity, partial(chooser.choose, node), self._hint_labels(dreq, node)
+                accounts,
+                dreq,
+                node,
+                strategy,
+                affinity,
+                partial(chooser.choose, node),
+                self._checks().hint_labels(dreq, node),
             )
         if isinstance(outcome, Status):
             return outcome
         offers.by_node[node] = outcome
         return SUCCESS
-
-    def _hint_labels(self, dreq: DeviceRequest, node: int) -> tuple[tuple[str, Labels], ...] | None:
-        """Device labels of the types whose hint has a selector (None without one: hint-less requests
-        read no labels, and the offer memo key stays as it was)."""
-        kinds = [k for k, tr in dreq.types.items() if tr.hint is not None and tr.hint.selector is not None]
-        return tuple((k, self.labels_of(node, k)) for k in kinds) or None  # hashable: part of the memo key
 
     @staticmethod
     def _offer(
