@@ -4,6 +4,8 @@
 `allocate_devices` (allocator.py) chooses devices on one node, `DeviceShare` (plugin.py) runs both
 in the scheduling cycle over `DeviceAccounts` (state/devices.py), `DeviceScore` (scoring.py)
 scores nodes by device use, and annotations.py reads and writes Koordinator's annotation.
+hints.py and hint_filter.py apply a workload's deviceAllocateHint (selector, allocateStrategy,
+requiredTopologyScope, exclusivePolicy) in the filter and the allocator alike.
 """
 
 from finesched.model.device_allocated import (

@@ -20,6 +20,10 @@ Per requested type, the candidates are the healthy devices on which one instance
 * **Joint allocation** (deviceJointAllocate): the first type's sets are tried best-first; the other
   types must find their devices on the PCIe switches (SamePCIe) or NUMA nodes (SameNUMA) of the
   chosen first-type devices.
+* **Hints** (deviceAllocateHint, hints.py): a hinted type's candidates are only the devices its
+  selector and exclusive policy allow; ApplyForAll takes every matching device; a required
+  PCIe / NUMA scope takes the best set within one switch / NUMA node (each group's best set, then
+  the best of those); DeviceLevel grants each device whole.
 * **A DeviceChooser** in the cycle (e.g. fragmentation-aware) is given the fitting minors and its
   answer is used when not None (for a joint first type, only if the other types then fit).
 
