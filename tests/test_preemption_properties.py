@@ -14,10 +14,12 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from builders import make_node, make_workload
+from finesched.model.binding import Binding
 from finesched.model.resources import ResourceVector
 from finesched.model.tenant import Tenant
 from finesched.plugins.deviceshare.request import TypeRequest, compile_rule, fit_mask
 from finesched.plugins.preemption_model import slot_fits
+from finesched.sched.framework import Preemption
 from finesched.sched.scheduler import Scheduler
 from finesched.state.cluster import ClusterState
 
@@ -77,17 +79,11 @@ class PreemptionMachine(RuleBasedStateMachine):
         s = self.s
         before = {k: b for k, b in s.state.bindings.items()}
         usage = {t: dict(s.usage.of(t)) for t in TENANTS}
-        s.run()
+        results = s.run()
         preemptions = s.take_preemptions()
+        self.check_victims(before, results, {p.preemptor: p for p in preemptions})
         evicted_later: set[str] = set()
         for p in reversed(preemptions):
-            for victim in p.victims:
-                reason = p.reasons[victim.workload]
-                if victim.priority >= p.binding.priority:
-                    assert victim.priority == p.binding.priority and reason.startswith("reclaim"), (p, reason)
-                    floor = self.mins.get(victim.tenant, {})
-                    # the victim's tenant borrowed above its min before this run
-                    assert any(usage[victim.tenant].get(n, 0) > floor.get(n, 0) for n in ("cpu",)), (p, usage)
             if p.preemptor not in evicted_later:
                 assert s.state.bindings.get(p.preemptor) == p.binding
             evicted_later.update(p.victim_keys)
@@ -98,6 +94,24 @@ class PreemptionMachine(RuleBasedStateMachine):
                 for name, amount in floor.items():
                     if usage[t].get(name, 0) >= amount:
                         assert s.usage.of(t).get(name, 0) >= amount or t in {p.binding.tenant for p in preemptions}
+
+    def check_victims(self, before: dict[str, Binding], results: list, preemptions: dict[str, Preemption]) -> None:
+        """Replay the run in decision order: a victim of equal or higher priority is a quota reclaim,
+        and at the moment of its eviction its tenant held more cpu than its min (it was borrowing;
+        what it held may have been placed earlier in the same run)."""
+        held = dict(before)
+        for result in results:
+            if not isinstance(result, Binding):
+                continue
+            p = preemptions.get(result.workload)
+            for victim in p.victims if p is not None else ():
+                reason = p.reasons[victim.workload]
+                if victim.priority >= p.binding.priority:
+                    assert victim.priority == p.binding.priority and reason.startswith("reclaim"), (p, reason)
+                    holds = sum(b.requests.get("cpu", 0) for b in held.values() if b.tenant == victim.tenant)
+                    assert holds > self.mins.get(victim.tenant, {}).get("cpu", 0), (p, holds)
+                held.pop(victim.workload, None)
+            held[result.workload] = result
 
     @invariant()
     def nothing_over_allocated(self) -> None:
