@@ -51,6 +51,17 @@ def _rebuild(workload: str, total: int, reasons: dict[str, int], unresolvable: b
     return FitError(workload, total, reasons, unresolvable=unresolvable, detail=detail)
 
 
+def gang_fit_error(gang: str, exc: FitError, outcome: str) -> FitError:
+    """The FitError of a gang one of whose members does not fit (`outcome`: what was undone)."""
+    return FitError(
+        exc.workload,
+        exc.total_nodes,
+        exc.reasons,
+        unresolvable=exc.unresolvable,
+        detail=f"gang {gang}: member {exc.workload} does not fit ({exc.message}); {outcome}",
+    )
+
+
 class QuotaWait(FitError):
     """The workload waits because its tenant is at its quota (it is not failed)."""
 

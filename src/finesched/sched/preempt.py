@@ -33,7 +33,7 @@ from finesched.errors import ValidationError
 from finesched.model.binding import Binding
 from finesched.model.workload import Workload
 from finesched.sched.cycle_state import CycleState
-from finesched.sched.diagnosis import FitError
+from finesched.sched.diagnosis import FitError, gang_fit_error
 from finesched.sched.elastic import ReclaimRule
 from finesched.sched.framework import NodeBatch, Preemption
 from finesched.sched.memo import request_shape
@@ -182,11 +182,5 @@ def place_gang_or_preempt(sched: Scheduler, workloads: Sequence[Workload]) -> li
         if isinstance(exc, ValidationError):
             raise
         name = workloads[0].gang.name if workloads[0].gang else "gang"
-        raise FitError(
-            exc.workload,
-            exc.total_nodes,
-            exc.reasons,
-            unresolvable=exc.unresolvable,
-            detail=f"gang {name}: member {exc.workload} does not fit ({exc.message}); none placed, none evicted",
-        ) from None
+        raise gang_fit_error(name, exc, "none placed, none evicted") from None
     return [binding for binding, _ in steps]

@@ -31,7 +31,7 @@ from finesched.model.binding import Binding
 from finesched.model.tenant import Tenant
 from finesched.model.workload import Workload
 from finesched.sched.cycle_state import CycleState
-from finesched.sched.diagnosis import FitError, InvalidRequest, QuotaWait, diagnose
+from finesched.sched.diagnosis import FitError, InvalidRequest, QuotaWait, diagnose, gang_fit_error
 from finesched.sched.framework import Code, NodeBatch, Preemption, ScoreArray
 from finesched.sched.memo import MemoEntry, ScoreMemo, request_shape
 from finesched.sched.preempt import (
@@ -305,13 +305,7 @@ class Scheduler:
             if isinstance(exc, ValidationError):  # an invalid member: none placed, the user's error
                 raise
             name = workloads[0].gang.name if workloads[0].gang else "gang"
-            raise FitError(
-                exc.workload,
-                exc.total_nodes,
-                exc.reasons,
-                unresolvable=exc.unresolvable,
-                detail=f"gang {name}: member {exc.workload} does not fit ({exc.message}); none placed",
-            ) from None
+            raise gang_fit_error(name, exc, "none placed") from None
         return placed
 
     def submit(self, workloads: Iterable[Workload]) -> None:
