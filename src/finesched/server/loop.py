@@ -269,10 +269,7 @@ class SchedulerLoop:
                 self.reconcile_tenant(obj)
 
     def reconcile_node(self, name: str) -> None:
-        try:
-            row = self.store.get_node(name)
-        except NotFound:
-            row = None
+        row = self.store.find_node(name)
         with self.lock:
             scheduler = self.scheduler
             if scheduler is None:
@@ -301,11 +298,7 @@ class SchedulerLoop:
             scheduler.queue.cluster_changed()
 
     def reconcile_workload(self, key: str) -> None:
-        namespace, name = key.split("/", 1)
-        try:
-            row = self.store.get_workload(namespace, name)
-        except NotFound:
-            row = None
+        row = self.store.find_workload(*key.split("/", 1))
         with self.lock:
             scheduler = self.scheduler
             if scheduler is None:

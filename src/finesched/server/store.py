@@ -112,9 +112,12 @@ class Store:
             assert row is not None
             return row, False
 
-    def get_node(self, name: str) -> dict[str, Any]:
+    def find_node(self, name: str) -> dict[str, Any] | None:
         with self.read() as conn:
-            row = as_dict(conn.execute(select(t.nodes).where(t.nodes.c.name == name)).first())
+            return as_dict(conn.execute(select(t.nodes).where(t.nodes.c.name == name)).first())
+
+    def get_node(self, name: str) -> dict[str, Any]:
+        row = self.find_node(name)
         if row is None:
             raise NotFound(f"node {name} not found")
         return row
@@ -222,19 +225,20 @@ class Store:
             }  # fmt: skip
         return [k for k in keys if k in found]
 
-    def get_workload(self, namespace: str, name: str) -> dict[str, Any]:
-        """The workload row with its binding row under "binding" (None when unbound)."""
+    def find_workload(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The workload row with its binding row under "binding" (None when unbound), or None."""
         with self.read() as conn:
-            row = as_dict(
-                conn.execute(
-                    select(t.workloads).where(t.workloads.c.namespace == namespace, t.workloads.c.name == name)
-                ).first()
-            )
-            if row is None:
-                raise NotFound(f"workload {namespace}/{name} not found")
-            row["binding"] = as_dict(
-                conn.execute(select(t.bindings).where(t.bindings.c.workload_id == row["id"])).first()
-            )
+            query = select(t.workloads).where(t.workloads.c.namespace == namespace, t.workloads.c.name == name)
+            row = as_dict(conn.execute(query).first())
+            if row is not None:
+                binding = conn.execute(select(t.bindings).where(t.bindings.c.workload_id == row["id"])).first()
+                row["binding"] = as_dict(binding)
+        return row
+
+    def get_workload(self, namespace: str, name: str) -> dict[str, Any]:
+        row = self.find_workload(namespace, name)
+        if row is None:
+            raise NotFound(f"workload {namespace}/{name} not found")
         return row
 
     def list_workloads(self, **filters: str | None) -> list[dict[str, Any]]:
