@@ -33,7 +33,7 @@ import numpy.typing as npt
 from finesched.errors import ValidationError
 from finesched.k8s.assess import Assessor
 from finesched.k8s.convert import PodError, pod_key, pod_workload
-from finesched.k8s.nodes import NODE_NAME_LABEL
+from finesched.k8s.nodes import NODE_NAME_LABEL, NodeError, node_from_k8s
 from finesched.k8s.wire import BindingArgs, ExtenderArgs, Victims, filter_result
 from finesched.model.base import FrozenDict
 from finesched.model.binding import Binding
@@ -108,6 +108,10 @@ class Extender:
         self._lists: OrderedDict[tuple[int, tuple[str, ...]], npt.NDArray[np.intp]] = OrderedDict()
         #: Nodes the API has but finesched could not convert: name -> why (set by the sync).
         self.node_problems: Mapping[str, str] = {}
+        #: Nodes learned from full-Nodes requests (nodeCacheCapable: false): name -> resourceVersion
+        #: seen, and those that could not be converted: name -> why.
+        self._learned: dict[str, str] = {}
+        self._learn_problems: dict[str, str] = {}
 
     # Pods --------------------------------------------------------------------------------------------------
     def workload(self, pod: Any) -> Workload:
@@ -134,9 +138,33 @@ class Extender:
         return found
 
     # Filter and prioritize --------------------------------------------------------------------------------
+    def learn_nodes(self, nodes: list[dict[str, Any]] | None) -> None:
+        """With `nodeCacheCapable: false` kube-scheduler sends the Node objects themselves: a node
+        finesched does not know yet is added from its Node object alone (labels, allocatable, GPUs
+        advertised in allocatable), and updated when its resourceVersion changes. Nodes known
+        through the API watch or `--cluster` keep that richer source (Device CR, NRT)."""
+        for doc in nodes or ():
+            meta = doc.get("metadata") or {}
+            name, version = str(meta.get("name", "")), str(meta.get("resourceVersion", ""))
+            known = name in self.state.index
+            if not name or (known and name not in self._learned) or self._learned.get(name) == version:
+                continue
+            try:
+                node = node_from_k8s(doc)
+                if known:
+                    self.state.update_node(node)
+                else:
+                    self.state.add_node(node)
+            except (NodeError, StateError) as exc:
+                self._learn_problems[name] = str(exc)
+                continue
+            self._learned[name] = version
+            self._learn_problems.pop(name, None)
+
     def filter(self, args: ExtenderArgs) -> dict[str, Any]:
         with self.lock:
             self.expire()
+            self.learn_nodes(args.nodes)
             try:
                 workload = self.workload(args.pod)
             except PodError as exc:
@@ -153,7 +181,7 @@ class Extender:
             for position in np.flatnonzero(~ok).tolist():
                 name, i = names[position], int(positions[position])
                 if i < 0:
-                    problem = self.node_problems.get(name)
+                    problem = self.node_problems.get(name) or self._learn_problems.get(name)
                     unresolvable[name] = f"{UNKNOWN_NODE}: {problem}" if problem else UNKNOWN_NODE
                 else:
                     reason, final = assessment.reason(i)
@@ -163,6 +191,7 @@ class Extender:
     def prioritize(self, args: ExtenderArgs) -> list[int]:
         """Each of `args.names`' score 0..10 (0 for unknown nodes and for a Pod that cannot be read)."""
         with self.lock:
+            self.learn_nodes(args.nodes)
             try:
                 workload = self.workload(args.pod)
             except PodError:
