@@ -238,6 +238,27 @@ def test_preempt_keeps_nodes_where_the_pod_fits_once_victims_are_gone(http: Test
     extender.state.check_invariants()
 
 
+def test_preempt_reprieves_the_victims_that_are_not_needed(http: TestClient, extender: Extender) -> None:
+    # Two whole-GPU pods fill gpu-node-a; kube-scheduler offers both as victims, but the preemptor
+    # needs one GPU: one is reprieved (equal priority: the first considered), one goes.
+    victims = []
+    for k in range(2):
+        request = fixture("extender-filter-request-nodecache.json")
+        pod = request["Pod"]
+        pod["metadata"].update(name=f"victim-{k}", uid=f"victim-uid-{k}", annotations={}, labels={})
+        for part in ("requests", "limits"):
+            pod["spec"]["containers"][0]["resources"][part] = {"cpu": "1", "memory": "1Gi", "nvidia.com/gpu": "1"}
+        http.post("/filter", json=request)
+        bind = {"PodName": f"victim-{k}", "PodNamespace": "ml", "PodUID": f"victim-uid-{k}", "Node": "gpu-node-a"}
+        assert http.post("/bind", json=bind).json() == {"Error": ""}
+        victims.append(f"victim-uid-{k}")
+    request = fixture("extender-preempt-request.json")
+    request["NodeNameToMetaVictims"] = {"gpu-node-a": {"Pods": [{"UID": u} for u in victims], "NumPDBViolations": 0}}
+    reply = http.post("/preempt", json=request).json()
+    assert reply == {"NodeNameToMetaVictims": {"gpu-node-a": {"Pods": [{"UID": victims[1]}], "NumPDBViolations": 0}}}
+    extender.state.check_invariants()
+
+
 def test_preempt_reads_full_victim_pods_and_answers_with_uids() -> None:
     request = fixture("extender-preempt-request.json")
     full = {

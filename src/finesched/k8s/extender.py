@@ -291,7 +291,9 @@ class Extender:
 
     # Preempt -----------------------------------------------------------------------------------------------
     def preempt(self, pod: Any, candidates: Mapping[str, Victims]) -> dict[str, Victims]:
-        """The candidates on which the Pod fits once the victims are gone (victims as given)."""
+        """The candidates on which the Pod fits once the victims are gone, each with the fewest
+        victims needed: kube-scheduler's victims are reprieved one by one, highest priority first,
+        while the Pod still fits without them (device shares and cpusets decide, not just counts)."""
         with self.lock:
             workload = self.workload(pod)
             by_uid = {uid: key for key, uid in self.uids.items()}
@@ -300,9 +302,21 @@ class Extender:
                 i = self.state.index.get(node)
                 if i is None:
                     continue
-                if self._fits_without(workload, i, [by_uid[u] for u in victims.uids if u in by_uid]):
-                    kept[node] = victims
+                evict = [u for u in victims.uids if u in by_uid]
+                if not self._fits_without(workload, i, [by_uid[u] for u in evict]):
+                    continue
+                for uid in sorted(evict, key=lambda u: -self._priority(by_uid[u])):
+                    rest = [u for u in evict if u != uid]
+                    if self._fits_without(workload, i, [by_uid[u] for u in rest]):
+                        evict = rest  # not needed: reprieved
+                # victims finesched does not know (no binding here) are kept as kube-scheduler chose
+                unknown = [u for u in victims.uids if u not in by_uid]
+                kept[node] = Victims(evict + unknown, victims.pdb_violations)
             return kept
+
+    def _priority(self, key: str) -> int:
+        binding = self.state.bindings.get(key)
+        return binding.priority if binding is not None else 0
 
     def _fits_without(self, workload: Workload, i: int, keys: list[str]) -> bool:
         state = self.state
