@@ -211,8 +211,8 @@ def test_unresolvable_when_the_node_has_no_gpu_at_all(tmp_path: Path) -> None:
     assert body["NodeNames"] == [] and list(body["FailedAndUnresolvableNodes"]) == ["cpu-only"]
 
 
-def test_preempt_keeps_nodes_where_the_pod_fits_once_victims_are_gone(http: TestClient, extender: Extender) -> None:
-    # Fill gpu-node-a's two GPUs with two whole-GPU pods, then preempt for the fixture's pod.
+def fill_gpu_node_a(http: TestClient) -> list[str]:
+    """Bind two whole-GPU pods on gpu-node-a (filtered there first); their UIDs."""
     victims = []
     for k in range(2):
         request = fixture("extender-filter-request-nodecache.json")
@@ -224,6 +224,12 @@ def test_preempt_keeps_nodes_where_the_pod_fits_once_victims_are_gone(http: Test
         bind = {"PodName": f"victim-{k}", "PodNamespace": "ml", "PodUID": f"victim-uid-{k}", "Node": "gpu-node-a"}
         assert http.post("/bind", json=bind).json() == {"Error": ""}
         victims.append(f"victim-uid-{k}")
+    return victims
+
+
+def test_preempt_keeps_nodes_where_the_pod_fits_once_victims_are_gone(http: TestClient, extender: Extender) -> None:
+    # Fill gpu-node-a's two GPUs with two whole-GPU pods, then preempt for the fixture's pod.
+    victims = fill_gpu_node_a(http)
     request = fixture("extender-preempt-request.json")
     assert http.post("/filter", json={"Pod": request["Pod"], "NodeNames": ["gpu-node-a"]}).json()["NodeNames"] == []
     request["NodeNameToMetaVictims"]["gpu-node-a"]["Pods"] = [{"UID": victims[0]}]
@@ -241,17 +247,7 @@ def test_preempt_keeps_nodes_where_the_pod_fits_once_victims_are_gone(http: Test
 def test_preempt_reprieves_the_victims_that_are_not_needed(http: TestClient, extender: Extender) -> None:
     # Two whole-GPU pods fill gpu-node-a; kube-scheduler offers both as victims, but the preemptor
     # needs one GPU: one is reprieved (equal priority: the first considered), one goes.
-    victims = []
-    for k in range(2):
-        request = fixture("extender-filter-request-nodecache.json")
-        pod = request["Pod"]
-        pod["metadata"].update(name=f"victim-{k}", uid=f"victim-uid-{k}", annotations={}, labels={})
-        for part in ("requests", "limits"):
-            pod["spec"]["containers"][0]["resources"][part] = {"cpu": "1", "memory": "1Gi", "nvidia.com/gpu": "1"}
-        http.post("/filter", json=request)
-        bind = {"PodName": f"victim-{k}", "PodNamespace": "ml", "PodUID": f"victim-uid-{k}", "Node": "gpu-node-a"}
-        assert http.post("/bind", json=bind).json() == {"Error": ""}
-        victims.append(f"victim-uid-{k}")
+    victims = fill_gpu_node_a(http)
     request = fixture("extender-preempt-request.json")
     request["NodeNameToMetaVictims"] = {"gpu-node-a": {"Pods": [{"UID": u} for u in victims], "NumPDBViolations": 0}}
     reply = http.post("/preempt", json=request).json()
