@@ -16,7 +16,7 @@ from finesched.model.binding import Binding
 from finesched.model.workload import Workload
 from finesched.server import schema as t
 from finesched.server.loop import SchedulerLoop
-from finesched.server.store import BOUND, Event, Store, now
+from finesched.server.store import BOUND, Event, Store, binding_row, now
 from finesched.server.views import canonical
 
 
@@ -35,9 +35,8 @@ def insert_bound(
              "spec": canonical(workload), "phase": BOUND, "reason": "", "node": binding.node, "job": job,
              "version": 1, "created": stamp, "updated": stamp},
         ).scalar_one()  # fmt: skip
-        conn.execute(insert(t.bindings), {"workload_id": workload_id, "workload": workload.key, "node": binding.node,
-                                          "acked": False, "version": 1, "created": stamp,
-                                          "data": binding.model_dump(mode="json", by_alias=True)})  # fmt: skip
+        data = binding.model_dump(mode="json", by_alias=True)
+        conn.execute(insert(t.bindings), binding_row(workload_id, workload.key, binding.node, data, stamp))
         events.append(Event("Workload", workload.key, "Bound", f"bound to {binding.node}{why}"))
     return events
 

@@ -61,6 +61,12 @@ def as_dict(row: Row[Any] | None) -> dict[str, Any] | None:
     return out
 
 
+def binding_row(workload_id: int, key: str, node: str, data: Mapping[str, Any], stamp: datetime) -> dict[str, Any]:
+    """A new, unacknowledged `bindings` row."""
+    return {"workload_id": workload_id, "workload": key, "node": node, "data": dict(data), "acked": False,
+            "version": 1, "created": stamp}  # fmt: skip
+
+
 class Store:
     """All reads and writes of the control plane's tables."""
 
@@ -304,8 +310,7 @@ class Store:
                     continue
                 for victim, reason in evictions.get(workload_id, ()):
                     events += self._evict(conn, victim, f"preempted by {key} on {node}: {reason}")
-                rows.append({"workload_id": workload_id, "workload": key, "node": node, "data": dict(data),
-                             "acked": False, "version": 1, "created": stamp})  # fmt: skip
+                rows.append(binding_row(workload_id, key, node, data, stamp))
                 events.append(Event("Workload", key, "Bound", f"bound to {node}"))
             if rows:
                 conn.execute(insert(t.bindings), rows)
