@@ -137,7 +137,7 @@ def plan(
     profile: Annotated[
         str, typer.Option("--profile", "-p", help="Built-in profile name or a profile YAML file.")
     ] = "default",
-    output: Annotated[str, typer.Option("--output", "-o", help="table, json or yaml.")] = "table",
+    output: Annotated[str, typer.Option("--output", "-o", help="table, wide, json or yaml.")] = "table",
     show_nodes: Annotated[
         bool, typer.Option("--show-nodes", help="Also show each node's NUMA zones, CPU allocations and pools.")
     ] = False,
@@ -147,14 +147,29 @@ def plan(
     waves: Annotated[
         bool, typer.Option("--waves", help="Each FILE's workloads arrive after the previous FILE's are scheduled.")
     ] = False,
+    server: Annotated[
+        str | None, typer.Option("--server", help="Plan FILES' workloads on this control plane's live state instead.")
+    ] = None,
+    token: Annotated[str, typer.Option("--token", envvar="FINESCHED_TOKEN", help="Bearer token (--server).")] = "",
 ) -> None:
-    """Schedule the workloads of FILES onto their nodes (queue, priority, DRF) and show every decision."""
-    from finesched.commands.plan import OUTPUTS, render, run_plan
+    """Schedule the workloads of FILES onto their nodes (queue, priority, DRF) and show every decision.
+
+    With --server, the workloads are planned by the control plane on a copy of its live state (where
+    they would go now; nothing is stored there); the server's own profile and tenants apply."""
+    from finesched.commands.plan import OUTPUTS, plan_on_server, render, run_plan, server_plan_problem
     from finesched.sched.profile import resolve_profile
 
     if output not in OUTPUTS:
         raise fail(f"--output must be one of {', '.join(OUTPUTS)}, got {output!r}", code=2)
     manifests = load_or_exit(files)
+    if server is not None:
+        offline = {"--profile": profile != "default", "--show-nodes": show_nodes, "--no-preemption": no_preemption,
+                   "--waves": waves}  # fmt: skip
+        problem = server_plan_problem(manifests, [flag for flag, given in offline.items() if given])
+        if problem is not None:
+            raise fail(*problem)
+        plan_on_server(manifests, server, token, output, out)
+        return
     try:
         groups = [load_or_exit([f]).workloads for f in files] if waves else None
         outcome = run_plan(manifests, resolve_profile(profile), preemption=not no_preemption, waves=groups)

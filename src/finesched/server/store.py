@@ -132,6 +132,12 @@ class Store:
         with self.read() as conn:
             return [as_dict(r) for r in conn.execute(select(t.nodes).order_by(t.nodes.c.name))]  # type: ignore[misc]
 
+    def node_flags(self) -> list[tuple[str, bool, bool, datetime | None]]:
+        """(name, ready, cordoned, last heartbeat) of every node, by name: the spec-less read the console needs."""
+        query = select(t.nodes.c.name, t.nodes.c.ready, t.nodes.c.cordoned, t.nodes.c.heartbeat)
+        with self.read() as conn:
+            return [(n, bool(r), bool(c), aware(h)) for n, r, c, h in conn.execute(query.order_by(t.nodes.c.name))]
+
     def set_node_flags(self, name: str, reason: str, message: str = "", **flags: Any) -> dict[str, Any]:
         """Set cordoned / ready / heartbeat / report on a node (one event, `reason`)."""
         with self.write() as conn:

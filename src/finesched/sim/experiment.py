@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import heapq
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -98,6 +99,9 @@ class FillRun:
     failed: int
     wall_s: float
     trace: str = ""
+    #: Why the failed pods fit nowhere, as the scheduler's reason counts: each failed pod is counted
+    #: once under every reason its nodes gave (`reasons_of`), so a reason's count is the pods it held back.
+    failed_reasons: dict[str, int] = field(default_factory=dict)
     #: With a priority mix (`run_fill(priorities=...)`): evictions by the victims' priority class,
     #: and the final GPU allocation (% of capacity) held by each class.
     evicted: dict[int, int] | None = None
@@ -123,6 +127,7 @@ class FillRun:
             "frag_amount": {str(x): _round(v) for x, v in frag.items()},
             "frag_ratio": {str(x): _round(v) for x, v in ratio.items()},
             "failed": self.failed,
+            "failed_reasons": dict(sorted(self.failed_reasons.items(), key=lambda kv: (-kv[1], kv[0]))),
             "wall_s": round(self.wall_s, 3),
             **self._priority_fields(),
         }
@@ -139,6 +144,12 @@ class FillRun:
 
 def _round(value: float) -> float | None:
     return None if value != value else round(value, 4)
+
+
+def reasons_of(error: FitError) -> list[str]:
+    """The reasons a FitError counts nodes under ("insufficient cpu", "node(s) didn't match node
+    affinity", ...), or its message when it counts none (e.g. a gang that could not be placed)."""
+    return list(error.reasons) or [error.message]
 
 
 def make_scheduler(
@@ -188,6 +199,7 @@ def run_fill(
     frag, ratio = np.zeros(n), np.zeros(n)
     request = arrivals.gpu_request_milli.tolist()
     total_arrived = total_used = failed = 0
+    failed_reasons: Counter[str] = Counter()
     for i in range(n):
         total_arrived += request[i]
         workload = factory.make(arrivals, i)
@@ -197,10 +209,11 @@ def run_fill(
             scheduler.schedule_one(workload)
             total_used += request[i]
             held_by[workload.key] = request[i]
-        except FitError:
+        except FitError as exc:
             p, _ = scheduler.find_preemption(workload) if preemption else (None, "")
             if p is None:
                 failed += 1
+                failed_reasons.update(reasons_of(exc))
             else:
                 scheduler.apply_preemption(p)
                 for victim in p.victims:
@@ -227,6 +240,7 @@ def run_fill(
         failed=failed,
         wall_s=time.perf_counter() - started,
         trace=pods.source,
+        failed_reasons=dict(failed_reasons),
         evicted=evicted if classes is not None else None,
         alloc_by_priority=_alloc_by_priority(state, held_by, len(priorities), capacity)
         if classes is not None
@@ -271,6 +285,9 @@ class ReplayRun:
     #: Time of the last arrival: utilization is averaged over the arrival window, since the
     #: trace's long-running pods keep a few GPUs busy long after the last arrival.
     last_arrival: float = 0.0
+    #: Why the pods never placed still waited at the end: their last FitError's `reasons_of`, counted
+    #: like `FillRun.failed_reasons`.
+    unplaced_reasons: dict[str, int] = field(default_factory=dict)
 
     def mean_alloc(self, start: float, end: float) -> float:
         """Time-weighted mean GPU allocation (%) over [start, end] (the step function of `alloc`)."""
@@ -296,6 +313,7 @@ class ReplayRun:
             "placed": len(self.delays),
             "waited": int((self.delays > 0).sum()),
             "unplaced": self.unplaced,
+            "unplaced_reasons": dict(sorted(self.unplaced_reasons.items(), key=lambda kv: (-kv[1], kv[0]))),
             "wall_s": round(self.wall_s, 3),
         }
 
@@ -334,6 +352,7 @@ def run_replay(
     used = 0
     next_arrival = 0
     handled = 0
+    last_error: dict[str, FitError] = {}
     while next_arrival < len(order) or departures:
         now = min(
             arrival[order[next_arrival]] if next_arrival < len(order) else np.inf,
@@ -353,7 +372,10 @@ def run_replay(
         if released:
             scheduler.queue.flush_backoff()  # offline: retry parked pods now, not after wall-clock backoff
         for result in scheduler.run():
+            if isinstance(result, FitError):
+                last_error[result.workload] = result
             if isinstance(result, Binding):
+                last_error.pop(result.workload, None)
                 i = keys[result.workload]
                 delays[i] = now - arrival[i]
                 used += request[i]
@@ -383,4 +405,5 @@ def run_replay(
         trace=pods.source,
         by_tenant=by_tenant,
         last_arrival=float(arrival.max()),
+        unplaced_reasons=dict(Counter(reason for e in last_error.values() for reason in reasons_of(e))),
     )
