@@ -13,7 +13,6 @@ from typing import Annotated
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 from finesched import __version__
 from finesched.codec import MAX_BITS, CodecError, decode, encode
@@ -55,20 +54,17 @@ def version() -> None:
 @app.command()
 def validate(files: Annotated[list[Path], typer.Argument(help="Manifest files (YAML or JSON).")]) -> None:
     """Check manifest files; print every problem (exit 1) or a summary of what they hold."""
+    from finesched.commands.tables import simple_table
+
     manifests = load_or_exit(files)
-    table = Table(title=f"{len(manifests)} valid objects in {len(files)} file(s)")
-    for column in ("kind", "name", "summary"):
-        table.add_column(column)
-    for tenant in manifests.tenants:
-        table.add_row("Tenant", tenant.name, f"weight {tenant.weight:g}")
-    for node in manifests.nodes:
-        table.add_row("Node", node.name, _node_summary(node))
+    rows = [("Tenant", tenant.name, f"weight {tenant.weight:g}") for tenant in manifests.tenants]
+    rows += [("Node", node.name, _node_summary(node)) for node in manifests.nodes]
     for w in manifests.workloads:
         asks = ", ".join(f"{k}={v}" for k, v in w.requests.to_quantities().items()) or "nothing"
-        table.add_row("Workload", w.key, f"{w.qos}, asks {asks}")
-    for job in manifests.jobs:
-        table.add_row("Job", f"{job.namespace}/{job.name}", f"{job.mode}, {len(job.tasks)} tasks")
-    out.print(table)
+        rows.append(("Workload", w.key, f"{w.qos}, asks {asks}"))
+    rows += [("Job", f"{job.namespace}/{job.name}", f"{job.mode}, {len(job.tasks)} tasks") for job in manifests.jobs]
+    title = f"{len(manifests)} valid objects in {len(files)} file(s)"
+    out.print(simple_table(title, ["kind", "name", "summary"], [tuple(map(escape, row)) for row in rows]))
 
 
 def _node_summary(node: object) -> str:
