@@ -86,8 +86,11 @@ async function start() {
   for (const a of document.querySelectorAll("#nav a")) a.classList.toggle("active", a.dataset.nav === found.nav);
 
   const page = found.page.mount(main, found.params, who);
+  const banner = h("div", { id: "banner" });
+  main.before(banner);
   let running = null;
   let again = false;
+  // Draw the page again; an error (the server down, a refused read) shows above it until a draw succeeds.
   async function refresh() {
     if (running) {
       again = true;
@@ -95,8 +98,14 @@ async function start() {
     }
     running = page
       .refresh()
-      .then(rendered)
-      .catch((error) => main.prepend(errorBox(error)));
+      .then(() => {
+        banner.replaceChildren();
+        rendered();
+      })
+      .catch((error) => {
+        banner.replaceChildren(errorBox(error));
+        rendered();
+      });
     await running;
     running = null;
     if (again) {
