@@ -1,0 +1,201 @@
+"""The web console and POST /v1/plan at 10,000 nodes: time to first paint, and what-if latency.
+
+    python bench/console.py [--nodes 10000] [--workloads 20000] [--runs 5] [--screenshots docs/]
+
+A fresh SQLite database gets --nodes synthetic nodes (bench/synthetic.py: 30 % GPU nodes with 8 GPUs
+and 2 NICs, 32-128 logical CPUs) registered through the store; `finesched serve` runs on 127.0.0.1
+and rebuilds its state from it; --workloads workloads (scalar, GPU shares, a tenth exclusive LSE
+cpusets, over 4 tenants) are submitted through the API and bound, and a few that fit nowhere wait.
+Then, with Debian's chromium headless (Playwright, the system browser) on this same machine:
+
+* **overview** and **node page** (the GPU node holding the most GPU grants): each page loaded --runs
+  times in a fresh tab of a signed-in session; per load the browser's first contentful paint (the
+  page shell), "rendered" (the page's data in the DOM) and "painted" (two animation frames later:
+  on screen), from navigation start. The first load of each is reported apart (cold caches).
+* **/ui/api** round trips for the two pages' data, from a client in this process.
+* **POST /v1/plan** with 100 new workloads (the same mix), --runs times: latency from the client.
+
+It prints one table and a JSON line; --screenshots DIR writes console-overview.png and
+console-node.png (the README's screenshots).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any
+
+import httpx
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from api import Server, fresh_database, register_nodes
+from finesched.model.manifest import to_manifest
+from synthetic import scalar_workloads
+
+CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+        "--disable-sync", "--no-first-run", "--disable-dev-shm-usage"]  # fmt: skip
+SHARES = (
+    {"koordinator.sh/gpu-core": 25, "koordinator.sh/gpu-memory-ratio": 25},
+    {"koordinator.sh/gpu-core": 50, "koordinator.sh/gpu-memory-ratio": 50},
+    {"koordinator.sh/gpu-core": 30, "koordinator.sh/gpu-memory": "8Gi"},
+    {"nvidia.com/gpu": 1},
+)
+
+
+def workload_mix(count: int, prefix: str, seed: int) -> list[dict[str, Any]]:
+    """Scalar workloads; 30 % with a GPU share or a whole GPU, 10 % LSE with 2-8 whole CPUs."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i, workload in enumerate(scalar_workloads(count, seed=seed, selector_share=0.0)):
+        doc = to_manifest(workload)
+        doc["metadata"]["name"] = f"{prefix}-{i:06d}"
+        roll = rng.random()
+        if roll < 0.3:
+            doc["spec"]["requests"] = {"cpu": "1", "memory": "4Gi", **SHARES[int(rng.integers(len(SHARES)))]}
+        elif roll < 0.4:
+            cpus = str(int(rng.choice([2, 4, 8])))
+            doc["spec"]["requests"] = doc["spec"]["limits"] = {"cpu": cpus, "memory": "8Gi"}
+            doc["spec"]["qos"] = "LSE"
+        out.append(doc)
+    return out
+
+
+def fill(server: Server, docs: list[dict[str, Any]], client: httpx.Client) -> float:
+    """Submit `docs` in lists of 1,000 and wait until none is pending; the seconds it took."""
+    started = time.perf_counter()
+    for i in range(0, len(docs), 1000):
+        client.post("/v1/workloads", json=docs[i : i + 1000]).raise_for_status()
+    while client.get("/ui/api/overview").json()["pending"]["total"] > 0:
+        time.sleep(1.0)
+    return time.perf_counter() - started
+
+
+def page_times(browser: Any, base: str, token: str, path: str, runs: int) -> list[dict[str, float]]:
+    """Per load of `path` in a fresh tab: first contentful paint, rendered and painted (ms from navigation)."""
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    context.add_init_script(f"sessionStorage.setItem('finesched.token', {json.dumps(token)})")
+    out = []
+    for _ in range(runs):
+        page = context.new_page()
+        page.goto(base + path)
+        page.locator("body[data-rendered]").wait_for(state="attached", timeout=120_000)
+        page.wait_for_timeout(300)  # the "painted" mark comes two frames later
+        marks = page.evaluate(
+            """() => Object.fromEntries([
+                ...performance.getEntriesByType('paint').map(e => [e.name, e.startTime]),
+                ...performance.getEntriesByType('mark').map(e => [e.name, e.startTime])])"""
+        )
+        nan = float("nan")
+        out.append({"fcp": marks.get("first-contentful-paint", nan), "rendered": marks["finesched-rendered"],
+                    "painted": marks.get("finesched-painted", nan)})  # fmt: skip
+        page.close()
+    context.close()
+    return out
+
+
+def screenshot(browser: Any, base: str, token: str, path: str, file: str) -> None:
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    context.add_init_script(f"sessionStorage.setItem('finesched.token', {json.dumps(token)})")
+    page = context.new_page()
+    page.goto(base + path)
+    page.locator("body[data-rendered]").wait_for(state="attached", timeout=120_000)
+    page.wait_for_timeout(500)
+    page.screenshot(path=file, full_page=True)
+    context.close()
+
+
+def timed(call: Any, runs: int) -> list[float]:
+    out = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        call()
+        out.append(1000 * (time.perf_counter() - started))
+    return out
+
+
+def summary(values: list[float]) -> str:
+    return f"median {statistics.median(values):7.1f}  min {min(values):7.1f}  max {max(values):7.1f}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--nodes", type=int, default=10_000)
+    parser.add_argument("--workloads", type=int, default=20_000)
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--plan-workloads", type=int, default=100)
+    parser.add_argument("--screenshots", help="write console-overview.png and console-node.png here")
+    args = parser.parse_args()
+    from playwright.sync_api import sync_playwright
+
+    with tempfile.TemporaryDirectory() as tmp, fresh_database("sqlite", "", tmp) as url:
+        token, took = register_nodes(url, args.nodes, gpus=True)
+        print(f"registered {args.nodes} nodes in {took:.1f} s")
+        server = Server(url, token, f"{tmp}/server.log", [])
+        try:
+            print(f"server leader (state rebuilt) after {server.wait_leader():.1f} s")
+            client = httpx.Client(base_url=server.base, headers=server.headers, timeout=600)
+            for i, weight in enumerate((1, 1, 2, 4)):
+                spec = {"weight": weight, "min": {"cpu": "2000"}} if i == 3 else {"weight": weight}
+                doc = {"apiVersion": "finesched.io/v1alpha1", "kind": "Tenant", "metadata": {"name": f"team-{i}"},
+                       "spec": spec}  # fmt: skip
+                client.put(f"/v1/tenants/team-{i}", json=doc).raise_for_status()
+            docs = workload_mix(args.workloads, "w", seed=3)
+            print(f"{len(docs)} workloads bound in {fill(server, docs, client):.1f} s")
+            waiting = [{"apiVersion": "finesched.io/v1alpha1", "kind": "Workload",
+                        "metadata": {"name": f"waits-{i}", "namespace": f"team-{i % 4}"},
+                        "spec": {"requests": {"cpu": "4000", "memory": "1Gi"}}} for i in range(5)]  # fmt: skip
+            client.post("/v1/workloads", json=waiting).raise_for_status()
+            time.sleep(3)
+            nodes = client.get("/ui/api/nodes").json()
+            gpu = [(u, n) for u, n in zip(nodes["gpu"], nodes["names"], strict=True) if u >= 0]
+            busiest = max(gpu)[1]
+            api_times = {
+                "overview data": timed(lambda: client.get("/ui/api/overview").raise_for_status(), args.runs),
+                "node map data": timed(lambda: client.get("/ui/api/nodes").raise_for_status(), args.runs),
+                "node page data": timed(lambda: client.get(f"/ui/api/nodes/{busiest}").raise_for_status(), args.runs),
+            }
+            plans = [workload_mix(args.plan_workloads, f"plan{r}", seed=10 + r) for r in range(args.runs)]
+            plan_ms = []
+            for docs_ in plans:
+                started = time.perf_counter()
+                answer = client.post("/v1/plan", json=docs_)
+                plan_ms.append(1000 * (time.perf_counter() - started))
+                answer.raise_for_status()
+            placed = answer.json()["summary"]["placed"]
+            with sync_playwright() as playwright:
+                browser = playwright.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+                pages = {
+                    "overview": page_times(browser, server.base, token, "/ui", args.runs + 1),
+                    f"node {busiest}": page_times(browser, server.base, token, f"/ui/nodes/{busiest}", args.runs + 1),
+                }
+                if args.screenshots:
+                    shots = (("/ui", "console-overview.png"), (f"/ui/nodes/{busiest}", "console-node.png"))
+                    for path, name in shots:
+                        screenshot(browser, server.base, token, path, os.path.join(args.screenshots, name))
+                browser.close()
+        finally:
+            server.stop()
+    print(f"\n{args.nodes} nodes, {args.workloads} workloads; {platform.machine()}, {os.cpu_count()} CPUs, "
+          f"Python {platform.python_version()}; times in ms")  # fmt: skip
+    for name, loads in pages.items():
+        first, rest = loads[0], loads[1:]
+        for key in ("fcp", "rendered", "painted"):
+            print(f"  {name:<18} {key:<9} first load {first[key]:7.1f}   then {summary([x[key] for x in rest])}")
+    for name, values in api_times.items():
+        print(f"  GET {name:<15} {summary(values)}")
+    print(f"  POST /v1/plan ({args.plan_workloads} workloads, {placed} placed in the last) {summary(plan_ms)}")
+    print(json.dumps({"nodes": args.nodes, "workloads": args.workloads, "pages": pages, "api_ms": api_times,
+                      "plan_ms": plan_ms, "node": busiest}))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
