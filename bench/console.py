@@ -13,7 +13,9 @@ Then, with Debian's chromium headless (Playwright, the system browser) on this s
   page shell), "rendered" (the page's data in the DOM) and "painted" (two animation frames later:
   on screen), from navigation start. The first load of each is reported apart (cold caches).
 * **/ui/api** round trips for the two pages' data, from a client in this process.
-* **POST /v1/plan** with 100 new workloads (the same mix), --runs times: latency from the client.
+* **POST /v1/plan** with 100 new workloads (the same mix), --runs times: latency from the client;
+  and, in this process on the same cluster, the two steps of the dry run's copy (the snapshot taken
+  under the loop's lock, the restore into the fork outside it).
 
 It prints one table and a JSON line; --screenshots DIR writes console-overview.png and
 console-node.png (the README's screenshots).
@@ -113,6 +115,33 @@ def screenshot(browser: Any, base: str, token: str, path: str, file: str) -> Non
     context.close()
 
 
+def fork_times(nodes: int, docs: list[dict[str, Any]], runs: int) -> dict[str, list[float]]:
+    """The dry run's copy, in this process: the live state's snapshot (what POST /v1/plan holds the
+    loop's lock for) and its restore into the fork (outside the lock), as server/what_if.py does, on
+    the same synthetic nodes with `docs` placed."""
+    from finesched.model.manifest import parse_manifest
+    from finesched.sched.scheduler import Scheduler
+    from finesched.state.cluster import ClusterState
+    from synthetic import synthetic_nodes
+
+    live = ClusterState.from_nodes(synthetic_nodes(nodes, seed=7))
+    scheduler = Scheduler(live, "default")
+    scheduler.schedule_batch([parse_manifest(d) for d in docs])
+    fork = ClusterState()
+    Scheduler(fork, "default")
+    snapshots = []
+    out: dict[str, list[float]] = {"snapshot (under the lock)": [], "restore into the fork": []}
+    for _ in range(runs):
+        started = time.perf_counter()
+        snapshots.append(live.snapshot())
+        out["snapshot (under the lock)"].append(1000 * (time.perf_counter() - started))
+        started = time.perf_counter()
+        fork.restore(snapshots[-1])
+        out["restore into the fork"].append(1000 * (time.perf_counter() - started))
+    print(f"fork figures on {nodes} nodes with {len(live.bindings)} bindings")
+    return out
+
+
 def timed(call: Any, runs: int) -> list[float]:
     out = []
     for _ in range(runs):
@@ -184,6 +213,7 @@ def main() -> None:
                 browser.close()
         finally:
             server.stop()
+    forks = fork_times(args.nodes, workload_mix(args.workloads, "w", seed=3), args.runs)
     print(f"\n{args.nodes} nodes, {args.workloads} workloads; {platform.machine()}, {os.cpu_count()} CPUs, "
           f"Python {platform.python_version()}; times in ms")  # fmt: skip
     for name, loads in pages.items():
@@ -193,8 +223,10 @@ def main() -> None:
     for name, values in api_times.items():
         print(f"  GET {name:<15} {summary(values)}")
     print(f"  POST /v1/plan ({args.plan_workloads} workloads, {placed} placed in the last) {summary(plan_ms)}")
+    for name, values in forks.items():
+        print(f"  plan's copy: {name:<26} {summary(values)}")
     print(json.dumps({"nodes": args.nodes, "workloads": args.workloads, "pages": pages, "api_ms": api_times,
-                      "plan_ms": plan_ms, "node": busiest}))  # fmt: skip
+                      "plan_ms": plan_ms, "fork_ms": forks, "node": busiest}))  # fmt: skip
 
 
 if __name__ == "__main__":

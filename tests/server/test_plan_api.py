@@ -3,11 +3,18 @@ nothing is stored, bad input is refused with field paths, and tenants see only t
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from manifests import node, workload
-from server_harness import Api
+from server_harness import FINESCHED, Api
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 GPU_SHARE = {"cpu": "1", "memory": "1Gi", "gpu-core": 50, "gpu-memory-ratio": 50}
 
@@ -110,3 +117,33 @@ def test_plan_for_a_tenant_preempts_without_naming_others(api: Api) -> None:
     (victim,) = api.admin.post("/v1/plan", json=urgent).json()["preemptions"][0]["victims"]
     assert victim["workload"] == "team-b/batch" and victim["tenant"] == "team-b"
     assert api.admin.get("/v1/workloads/team-b/batch").json()["status"]["phase"] == "Bound"  # not evicted
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_cli_plan_against_the_server(api: Api, tmp_path: Path) -> None:
+    # The example cluster, submitted; then `finesched plan --server` on examples/what-if.yaml.
+    cluster = yaml.safe_load_all((EXAMPLES / "cluster.yaml").read_text())
+    for doc in cluster:
+        if doc["kind"] == "Node":
+            api.admin.put(f"/v1/nodes/{doc['metadata']['name']}", json=doc).raise_for_status()
+    common = ("--server", api.base, "--token", api.token("admin"))
+    done = subprocess.run(
+        [*FINESCHED, "plan", str(EXAMPLES / "what-if.yaml"), *common, "-o", "json"],
+        capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "80"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    by_name = {r["workload"]: r for r in json.loads(done.stdout)["results"]}
+    assert by_name["team-a/what-if-infer"]["node"] and by_name["team-a/what-if-infer"]["cpuset"]
+    assert (
+        by_name["team-b/what-if-huge"]["node"] is None and "insufficient cpu" in by_name["team-b/what-if-huge"]["error"]
+    )
+    table = subprocess.run([*FINESCHED, "plan", str(EXAMPLES / "what-if.yaml"), *common], capture_output=True,
+                           text=True, timeout=60, env={**os.environ, "COLUMNS": "80"})  # fmt: skip
+    assert table.returncode == 0 and "nothing stored" in table.stdout and "what-if-huge" in table.stdout
+    assert api.admin.get("/v1/workloads").json()["items"] == []  # nothing submitted
+    for args, code, message in (
+        ((str(EXAMPLES / "cluster.yaml"),), 1, "not Node"),
+        (("--waves", str(EXAMPLES / "what-if.yaml")), 2, "--waves: only for an offline plan"),
+    ):
+        refused = subprocess.run([*FINESCHED, "plan", *args, *common], capture_output=True, text=True, timeout=60)
+        assert refused.returncode == code and message in refused.stderr, refused.stderr
