@@ -147,3 +147,19 @@ def test_cli_plan_against_the_server(api: Api, tmp_path: Path) -> None:
     ):
         refused = subprocess.run([*FINESCHED, "plan", *args, *common], capture_output=True, text=True, timeout=60)
         assert refused.returncode == code and message in refused.stderr, refused.stderr
+
+
+def test_a_plan_sees_every_change_since_the_last(api: Api) -> None:
+    # The dry run reuses its copy of the live state while nothing changed: a binding made in between
+    # must be in the next answer.
+    api.admin.post("/v1/nodes", json=node("n1", cpu="2"))
+    assert api.admin.post("/v1/plan", json=workload("w", cpu="2")).json()["results"][0]["node"] == "n1"
+    assert api.admin.post("/v1/plan", json=workload("w", cpu="2")).json()["results"][0]["node"] == "n1"
+    api.admin.post("/v1/workloads", json=workload("x", cpu="2"))
+    api.wait_phase("team-a/x", ("Bound",))
+    (after,) = api.admin.post("/v1/plan", json=workload("w", cpu="2")).json()["results"]
+    assert after["node"] is None and after["reasons"] == {"insufficient cpu": 1}
+    api.admin.delete("/v1/workloads/team-a/x")
+    api.admin.post("/v1/nodes/n1/cordon")
+    (cordoned,) = api.admin.post("/v1/plan", json=workload("w", cpu="1")).json()["results"]
+    assert cordoned["node"] is None and "cordoned" in cordoned["error"]
