@@ -14,8 +14,8 @@ Then, with Debian's chromium headless (Playwright, the system browser) on this s
   on screen), from navigation start. The first load of each is reported apart (cold caches).
 * **/ui/api** round trips for the two pages' data, from a client in this process.
 * **POST /v1/plan** with 100 new workloads (the same mix), --runs times: latency from the client;
-  and, in this process on the same cluster, the two steps of the dry run's copy (the snapshot taken
-  under the loop's lock, the restore into the fork outside it).
+  and, in this process on the same cluster through server/what_if.py itself, how long each dry run
+  holds the scheduling loop's lock (its snapshot of the live state) and takes in all.
 
 It prints one table and a JSON line; --screenshots DIR writes console-overview.png and
 console-node.png (the README's screenshots).
@@ -30,7 +30,9 @@ import platform
 import statistics
 import sys
 import tempfile
+import threading
 import time
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -115,31 +117,46 @@ def screenshot(browser: Any, base: str, token: str, path: str, file: str) -> Non
     context.close()
 
 
-def fork_times(nodes: int, docs: list[dict[str, Any]], runs: int) -> dict[str, list[float]]:
-    """The dry run's copy, in this process: the live state's snapshot (what POST /v1/plan holds the
-    loop's lock for) and its restore into the fork (outside the lock), as server/what_if.py does, on
-    the same synthetic nodes with `docs` placed."""
+class TimedLock:
+    """The loop's lock, timing how long each holder keeps it."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.held: list[float] = []
+
+    def __enter__(self) -> None:
+        self.lock.acquire()
+        self.started = time.perf_counter()
+
+    def __exit__(self, *exc: object) -> None:
+        self.held.append(1000 * (time.perf_counter() - self.started))
+        self.lock.release()
+
+
+def fork_times(nodes: int, docs: list[dict[str, Any]], plans: list[list[dict[str, Any]]]) -> dict[str, list[float]]:
+    """POST /v1/plan's work in this process, through server/what_if.py itself, on the same synthetic
+    cluster with `docs` placed: how long each dry run holds the loop's lock (the live snapshot; one
+    workload is placed on the live state before each, so no snapshot is reused) and takes in all."""
     from finesched.model.manifest import parse_manifest
     from finesched.sched.scheduler import Scheduler
+    from finesched.server.what_if import WhatIf
     from finesched.state.cluster import ClusterState
     from synthetic import synthetic_nodes
 
     live = ClusterState.from_nodes(synthetic_nodes(nodes, seed=7))
     scheduler = Scheduler(live, "default")
     scheduler.schedule_batch([parse_manifest(d) for d in docs])
-    fork = ClusterState()
-    Scheduler(fork, "default")
-    snapshots = []
-    out: dict[str, list[float]] = {"snapshot (under the lock)": [], "restore into the fork": []}
-    for _ in range(runs):
+    loop = SimpleNamespace(lock=TimedLock(), scheduler=scheduler, queued={})
+    what_if = WhatIf(loop)  # type: ignore[arg-type]
+    extra = [parse_manifest(d) for d in workload_mix(len(plans), "live", seed=99)]
+    total = []
+    for plan, workload in zip(plans, extra, strict=True):
+        scheduler.schedule_one(workload)  # the live state changed: the dry run takes a new snapshot
         started = time.perf_counter()
-        snapshots.append(live.snapshot())
-        out["snapshot (under the lock)"].append(1000 * (time.perf_counter() - started))
-        started = time.perf_counter()
-        fork.restore(snapshots[-1])
-        out["restore into the fork"].append(1000 * (time.perf_counter() - started))
-    print(f"fork figures on {nodes} nodes with {len(live.bindings)} bindings")
-    return out
+        what_if.plan([parse_manifest(d) for d in plan])
+        total.append(1000 * (time.perf_counter() - started))
+    print(f"in-process dry runs on {nodes} nodes with {len(live.bindings)} bindings")
+    return {"loop's lock held": loop.lock.held, "whole dry run": total}
 
 
 def timed(call: Any, runs: int) -> list[float]:
@@ -213,7 +230,7 @@ def main() -> None:
                 browser.close()
         finally:
             server.stop()
-    forks = fork_times(args.nodes, workload_mix(args.workloads, "w", seed=3), args.runs)
+    forks = fork_times(args.nodes, workload_mix(args.workloads, "w", seed=3), plans)
     print(f"\n{args.nodes} nodes, {args.workloads} workloads; {platform.machine()}, {os.cpu_count()} CPUs, "
           f"Python {platform.python_version()}; times in ms")  # fmt: skip
     for name, loads in pages.items():
@@ -224,7 +241,7 @@ def main() -> None:
         print(f"  GET {name:<15} {summary(values)}")
     print(f"  POST /v1/plan ({args.plan_workloads} workloads, {placed} placed in the last) {summary(plan_ms)}")
     for name, values in forks.items():
-        print(f"  plan's copy: {name:<26} {summary(values)}")
+        print(f"  dry run in process: {name:<18} {summary(values)}")
     print(json.dumps({"nodes": args.nodes, "workloads": args.workloads, "pages": pages, "api_ms": api_times,
                       "plan_ms": plan_ms, "fork_ms": forks, "node": busiest}))  # fmt: skip
 

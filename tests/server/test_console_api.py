@@ -52,7 +52,8 @@ def test_overview_counts_fragmentation_reasons_and_tenants(api: Api) -> None:
     api.wait_phase("team-b/most", ("Bound",))
     api.admin.post("/v1/workloads", json=workload("huge", cpu="64"))
     overview = lambda client: client.get("/ui/api/overview").json()  # noqa: E731
-    wait_until(lambda: overview(api.admin)["pending"]["byReason"], what="the scheduler's reason")
+    tried = lambda: any(g["reason"] == "insufficient cpu" for g in overview(api.admin)["pending"]["byReason"])  # noqa: E731
+    wait_until(tried, what="the scheduler's reasons (before its first try: not decided yet)")
     data = overview(api.admin)
     assert {k: data["nodes"][k] for k in ("total", "ready", "notReady", "cordoned")} == {
         "total": 2, "ready": 2, "notReady": 0, "cordoned": 1,

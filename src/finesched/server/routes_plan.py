@@ -12,6 +12,7 @@ preemption could not help; a workload that fits only by preempting lists its vic
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 from typing import Any
@@ -40,6 +41,8 @@ _BODY = {
     },
 }
 _what_if_lock = threading.Lock()
+#: How long a dry run waits for the one before it before the caller is told to retry (429).
+WAIT_S = 20.0
 
 
 @router.post(
@@ -64,7 +67,19 @@ async def plan(request: Request, ctx: Ctx, caller: Caller) -> dict[str, Any]:
     preemption would evict, on a copy of the live state. Nothing is stored or changed."""
     caller.require(ADMIN, TENANT)
     docs = _documents(await request.body(), request.headers.get("content-type", "application/json"))
-    return await run_in_threadpool(_plan, request, ctx, caller, docs)
+    # Dry runs go one at a time. Callers wait here, in the event loop, not in the thread pool that
+    # every other request needs: many plans at once slow down only the plans.
+    gate = _gate(request)
+    try:
+        await asyncio.wait_for(gate.acquire(), WAIT_S)
+    except TimeoutError:
+        raise HTTPException(
+            429, f"dry runs are busy (waited {WAIT_S:g}s); retry", headers={"Retry-After": "5"}
+        ) from None
+    try:
+        return await run_in_threadpool(_plan, request, ctx, caller, docs)
+    finally:
+        gate.release()
 
 
 def _documents(body: bytes, content_type: str) -> Any:
@@ -105,6 +120,14 @@ def _plan(request: Request, ctx: ServerContext, caller: Identity, docs: Any) -> 
     except ValidationError as exc:  # e.g. a workload given twice in one gang-less list
         raise InputError([{"loc": ["body"], "msg": str(exc)}]) from None
     return {**answer.doc, "dryRun": True, "cluster": {"nodes": answer.nodes, "pending": answer.pending}}
+
+
+def _gate(request: Request) -> asyncio.Semaphore:
+    """The app's one-at-a-time gate for dry runs (made on first use, in the event loop's thread)."""
+    gate = getattr(request.app.state, "plan_gate", None)
+    if gate is None:
+        gate = request.app.state.plan_gate = asyncio.Semaphore(1)
+    return gate  # type: ignore[no-any-return]
 
 
 def _what_if(request: Request, ctx: ServerContext) -> WhatIf:

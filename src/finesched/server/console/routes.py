@@ -87,7 +87,7 @@ def overview(request: Request, ctx: Ctx, caller: Caller) -> dict[str, Any]:
     with ctx.loop.lock:
         scheduler = ctx.scheduler()
         data = ov.OverviewInput.capture(scheduler, [q.workload for q in ctx.loop.queued.values()])
-    flags = ctx.store.node_flags()
+    total, ready, cordoned, flagged = ctx.store.node_summary()
     pending_visible = tenants_visible = None
     if caller.role != ADMIN:
         listed = routes_workloads.list_workloads(ctx, caller, namespace=None, tenant=None, phase="Pending", node=None,
@@ -99,12 +99,12 @@ def overview(request: Request, ctx: Ctx, caller: Caller) -> dict[str, Any]:
     pending = ov.pending_by_reason(data.waiting, pending_visible)
     return {
         "nodes": {
-            "total": len(flags),
-            "ready": sum(ready for _, ready, _, _ in flags),
-            "notReady": sum(not ready for _, ready, _, _ in flags),
-            "cordoned": sum(cordoned for _, _, cordoned, _ in flags),
+            "total": total,
+            "ready": ready,
+            "notReady": total - ready,
+            "cordoned": cordoned,
             "scheduled": data.nodes,
-            "attention": [{"name": n, "ready": r, "cordoned": c} for n, r, c, _ in flags if c or not r][:100],
+            "attention": [{"name": n, "ready": r, "cordoned": c} for n, r, c in flagged],
         },
         "resources": ov.resources_view(data),
         "fragmentation": ov.fragmentation(data, target, learned),

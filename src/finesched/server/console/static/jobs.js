@@ -28,34 +28,53 @@ function phaseOf(slots) {
   return phases.size ? [...phases][0] : "-";
 }
 
+const PHASES = ["", "Pending", "Bound", "Running", "Succeeded", "Failed", "Rejected"];
+
 export const list = {
-  mount(main) {
+  mount(main, _params, who) {
+    const query = new URLSearchParams(location.search);
+    const tenant = h("input", { name: "tenant", id: "job-tenant", placeholder: "any tenant", value: who.role === "tenant" ? who.tenant : query.get("tenant") || "", disabled: who.role === "tenant" });
+    const phase = h("select", { name: "phase", id: "job-phase" }, PHASES.map((p) => h("option", { value: p, selected: p === (query.get("phase") || "") }, p || "any phase")));
+    const node = h("input", { name: "node", id: "job-node", placeholder: "any node", value: query.get("node") || "" });
+    const form = h("form", { class: "filters" }, tenant, phase, node, h("button", { type: "submit" }, "Filter"));
     const body = h("div", { id: "job-list" }, h("p", { class: "muted" }, "Loading…"));
-    main.replaceChildren(h("h1", {}, "Jobs"), body);
-    return {
+    main.replaceChildren(h("h1", {}, "Jobs"), form, body);
+    const page = {
+      minInterval: 2000,
       wants: (event) => event.kind === "Workload",
       async refresh() {
-        const workloads = (await api("/v1/workloads")).items.filter((w) => w.status.job);
+        const params = new URLSearchParams();
+        if (tenant.value && !tenant.disabled) params.set("tenant", tenant.value);
+        const all = (await api(`/v1/workloads${params.toString() ? `?${params}` : ""}`)).items;
+        const workloads = all.filter((w) => w.status.job);
         const jobs = new Map();
         for (const w of workloads) {
           if (!jobs.has(w.status.job)) jobs.set(w.status.job, []);
           jobs.get(w.status.job).push(w);
         }
+        const shown = [...jobs].filter(
+          ([, slots]) => (!phase.value || phaseOf(slots) === phase.value) && (!node.value || slots.some((w) => w.status.node === node.value)),
+        );
         body.replaceChildren(
           table(
             ["job", "tenant", "phase", "slots", "groups"],
-            [...jobs].map(([key, slots]) => [
+            shown.map(([key, slots]) => [
               h("a", { href: `/ui/jobs/${key}` }, key),
               slots[0].status.tenant,
               phaseBadge(phaseOf(slots)),
               String(slots.length),
               [...new Set(slots.map((w) => (w.metadata.labels || {})[GROUP] || "-"))].join(", "),
             ]),
-            { empty: "no dataflow jobs (finesched job submit)", cls: "jobs" },
+            { empty: "no dataflow jobs match (finesched job submit)", cls: "jobs" },
           ),
         );
       },
     };
+    form.addEventListener("submit", (event) => {
+      event.preventDefault();
+      page.refresh();
+    });
+    return page;
   },
 };
 

@@ -1,9 +1,10 @@
 // The console's entry: sign-in, which page the path names, and live refresh from the event watch.
 //
-// Every page module exports `mount(main, params, who)` returning {refresh(), wants(event)}:
-// refresh() draws the page from the API; wants(event) says whether an event may have changed it.
-// Pages redraw without a reload: events are debounced into at most one refresh in flight, and
-// pages whose subject other tenants can change (the overview, a node) also refresh every 15 s.
+// Every page module exports `mount(main, params, who)` returning {refresh(), wants(event)} and
+// optionally `periodic` and `minInterval`: refresh() draws the page from the API; wants(event) says
+// whether an event may have changed it. Pages redraw without a reload: events are debounced into
+// at most one refresh in flight, and pages whose subject other tenants can change (the overview, a
+// node: a tenant's watch carries only its own events) also refresh every 15 s.
 
 import { api, signOut, token, watchEvents } from "./api.js";
 import { errorBox, h } from "./dom.js";
@@ -117,11 +118,19 @@ async function start() {
       refresh();
     }
   }
+  // The first relevant event schedules one redraw (events arriving meanwhile join it), a little
+  // later and at most every `page.minInterval` ms: a busy cluster binds hundreds of workloads a
+  // second, and the overview of 10,000 nodes is not redrawn for each of them.
   let timer = null;
+  let last = 0;
   watchEvents((event) => {
-    if (!page.wants(event)) return;
-    clearTimeout(timer);
-    timer = setTimeout(refresh, DEBOUNCE_MS);
+    if (timer !== null || !page.wants(event)) return;
+    const wait = Math.max(DEBOUNCE_MS, last + (page.minInterval || 0) - Date.now());
+    timer = setTimeout(() => {
+      timer = null;
+      last = Date.now();
+      refresh();
+    }, wait);
   }, setLive);
   if (page.periodic) setInterval(refresh, PERIODIC_MS);
   await refresh();

@@ -10,6 +10,7 @@ export function mount(main, [name]) {
   main.replaceChildren(root);
   return {
     periodic: true,
+    minInterval: 1000,
     // Its own events, and any workload's (a workload bound or gone may have been on this node).
     wants: (event) => event.kind === "Workload" || (event.kind === "Node" && event.object === name),
     async refresh() {

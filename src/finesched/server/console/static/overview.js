@@ -10,6 +10,7 @@ export function mount(main) {
   main.replaceChildren(h("h1", {}, "Cluster"), summary, section("Node map", map));
   return {
     periodic: true,
+    minInterval: 2000,
     wants: () => true,
     async refresh() {
       const nodes = api("/ui/api/nodes");

@@ -30,6 +30,7 @@ export const list = {
     }
     main.replaceChildren(h("h1", {}, "Workloads"), form, body);
     const page = {
+      minInterval: 1000,
       wants: (event) => event.kind === "Workload",
       async refresh() {
         const data = await api(`/v1/workloads${params.toString() ? `?${params}` : ""}`);
