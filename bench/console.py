@@ -5,10 +5,12 @@
 A fresh SQLite database gets --nodes synthetic nodes (bench/synthetic.py: 30 % GPU nodes with 8 GPUs
 and 2 NICs, 32-128 logical CPUs) registered through the store; `finesched serve` runs on 127.0.0.1
 and rebuilds its state from it; --workloads workloads (scalar, GPU shares, a tenth exclusive LSE
-cpusets, over 4 tenants) are submitted through the API and bound, and a few that fit nowhere wait.
+cpusets, over 4 tenants) are submitted through the API and bound, and a few that fit nowhere wait;
+12 nodes are NotReady (no agent) and 25 cordoned.
 Then, with Debian's chromium headless (Playwright, the system browser) on this same machine:
 
-* **overview** and **node page** (the GPU node holding the most GPU grants): each page loaded --runs
+* **overview** and **node page** (a GPU node given ten more workloads of every kind, and an agent
+  report, so that its page draws every kind of holder): each page loaded --runs
   times in a fresh tab of a signed-in session; per load the browser's first contentful paint (the
   page shell), "rendered" (the page's data in the DOM) and "painted" (two animation frames later:
   on screen), from navigation start. The first load of each is reported apart (cold caches).
@@ -41,7 +43,10 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from api import Server, fresh_database, register_nodes
+from finesched.codec import bits_for, encode
 from finesched.model.manifest import to_manifest
+from finesched.server.auth import create_token
+from finesched.server.store import Store
 from synthetic import scalar_workloads
 
 CHROMIUM = "/usr/bin/chromium"
@@ -73,12 +78,67 @@ def workload_mix(count: int, prefix: str, seed: int) -> list[dict[str, Any]]:
     return out
 
 
-def fill(server: Server, docs: list[dict[str, Any]], client: httpx.Client) -> float:
-    """Submit `docs` in lists of 1,000 and wait until none is pending; the seconds it took."""
+def showcase(node: str) -> list[dict[str, Any]]:
+    """Workloads pinned to one GPU node, so its page shows every kind of holder: GPU shares and whole
+    GPUs, LSE and LSR cpusets, LS and BE workloads in the shared pools."""
+    shapes = [
+        ("infer-a", {"cpu": "2", "memory": "8Gi", **SHARES[1]}, {}),
+        ("infer-b", {"cpu": "1", "memory": "4Gi", **SHARES[0]}, {}),
+        ("infer-c", {"cpu": "1", "memory": "4Gi", **SHARES[2]}, {}),
+        ("train", {"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": 2}, {}),
+        ("db", {"cpu": "8", "memory": "32Gi"}, {"qos": "LSE", "limits": {"cpu": "8", "memory": "32Gi"}}),
+        ("cache", {"cpu": "4", "memory": "16Gi"}, {"qos": "LSE", "limits": {"cpu": "4", "memory": "16Gi"}}),
+        ("feature-store", {"cpu": "6", "memory": "16Gi"}, {"qos": "LSR", "limits": {"cpu": "6", "memory": "16Gi"}}),
+        ("web", {"cpu": "2", "memory": "4Gi"}, {}),
+        ("crawler", {"cpu": "2", "memory": "2Gi"}, {"qos": "BE"}),
+        ("backfill", {"cpu": "4", "memory": "8Gi"}, {"qos": "BE"}),
+    ]
+    return [
+        {"apiVersion": "finesched.io/v1alpha1", "kind": "Workload",
+         "metadata": {"name": name, "namespace": f"team-{i % 4}"},
+         "spec": {"requests": requests, **extra, "nodeSelector": {"finesched.io/hostname": node}}}
+        for i, (name, requests, extra) in enumerate(shapes)
+    ]  # fmt: skip
+
+
+def report_as_agent(client: httpx.Client, url: str, node: str, stop: threading.Event) -> threading.Thread:
+    """Report for `node` every 3 s as its agent would (every device dimension's free amounts, S0.2
+    encoded), until `stop`: the node stays Ready and its page shows the report."""
+    store = Store.open(url)
+    try:
+        agent = create_token(store, "agent", node=node)
+    finally:
+        store.close()
+    page = client.get(f"/ui/api/nodes/{node}").json()
+    free: dict[str, dict[str, list[int]]] = {}
+    for device in page["devices"]:  # minor order, per type
+        for dim, amount in device["free"].items():
+            free.setdefault(device["type"], {}).setdefault(dim, []).append(amount)
+    devices = {kind: {dim: {"k": encode(v, bits_for(max(v))), "count": len(v), "bits": bits_for(max(v))}
+                      for dim, v in dims.items()} for kind, dims in free.items()}  # fmt: skip
+    headers = {"Authorization": f"Bearer {agent}"}
+
+    def beat() -> None:
+        with httpx.Client(base_url=client.base_url, headers=headers, timeout=30) as own:
+            while not stop.is_set():
+                own.post(f"/v1/nodes/{node}/report", json={"devices": devices})
+                stop.wait(3.0)
+
+    thread = threading.Thread(target=beat, name="bench-agent", daemon=True)
+    thread.start()
+    return thread
+
+
+def fill(docs: list[dict[str, Any]], client: httpx.Client, timeout: float = 600.0) -> float:
+    """Submit `docs` in lists of 1,000 and wait until the scheduler decided them all (no more waiting
+    than before); the seconds it took."""
+    before = client.get("/ui/api/overview").json()["pending"]["total"]
     started = time.perf_counter()
     for i in range(0, len(docs), 1000):
         client.post("/v1/workloads", json=docs[i : i + 1000]).raise_for_status()
-    while client.get("/ui/api/overview").json()["pending"]["total"] > 0:
+    while (waiting := client.get("/ui/api/overview").json()["pending"]["total"]) > before:
+        if time.perf_counter() - started > timeout:
+            raise RuntimeError(f"{waiting - before} of the workloads still wait after {timeout:.0f} s")
         time.sleep(1.0)
     return time.perf_counter() - started
 
@@ -185,7 +245,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp, fresh_database("sqlite", "", tmp) as url:
         token, took = register_nodes(url, args.nodes, gpus=True)
         print(f"registered {args.nodes} nodes in {took:.1f} s")
+        store = Store.open(url)
+        for i in range(12):  # nodes whose agent went away: NotReady
+            store.set_node_flags(f"node-{i * args.nodes // 12:06d}", "NotReady", "no agent (benchmark)", ready=False)
+        store.close()
         server = Server(url, token, f"{tmp}/server.log", [])
+        agent_stop = threading.Event()
         try:
             print(f"server leader (state rebuilt) after {server.wait_leader():.1f} s")
             client = httpx.Client(base_url=server.base, headers=server.headers, timeout=600)
@@ -195,15 +260,21 @@ def main() -> None:
                        "spec": spec}  # fmt: skip
                 client.put(f"/v1/tenants/team-{i}", json=doc).raise_for_status()
             docs = workload_mix(args.workloads, "w", seed=3)
-            print(f"{len(docs)} workloads bound in {fill(server, docs, client):.1f} s")
+            print(f"{len(docs)} workloads bound in {fill(docs, client):.1f} s")
             waiting = [{"apiVersion": "finesched.io/v1alpha1", "kind": "Workload",
                         "metadata": {"name": f"waits-{i}", "namespace": f"team-{i % 4}"},
                         "spec": {"requests": {"cpu": "4000", "memory": "1Gi"}}} for i in range(5)]  # fmt: skip
             client.post("/v1/workloads", json=waiting).raise_for_status()
-            time.sleep(3)
             nodes = client.get("/ui/api/nodes").json()
-            gpu = [(u, n) for u, n in zip(nodes["gpu"], nodes["names"], strict=True) if u >= 0]
-            busiest = max(gpu)[1]
+            for name in nodes["names"][5::400]:
+                client.post(f"/v1/nodes/{name}/cordon").raise_for_status()
+            gpu_nodes = [
+                n for u, n, r in zip(nodes["gpu"], nodes["names"], nodes["ready"], strict=True) if u >= 0 and r
+            ]
+            busiest = gpu_nodes[len(gpu_nodes) // 2]
+            print(f"showcase node {busiest}: {fill(showcase(busiest), client):.1f} s")
+            report_as_agent(client, url, busiest, agent_stop)
+            time.sleep(3)
             api_times = {
                 "overview data": timed(lambda: client.get("/ui/api/overview").raise_for_status(), args.runs),
                 "node map data": timed(lambda: client.get("/ui/api/nodes").raise_for_status(), args.runs),
@@ -229,6 +300,7 @@ def main() -> None:
                         screenshot(browser, server.base, token, path, os.path.join(args.screenshots, name))
                 browser.close()
         finally:
+            agent_stop.set()
             server.stop()
     forks = fork_times(args.nodes, workload_mix(args.workloads, "w", seed=3), plans)
     print(f"\n{args.nodes} nodes, {args.workloads} workloads; {platform.machine()}, {os.cpu_count()} CPUs, "

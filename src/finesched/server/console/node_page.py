@@ -27,9 +27,9 @@ from finesched.model.device_allocated import AnnotationError, binding_devices
 from finesched.model.node import Node, device_totals
 from finesched.plugins.resource_status import node_report
 from finesched.sched.scheduler import Scheduler
+from finesched.server.console.overview import device_accounts
 from finesched.state.cpus import CPUAccounts, NodePools
 from finesched.state.device_types import NodeDevices
-from finesched.state.devices import attach_device_accounts
 
 
 @dataclass
@@ -50,11 +50,11 @@ class NodeInput:
         """Read node `name` (KeyError when the leader does not hold it); the caller holds the loop's lock."""
         state = scheduler.state
         i = state.index[name]
-        accounts = attach_device_accounts(state)
-        devices = accounts.all_node_devices(i)
+        accounts = device_accounts(state)
+        devices = accounts.all_node_devices(i) if accounts is not None else {}
         foreign = {
             kind: {dim: [int(v) for v in acc.foreign[k, i, : int(acc.count[i])]] for k, dim in enumerate(acc.dims)}
-            for kind, acc in accounts.types.items()
+            for kind, acc in (accounts.types.items() if accounts is not None else ())
             if kind in devices
         }
         cpus = state.extras.get("cpus")
@@ -199,4 +199,16 @@ def _report(report: Mapping[str, Any] | None, devices: Mapping[str, NodeDevices]
             if isinstance(values, list) and len(minors) == len(values):
                 values = dict(zip((str(m) for m in minors), values, strict=True))
             decoded.setdefault(kind, {})[dim] = values
-    return {"sent": dict(report), "decoded": decoded}
+    return {"sent": _exact_in_javascript(report), "decoded": decoded}
+
+
+def _exact_in_javascript(value: Any) -> Any:
+    """`value` with integers beyond 2^53 as decimal text (an encoded K of 8 GPUs' memory in bytes has
+    ~290 bits; a browser's JSON numbers would round it)."""
+    if isinstance(value, Mapping):
+        return {k: _exact_in_javascript(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_exact_in_javascript(v) for v in value]
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 2**53:
+        return str(value)
+    return value

@@ -30,13 +30,21 @@ from finesched.plugins.fragmentation.index import accessible, fragment_terms
 from finesched.plugins.fragmentation.target import GPU_MODEL_LABEL, MILLI, TargetWorkload
 from finesched.sched.queue import QueuedUnit, SchedulingQueue
 from finesched.sched.scheduler import Scheduler
-from finesched.state.devices import attach_device_accounts
+from finesched.state.cluster import ClusterState
+from finesched.state.devices import DeviceAccounts
 
 IntArray = npt.NDArray[np.int64]
 #: At most this many bindings are read to learn the typical GPU request (an even sample beyond).
 TYPICAL_SAMPLE = 20_000
 #: The typical request when no GPU workload runs or waits: one whole GPU.
 WHOLE_GPU = TargetWorkload.from_specs([{"cpu": 0, "gpuCount": 1, "gpuMilli": MILLI, "count": 1}])
+
+
+def device_accounts(state: ClusterState) -> DeviceAccounts | None:
+    """The device accounts the scheduler's plugins keep on the state, or None (a profile without
+    devices). Never attached from here: reading the live state must not change it."""
+    accounts = state.extras.get(DeviceAccounts.name)
+    return accounts if isinstance(accounts, DeviceAccounts) else None
 
 
 @dataclass
@@ -70,14 +78,15 @@ class OverviewInput:
         resources = [
             (name, int(state.allocatable[i].sum()), int(state.free[i].sum())) for i, name in enumerate(state.resources)
         ]
-        devices = attach_device_accounts(state)
+        devices = device_accounts(state)
+        types = devices.types if devices is not None else {}
         percent: set[str] = set()
-        for acc in devices.types.values():
+        for acc in types.values():
             for k, dim in enumerate(acc.dims):
                 resources.append((dim, int(acc.htotal[k, :n].sum()), int(acc.hfree[k, :n].sum())))
                 if resource_kind(dim) == "count":
                     percent.add(dim)
-        gpu = devices.types.get(GPU)
+        gpu = types.get(GPU)
         if gpu is not None and GPU_CORE in gpu.dim_index:
             free = np.where(gpu.healthy[:n], gpu.free[gpu.dim_index[GPU_CORE], :n], 0)
         else:
@@ -168,14 +177,16 @@ def amount_text(name: str, value: int, percent_dims: Collection[str]) -> str:
         while abs(scaled) >= 1024 and unit < len(BINARY_UNITS) - 1:
             scaled, unit = scaled / 1024, unit + 1
         return _decimals(scaled, 1) + BINARY_UNITS[unit]
-    return str(value)
+    return f"{value:,}"
 
 
 BINARY_UNITS = ("", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei")
 
 
 def _decimals(value: float, places: int = 2) -> str:
-    return f"{value:.{places}f}".rstrip("0").rstrip(".")
+    """`value` with at most `places` decimals and thousands separators: 46035.75 -> "46,035.75"."""
+    text = f"{value:,.{places}f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
 
 
 def typical_request(bindings: Iterable[Binding], queued: Iterable[Workload]) -> tuple[TargetWorkload, bool]:

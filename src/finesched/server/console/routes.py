@@ -31,7 +31,6 @@ from finesched.server.console.node_page import NodeInput, node_page
 from finesched.server.context import Caller, Ctx, ServerContext
 from finesched.server.store import NotFound
 from finesched.server.visibility import visible_on_node
-from finesched.state.devices import attach_device_accounts
 
 router = APIRouter(tags=["console"], include_in_schema=False)
 
@@ -134,7 +133,8 @@ def nodes(ctx: Ctx, caller: Caller) -> dict[str, Any]:
         n, names = state.n, list(state.names)
         used = {r: _used_percent(state.allocatable[state.res_index[r]], state.free[state.res_index[r]])
                 for r in (CPU, MEMORY) if r in state.res_index}  # fmt: skip
-        gpu = attach_device_accounts(state).types.get(GPU)
+        accounts = ov.device_accounts(state)
+        gpu = accounts.types.get(GPU) if accounts is not None else None
         if gpu is not None and GPU_CORE in gpu.dim_index:
             k = gpu.dim_index[GPU_CORE]
             used["gpu"] = _used_percent(gpu.htotal[k, :n], gpu.hfree[k, :n])

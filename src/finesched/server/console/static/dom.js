@@ -61,6 +61,11 @@ export function meter(fraction, label = "") {
   );
 }
 
+// A count or amount with thousands separators and at most one decimal: 21126.05 -> "21,126.1".
+export function number(value) {
+  return Number(value || 0).toLocaleString("en", { maximumFractionDigits: 1 });
+}
+
 export function pct(fraction, digits = 1) {
   return `${(100 * (fraction || 0)).toFixed(digits)} %`;
 }

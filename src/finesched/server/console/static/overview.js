@@ -2,7 +2,7 @@
 // every node (one cell each, coloured by use; click one to open it).
 
 import { api } from "./api.js";
-import { h, meter, nodeLink, pct, section, table, workloadLink } from "./dom.js";
+import { h, meter, nodeLink, number, pct, section, table, workloadLink } from "./dom.js";
 
 export function mount(main) {
   const summary = h("div", { id: "overview" }, h("p", { class: "muted" }, "Loading…"));
@@ -28,10 +28,10 @@ function draw(data) {
       h(
         "div",
         { class: "figures" },
-        figure("total", n.total, "nodes-total"),
-        figure("Ready", n.ready, "nodes-ready"),
-        figure("NotReady", n.notReady, "nodes-notready", n.notReady ? "bad" : ""),
-        figure("cordoned", n.cordoned, "nodes-cordoned", n.cordoned ? "warn" : ""),
+        figure("total", number(n.total), "nodes-total"),
+        figure("Ready", number(n.ready), "nodes-ready"),
+        figure("NotReady", number(n.notReady), "nodes-notready", n.notReady ? "bad" : ""),
+        figure("cordoned", number(n.cordoned), "nodes-cordoned", n.cordoned ? "warn" : ""),
       ),
       n.attention.length
         ? h(
@@ -42,7 +42,7 @@ function draw(data) {
           )
         : null,
     ),
-    section("Pending", h("div", { class: "figures" }, figure("waiting", data.pending.total, "pending-total")), pendingTable(data.pending.byReason)),
+    section("Pending", h("div", { class: "figures" }, figure("waiting", number(data.pending.total), "pending-total")), pendingTable(data.pending.byReason)),
     section("GPU fragmentation", fragmentation(data.fragmentation)),
   ]);
   return [cards, section("Resources", resourceTable(data.resources)), section("Tenants", tenantTable(data.tenants))];
@@ -55,7 +55,7 @@ function figure(label, value, id, tone = "") {
 function pendingTable(groups) {
   return table(
     ["reason (the scheduler's)", "workloads", "nodes", "for example"],
-    groups.map((g) => [g.reason, String(g.workloads), g.nodes ? String(g.nodes) : "-", g.examples.map((k, i) => [i ? ", " : "", workloadLink(k)])]),
+    groups.map((g) => [g.reason, number(g.workloads), g.nodes ? number(g.nodes) : "-", g.examples.map((k, i) => [i ? ", " : "", workloadLink(k)])]),
     { empty: "nothing waits", cls: "pending" },
   );
 }
@@ -70,8 +70,8 @@ function fragmentation(frag) {
     h(
       "div",
       { class: "figures" },
-      figure("idle GPUs", frag.idleGPUs.toFixed(2), "gpu-idle"),
-      figure("usable by the typical request", frag.usableGPUs.toFixed(2), "gpu-usable"),
+      figure("idle GPUs", number(frag.idleGPUs), "gpu-idle"),
+      figure("usable by the typical request", number(frag.usableGPUs), "gpu-usable"),
       figure("fragmented", pct(frag.fragmentedShare), "gpu-fragmented", frag.fragmentedShare > 0.2 ? "warn" : ""),
     ),
     h(
