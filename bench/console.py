@@ -268,9 +268,8 @@ def main() -> None:
             nodes = client.get("/ui/api/nodes").json()
             for name in nodes["names"][5::400]:
                 client.post(f"/v1/nodes/{name}/cordon").raise_for_status()
-            gpu_nodes = [
-                n for u, n, r in zip(nodes["gpu"], nodes["names"], nodes["ready"], strict=True) if u >= 0 and r
-            ]
+            usable = zip(nodes["gpu"], nodes["names"], nodes["ready"], nodes["cordoned"], strict=True)
+            gpu_nodes = [n for u, n, ready, cordoned in usable if u >= 0 and ready and not cordoned]
             busiest = gpu_nodes[len(gpu_nodes) // 2]
             print(f"showcase node {busiest}: {fill(showcase(busiest), client):.1f} s")
             report_as_agent(client, url, busiest, agent_stop)
