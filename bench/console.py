@@ -266,10 +266,11 @@ def main() -> None:
                         "spec": {"requests": {"cpu": "4000", "memory": "1Gi"}}} for i in range(5)]  # fmt: skip
             client.post("/v1/workloads", json=waiting).raise_for_status()
             nodes = client.get("/ui/api/nodes").json()
-            for name in nodes["names"][5::400]:
+            cordoned = set(nodes["names"][5::400])
+            for name in cordoned:
                 client.post(f"/v1/nodes/{name}/cordon").raise_for_status()
-            usable = zip(nodes["gpu"], nodes["names"], nodes["ready"], nodes["cordoned"], strict=True)
-            gpu_nodes = [n for u, n, ready, cordoned in usable if u >= 0 and ready and not cordoned]
+            usable = zip(nodes["gpu"], nodes["names"], nodes["ready"], strict=True)
+            gpu_nodes = [n for u, n, ready in usable if u >= 0 and ready and n not in cordoned]
             busiest = gpu_nodes[len(gpu_nodes) // 2]
             print(f"showcase node {busiest}: {fill(showcase(busiest), client):.1f} s")
             report_as_agent(client, url, busiest, agent_stop)
