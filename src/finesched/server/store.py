@@ -18,6 +18,7 @@ from sqlalchemy import Connection, Row, delete, func, insert, or_, select, updat
 from sqlalchemy.exc import IntegrityError
 
 from finesched.server import schema as t
+from finesched.server.correlator import correlator_for
 from finesched.server.db import Engines, open_engines
 
 PENDING, BOUND, RUNNING, SUCCEEDED, FAILED, REJECTED = "Pending", "Bound", "Running", "Succeeded", "Failed", "Rejected"
@@ -89,12 +90,12 @@ class Store:
 
     @staticmethod
     def log(conn: Connection, events: Iterable[Event]) -> list[int]:
-        """Append events in the caller's transaction; their ids (the change-feed positions)."""
-        rows = [{"time": now(), **e.__dict__} for e in events]
-        if not rows:
+        """Append events in the caller's transaction; their ids (the change-feed positions). An
+        event identical to a recent one is counted on one row (server/correlator.py)."""
+        events = list(events)
+        if not events:
             return []
-        result = conn.execute(insert(t.events).returning(t.events.c.id), rows)
-        return [r[0] for r in result]
+        return correlator_for(conn.engine).write(conn, events, now())
 
     # Nodes -----------------------------------------------------------------------------------------
     def put_node(self, name: str, spec: Mapping[str, Any], *, create_only: bool) -> tuple[dict[str, Any], bool]:

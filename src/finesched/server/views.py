@@ -129,4 +129,6 @@ def event_view(row: Mapping[str, Any]) -> dict[str, Any]:
         "object": row["object"],
         "reason": row["reason"],
         "message": row["message"],
+        "count": row.get("count") or 1,
+        "firstTime": _time(row.get("first_time") or row["time"]),
     }
