@@ -82,6 +82,7 @@ def workload_view(row: Mapping[str, Any]) -> dict[str, Any]:
             "binding": binding,
             "info": row.get("info") or {},
             "job": row.get("job"),
+            "restarts": row.get("restarts") or 0,
             "version": row["version"],
             "created": _time(row.get("created")),
             "updated": _time(row.get("updated")),
