@@ -132,7 +132,7 @@ def _side_by_side(runs: Sequence[tuple[str, Mapping[str, str], Sequence[str]]]) 
     slot: the slot's process group (which the node agent also stops the slot by) but for itself and
     its parent, read from /proc so a task's own children stop too. It then exits with the failed
     task's code; 0 when all succeed."""
-    lines = ['d=$(mktemp -d) || exit 70', ': > "$d/done"; : > "$d/failed"']
+    lines = ["d=$(mktemp -d) || exit 70", ': > "$d/done"; : > "$d/failed"']
     for task_id, env, argv in runs:
         lines.append(
             f"( {_assignments(env)} {shlex.join(argv)}; rc=$?; "

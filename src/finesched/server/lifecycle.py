@@ -110,7 +110,7 @@ def _workload_exited(
             why = f"back-off {_seconds(delay)} restarting failed process (restart {attempt} of {limit}): {reason}"
             _set(conn, row["id"], phase=BOUND, reason=why, info=dict(info), restarts=attempt,
                  not_before=now() + timedelta(seconds=delay))  # fmt: skip
-            Store.log(conn, [Event("Workload", key, "BackOff", why)])
+            Store.log(conn, [Event("Workload", key, "BackOff", f"back-off restarting failed process: {reason}")])
             return "Restarting"
         reason = f"{reason} (backoff limit {limit} reached)"
     Store.release_in(conn, key, phase, reason, info)
@@ -221,7 +221,8 @@ def rejected(loop: SchedulerLoop, key: str, reason: str) -> None:
         attempt = (row["rejections"] if row is not None else 0) + 1
         delay = loop.config.backoff.delay(attempt)
         why = f"rejected by the node agent ({attempt} in a row; placed again in {_seconds(delay)}): {reason}"
-        Store.release_in(conn, key, PENDING, why, rejections=attempt, not_before=now() + timedelta(seconds=delay))
+        Store.release_in(conn, key, PENDING, why, message=f"rejected by the node agent: {reason}",
+                         rejections=attempt, not_before=now() + timedelta(seconds=delay))  # fmt: skip
     loop.changed("Workload", key)
 
 

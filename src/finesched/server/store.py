@@ -369,9 +369,10 @@ class Store:
     @classmethod
     def release_in(
         cls, conn: Connection, key: str, phase: str, reason: str, info: Mapping[str, Any] | None = None,
-        **columns: Any,
+        message: str | None = None, **columns: Any,
     ) -> dict[str, Any]:  # fmt: skip
-        """`release` in the caller's transaction; `columns` are other workload columns to set."""
+        """`release` in the caller's transaction; `columns` are other workload columns to set, and
+        `message` the event's when it is not the reason (a repeated event is counted when equal)."""
         row = as_dict(conn.execute(select(t.bindings).where(t.bindings.c.workload == key)).first())
         if row is None:
             raise NotFound(f"workload {key} is not bound")
@@ -384,7 +385,7 @@ class Store:
             values["info"] = dict(info)
         conn.execute(update(t.workloads).where(t.workloads.c.id == row["workload_id"]).values(**values))
         event = "Requeued" if phase == PENDING else phase
-        cls.log(conn, [Event("Workload", key, event, reason)])
+        cls.log(conn, [Event("Workload", key, event, reason if message is None else message)])
         return row
 
     def set_phase(self, key: str, phase: str, reason: str, info: Mapping[str, Any] | None = None) -> None:
