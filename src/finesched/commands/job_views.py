@@ -55,8 +55,9 @@ def print_job(out: Console, item: dict[str, Any]) -> None:
                           slot.get("node") or "-", str(region["restarts"]) if first else "")  # fmt: skip
     out.print(table)
     events = Table(title="events (the job's and its slots')")
-    for column in ("time", "object", "reason", "count", "message"):
+    for column in ("time (UTC)", "object", "reason", "count", "message"):
         events.add_column(column, overflow="fold")
     for event in item.get("events", []):
-        events.add_row(event["time"], event["object"], event["reason"], str(event.get("count", 1)), event["message"])
+        when = event["time"][11:19]  # hh:mm:ss of the last occurrence (UTC)
+        events.add_row(when, event["object"], event["reason"], str(event.get("count", 1)), event["message"])
     out.print(events)
