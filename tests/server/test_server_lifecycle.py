@@ -141,3 +141,29 @@ def test_a_job_without_commands_is_refused_naming_the_field(fast: Api) -> None:
     bad_env["spec"]["tasks"][0]["env"] = {"FINESCHED_SUBTASK_INDEX": "7"}
     detail = fast.admin.post("/v1/jobs", json=bad_env).json()["detail"]
     assert detail[0]["loc"][-2:] == ["env", "FINESCHED_SUBTASK_INDEX"]
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_slots_lost_with_their_node_fail_their_regions_and_are_placed_again_together(db_url: str) -> None:
+    config = LoopConfig(idle_wait_s=0.05, heartbeat_s=0.2, missed_heartbeats=2, requeue_after_s=0.5,
+                        backoff=Backoff(0.1, 0.4))  # fmt: skip
+    with inprocess_server(db_url, config) as api:
+        api.admin.post("/v1/nodes", json=node("n1"))
+        agent = api.client(api.token("agent", node="n1"))
+        assert agent.post("/v1/nodes/n1/report", json={}).status_code == 200  # an agent runs n1
+        assert api.admin.post("/v1/jobs", json=two_regions()).json()["status"] == "Bound"
+        for key in SLOTS:
+            start(agent, key)
+        # n1 goes silent: NotReady, then its slots are requeued, and each region counts a failure
+        wait_until(lambda: status(api, SLOTS[0])["phase"] == "Pending", timeout=20, what="the requeue")
+        wait_until(lambda: api.admin.get("/v1/jobs/team-a/clicks").json()["status"]["failures"] == 2, what="failovers")
+        assert {status(api, key)["phase"] for key in SLOTS} == {"Pending"}
+        # the agent is back (and keeps reporting): the three slots are placed again as one gang
+
+        def placed_while_reporting() -> bool:
+            assert agent.post("/v1/nodes/n1/report", json={}).status_code == 200
+            return all(unacked(agent, key) for key in SLOTS)
+
+        wait_until(placed_while_reporting, what="the slots placed again")
+        job = api.admin.get("/v1/jobs/team-a/clicks").json()["status"]
+        assert [r["restarts"] for r in job["regions"]] == [1, 1] and job["phase"] == "Pending"

@@ -151,9 +151,8 @@ def fail_slot(
     spec = (job["spec"] or {}).get("spec") or {}
     policy = spec.get("restartPolicy", "OnFailure")
     limit = int(spec.get("backoffLimit", DEFAULT_BACKOFF_LIMIT))
-    slot_name = slot["name"]
     regions: list[dict[str, Any]] = [dict(r) for r in job["regions"]]
-    index = next((k for k, r in enumerate(regions) if slot_name in r["slots"]), None)
+    index = _region_of(job, slot["name"])
     if policy == "Never" or job["failures"] >= limit or index is None:
         rule = "restartPolicy Never" if policy == "Never" else f"backoff limit {limit} reached"
         _fail_job(conn, job, f"{why} ({rule})", released)
@@ -180,6 +179,11 @@ def fail_slot(
     return "Restarting"
 
 
+def _region_of(job: Mapping[str, Any], slot_name: str) -> int | None:
+    """The failover region of the job that holds slot `slot_name`."""
+    return next((k for k, region in enumerate(job["regions"]) if slot_name in region["slots"]), None)
+
+
 def _fail_job(conn: Connection, job: dict[str, Any], reason: str, released: list[str]) -> None:
     """The job failed: every slot stops (bindings released) and is Failed."""
     job_key = f"{job['namespace']}/{job['name']}"
@@ -198,16 +202,21 @@ def _fail_job(conn: Connection, job: dict[str, Any], reason: str, released: list
 
 
 def slots_lost(loop: SchedulerLoop, keys: list[str], why: str) -> None:
-    """Workloads requeued because their node was lost: a job slot among them fails its region."""
+    """Workloads requeued because their node was lost: a job slot among them fails its region
+    (once, however many of its slots the node held)."""
     released: list[str] = []
+    failed: set[tuple[str, int]] = set()  # (job, region) already failed here
     with loop.store.write() as conn:
         for key in keys:
             row = _workload_row(conn, key)
             if row is None or not row["job"] or row["phase"] != PENDING:
                 continue
             job = job_store.job_for_update(conn, row["job"])
-            if job is not None and job["phase"] == job_store.ACTIVE and row["not_before"] is None:
-                fail_slot(loop, conn, job, row, f"slot {key} lost: {why}", released)
+            region = _region_of(job, row["name"]) if job is not None else None
+            if job is None or job["phase"] != job_store.ACTIVE or region is None or (row["job"], region) in failed:
+                continue
+            failed.add((row["job"], region))
+            fail_slot(loop, conn, job, row, f"slot {key} lost: {why}", released)
     for key in released:
         loop.changed("Workload", key)
 

@@ -69,6 +69,8 @@ workloads = Table(
     UniqueConstraint("namespace", "name", name="uq_workload_key"),
     Index("ix_workloads_phase", "phase"),
     Index("ix_workloads_tenant", "tenant"),
+    Index("ix_workloads_job", "job"),
+    Index("ix_workloads_not_before", "not_before"),  # the leader looks for due restarts every second
 )
 
 bindings = Table(

@@ -22,6 +22,8 @@ def upgrade() -> None:
         batch_op.add_column(sa.Column("restarts", sa.Integer(), nullable=False, server_default="0"))
         batch_op.add_column(sa.Column("rejections", sa.Integer(), nullable=False, server_default="0"))
         batch_op.add_column(sa.Column("not_before", sa.DateTime(timezone=True), nullable=True))
+        batch_op.create_index("ix_workloads_job", ["job"], unique=False)
+        batch_op.create_index("ix_workloads_not_before", ["not_before"], unique=False)
     with op.batch_alter_table("events", schema=None) as batch_op:
         batch_op.add_column(sa.Column("count", sa.Integer(), nullable=False, server_default="1"))
         batch_op.add_column(sa.Column("first_time", sa.DateTime(timezone=True), nullable=True))
@@ -61,6 +63,8 @@ def downgrade() -> None:
         batch_op.drop_column("first_time")
         batch_op.drop_column("count")
     with op.batch_alter_table("workloads", schema=None) as batch_op:
+        batch_op.drop_index("ix_workloads_not_before")
+        batch_op.drop_index("ix_workloads_job")
         batch_op.drop_column("not_before")
         batch_op.drop_column("rejections")
         batch_op.drop_column("restarts")
