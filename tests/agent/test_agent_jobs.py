@@ -8,21 +8,27 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
-from agent_cluster import Cluster, wait
+from agent_cluster import NODE, Cluster, wait
 
 from finesched.agent.launch import is_running, start_time
 from finesched.agent.loop import Agent
+from finesched.server.auth import create_token
 from finesched.server.lifecycle import Backoff
 from finesched.server.loop import LoopConfig
+from finesched.server.store import Store
 
 ROOT = Path(__file__).resolve().parents[2]
+FINESCHED = [sys.executable, "-m", "finesched.cli"]
 FAST = LoopConfig(idle_wait_s=0.05, requeue_after_s=None, backoff=Backoff(0.2, 1.0))
 TASK = """
 import os, sys, time
@@ -175,3 +181,64 @@ def test_a_rejected_binding_backs_off_and_its_events_are_counted(cluster: Cluste
     assert len(events) <= 5  # Submitted, Bound, Requeued (and Waiting) however long it goes on
     w = cluster.workload("nothing")
     assert w["status"]["phase"] == "Pending" and "placed again in" in w["status"]["reason"]
+
+
+def test_a_job_converges_after_its_server_and_agent_are_killed(tmp_path: Path) -> None:
+    """SIGKILL `finesched serve` and `finesched agent` mid-job, kill a slot's task while both are
+    down, start both again: the agent adopts the slots, reports the dead one, and only its region
+    restarts; the job then runs to completion."""
+    db = f"sqlite:///{tmp_path / 'fs.db'}"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    store = Store.open(db)
+    admin_token, agent_token = create_token(store, "admin"), create_token(store, "agent", node=NODE)
+    store.close()
+    server_args = ["serve", "--db", db, "--port", str(port), "--log-level", "warning", "--heartbeat", "0.5"]
+    agent_args = ["agent", "--server", url, "--token", agent_token, "--node-name", NODE, "--data",
+                  str(tmp_path / "agent"), "--interval", "0.5", "--watch", "0.1", "--quiet"]  # fmt: skip
+    admin = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {admin_token}"}, timeout=10)
+
+    def answers() -> bool:
+        try:
+            return admin.get("/readyz").json().get("leader") is True
+        except httpx.HTTPError:
+            return False
+
+    def status() -> dict[str, Any]:
+        return dict(admin.get("/v1/jobs/t/clicks").json()["status"])
+
+    processes = [subprocess.Popen([*FINESCHED, *server_args], stderr=subprocess.DEVNULL)]
+    try:
+        wait(answers, "the server", timeout=60)
+        processes.append(subprocess.Popen([*FINESCHED, *agent_args], stderr=subprocess.DEVNULL))
+        doc, pids, go = two_regions(tmp_path)
+        wait(lambda: admin.get(f"/v1/nodes/{NODE}").status_code == 200, "the agent to register", timeout=60)
+        assert admin.post("/v1/jobs", json=doc).status_code == 201
+        wait(lambda: status()["slots"].get("Running") == 3 and len(list(pids.iterdir())) == 5, "the slots to run")
+        before = task_pids(pids)
+        for process in processes:
+            process.send_signal(signal.SIGKILL)
+            process.wait(timeout=10)
+        os.kill(before["orders-sink-0"][0], signal.SIGKILL)  # region 1 fails while nobody watches
+        processes = [subprocess.Popen([*FINESCHED, *server_args], stderr=subprocess.DEVNULL)]
+        wait(answers, "the server again", timeout=60)
+        processes.append(subprocess.Popen([*FINESCHED, *agent_args], stderr=subprocess.DEVNULL))
+
+        def region_1_restarted() -> bool:
+            now = status()
+            running = now["slots"].get("Running") == 3 and len(list(pids.iterdir())) == 7
+            return running and now["regions"][1]["restarts"] == 1
+
+        wait(region_1_restarted, "region 1 to restart and run", timeout=60)
+        after = task_pids(pids)
+        assert all(after[t] == before[t] for t in ("clicks-source-0", "clicks-source-1", "clicks-count-0"))
+        assert status()["regions"][0]["restarts"] == 0 and status()["failures"] == 1
+        go.touch()
+        wait(lambda: status()["phase"] == "Succeeded", "the job to succeed", timeout=60)
+    finally:
+        admin.close()
+        for process in processes:
+            process.terminate()
+            process.wait(timeout=30)
