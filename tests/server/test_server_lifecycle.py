@@ -167,3 +167,14 @@ def test_slots_lost_with_their_node_fail_their_regions_and_are_placed_again_toge
         wait_until(placed_while_reporting, what="the slots placed again")
         job = api.admin.get("/v1/jobs/team-a/clicks").json()["status"]
         assert [r["restarts"] for r in job["regions"]] == [1, 1] and job["phase"] == "Pending"
+
+
+def test_a_job_too_large_to_place_is_refused_before_compiling_its_slots(fast: Api) -> None:
+    huge = two_regions()
+    huge["spec"]["tasks"][0]["parallelism"] = 10**9
+    detail = fast.admin.post("/v1/jobs", json=huge).json()["detail"]
+    assert detail[0]["loc"][-3:] == ["tasks", 0, "parallelism"] and "must be <= 32768" in detail[0]["msg"]
+    wide = two_regions()
+    wide["spec"]["tasks"][0]["parallelism"] = 5000
+    answer = fast.admin.post("/v1/jobs", json=wide)
+    assert answer.status_code == 422 and "at most 1000" in answer.json()["detail"][0]["msg"]

@@ -20,6 +20,8 @@ from finesched.model.resources import ByteQuantity, CountQuantity, CPUQuantity, 
 from finesched.model.workload import DEFAULT_BACKOFF_LIMIT, RestartPolicy
 
 MiB = 2**20
+#: Flink's upper bound of a job vertex's (max) parallelism.
+MAX_PARALLELISM = 32768
 
 
 class _ResourceFields(Model):
@@ -198,8 +200,9 @@ class Job(Model):
             if task.id in ids:
                 problems.append((("tasks", i, "id"), "duplicate task id", task.id))
             ids.add(task.id)
-            if task.parallelism < 1:
-                rule = f"task {task.id}: parallelism must be >= 1"
+            if not 1 <= task.parallelism <= MAX_PARALLELISM:
+                bound = ">= 1" if task.parallelism < 1 else f"<= {MAX_PARALLELISM}"
+                rule = f"task {task.id}: parallelism must be {bound}"
                 problems.append((("tasks", i, "parallelism"), rule, task.parallelism))
             for j, op in enumerate(task.operators):
                 if op.id in operator_ids:

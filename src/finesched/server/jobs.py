@@ -22,7 +22,7 @@ from finesched.sched.diagnosis import FitError
 from finesched.server import job_store
 from finesched.server.auth import ADMIN, TENANT, Identity
 from finesched.server.cluster_view import binding_view
-from finesched.server.context import Caller, Ctx, ServerContext
+from finesched.server.context import MAX_ITEMS_PER_REQUEST, Caller, Ctx, ServerContext
 from finesched.server.job_status import job_view
 from finesched.server.placement import commit_after_write, insert_bound, log_own
 from finesched.server.store import Event, NotFound, Store
@@ -45,6 +45,9 @@ def submit_job(body: JobBody, ctx: Ctx, caller: Caller) -> dict[str, Any]:
     job: Job = parse_kind(body, "Job")
     try:
         compiled = compile_job(job)
+        if compiled.slots_needed > MAX_ITEMS_PER_REQUEST:  # every slot is a workload: the same bound
+            rule = f"the job needs {compiled.slots_needed} slots; a job has at most {MAX_ITEMS_PER_REQUEST}"
+            raise InputError([{"loc": ["body", "spec", "tasks"], "msg": rule}])
         workloads = gang_workloads(job, compiled)
     except CompileError as exc:
         raise invalid(exc, ("body",)) from None
