@@ -247,13 +247,16 @@ def start_due_restarts(store: Store) -> list[str]:
     """Restarts whose backoff is over: their bindings become unacknowledged, so their node agents
     start them afresh (module docstring). The keys restarted."""
     stamp = now()
+    query = (
+        select(t.workloads.c.id, t.workloads.c.namespace, t.workloads.c.name)
+        .join(t.bindings, t.bindings.c.workload_id == t.workloads.c.id)
+        .where(t.workloads.c.not_before.is_not(None), t.workloads.c.not_before <= stamp,
+               t.workloads.c.phase.in_(HOLDING))
+    )  # fmt: skip
+    with store.read() as conn:  # most seconds nothing is due: no write lock for that
+        if conn.execute(query.limit(1)).first() is None:
+            return []
     with store.write() as conn:
-        query = (
-            select(t.workloads.c.id, t.workloads.c.namespace, t.workloads.c.name, t.workloads.c.restarts)
-            .join(t.bindings, t.bindings.c.workload_id == t.workloads.c.id)
-            .where(t.workloads.c.not_before.is_not(None), t.workloads.c.not_before <= stamp,
-                   t.workloads.c.phase.in_(HOLDING))
-        )  # fmt: skip
         due = list(conn.execute(query))
         if not due:
             return []
