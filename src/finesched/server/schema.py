@@ -111,7 +111,7 @@ events = Table(
     metadata,
     Column("id", IdColumn, primary_key=True, autoincrement=True),
     Column("time", DateTime(timezone=True), nullable=False),
-    Column("kind", String(16), nullable=False),  # Node | Workload | Tenant | Offer
+    Column("kind", String(16), nullable=False),  # Node | Workload | Tenant | Offer | Job
     Column("object", String(510), nullable=False),  # node name, namespace/name, tenant, offer id
     Column("reason", String(64), nullable=False),  # Submitted, Bound, Released, Rejected, ...
     Column("message", Text, nullable=False, default=""),
