@@ -209,7 +209,8 @@ def up_cmd(
         agent_token = _token(db, "--role", "agent", "--node", name)
         print(f"finesched is up: {url}  (node {name})")
         print(f"admin token: {admin}  (also in {data / 'admin.token'})")
-        print(f"server log: {data / 'server.log'}; a workload's output: finesched logs NAME")
+        print(f"server log: {data / 'server.log'}; a workload's output: finesched logs NAME --server {url} "
+              "--token TOKEN (or FINESCHED_SERVER / FINESCHED_TOKEN)")  # fmt: skip
         if simulated is not None:
             print(f"node {name} has {simulated[0]} SIMULATED GPU(s) (--fake-gpus): no real GPU is used", flush=True)
         print(
