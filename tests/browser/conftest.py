@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "server"))
+for helpers in ("server", "agent"):  # server_harness and manifests; agent_cluster (a real node agent)
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / helpers))
 
 CHROMIUM = os.environ.get("FINESCHED_CHROMIUM", "/usr/bin/chromium")
 ARGS = [

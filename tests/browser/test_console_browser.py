@@ -4,7 +4,10 @@ path, and pages that follow the event watch without a reload. One small cluster 
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -13,6 +16,7 @@ from manifests import node, workload
 from server_harness import Api, inprocess_server
 
 from finesched.cpuset import CPUSet
+from finesched.server.auth import create_token
 from finesched.server.loop import LoopConfig
 
 TIMEOUT_MS = 15_000
@@ -37,7 +41,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, browser: Any) -> Iterator[
 class Console:
     """One signed-in browser page, collecting every page error and console error (CSP violations too)."""
 
-    def __init__(self, browser: Any, api: Api, token: str):
+    def __init__(self, browser: Any, api: Api | SimpleNamespace, token: str):
         self.api = api
         self.context = browser.new_context(viewport={"width": 1300, "height": 900})
         self.page = self.context.new_page()
@@ -175,3 +179,37 @@ def test_pages_follow_the_event_watch_without_reloading(admin: Console, cluster:
     assert node_page.locator("table.node-workloads").count() == 0 or "team-a/late2" not in node_page.content()
     cluster.admin.post("/v1/workloads", json=workload("late2", cpu="1", nodeSelector={"finesched.io/hostname": "n2"}))
     node_page.locator('table.node-workloads a[href="/ui/workloads/team-a/late2"]').wait_for()
+
+
+def test_workload_page_tails_its_output_from_the_node_agent(browser: Any, tmp_path: Path) -> None:
+    # A real node agent runs the workload and serves its output; the server relays the tail.
+    from agent_cluster import Cluster, phase_is
+
+    cluster = Cluster(tmp_path)
+    try:
+        agent = cluster.agent(logs=True)
+        agent.tick_report()  # the report carries the agent's logs URL
+        lines = "for i in range(1, 301):\n    print(f'line {i}', flush=True)\n"
+        cluster.submit("printer", [sys.executable, "-c", lines], {"cpu": "100m"})
+        cluster.until(agent, "printer", phase_is("Succeeded"), "to finish")
+        console = Console(browser, SimpleNamespace(base=cluster.url), create_token(cluster.store, "admin"))
+        page = console.open("/ui/workloads/t/printer")
+        shown = page.inner_text("#workload-logs").splitlines()
+        assert shown[0] == "line 101" and shown[-1] == "line 300" and len(shown) == 200  # the last 200 lines
+        console.close()
+    finally:
+        cluster.close()
+
+
+def test_job_page_shows_regions_groups_and_slots(admin: Console, cluster: Api) -> None:
+    job = yaml.safe_load((Path(__file__).resolve().parents[2] / "examples" / "jobs" / "two-regions.yaml").read_text())
+    assert cluster.admin.post("/v1/jobs", json=job).status_code == 201
+    page = admin.open("/ui/jobs/demo/clicks")
+    regions = page.locator("table.regions tbody tr")
+    assert regions.count() == 3  # a row per slot: 2 in the clicks region, 1 in the orders region
+    served = cluster.admin.get("/v1/jobs/demo/clicks").json()["status"]["regions"]
+    shown = {a.inner_text() for a in page.locator("table.regions a[href^='/ui/workloads/']").all()}
+    assert shown == {slot["workload"] for region in served for slot in region["slots"]}
+    assert page.locator("table.groups tbody tr").count() == 2  # one slot sharing group per region
+    listed = admin.open("/ui/jobs")
+    assert listed.locator("table.jobs a[href='/ui/jobs/demo/clicks']").count() == 1

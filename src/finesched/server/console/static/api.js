@@ -44,6 +44,21 @@ export async function api(path, { method = "GET", body, contentType } = {}) {
   return data;
 }
 
+// GET `path` as text (a workload's output); an ApiError with the server's detail when refused.
+export async function apiText(path) {
+  const response = await fetch(path, { headers: { Authorization: `Bearer ${token()}` } });
+  if (!response.ok) {
+    let detail = response.statusText;
+    try {
+      detail = (await response.json()).detail;
+    } catch {
+      // not JSON: keep the status text
+    }
+    throw new ApiError(response.status, detail);
+  }
+  return response.text();
+}
+
 // Follow the server's event watch (Server-Sent Events over fetch, so the token goes in a header,
 // which EventSource cannot send). Calls onEvent(event) for each event and onState("live" |
 // "reconnecting" | "offline"); reconnects with backoff, resuming after the last event seen.

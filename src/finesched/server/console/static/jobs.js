@@ -1,39 +1,26 @@
-// Dataflow jobs: the list and one job with its slot sharing groups, slots and their phases.
-//
-// The job endpoints (GET /v1/jobs, GET /v1/jobs/{ns}/{name}) are used when the server has them;
-// until then a job is what the API keeps of it: its slot workloads (GET /v1/workloads?job=ns/name),
-// each labelled with its slot sharing group and slot index. Regions are shown when the job endpoint
-// reports them; the slots alone do not say which region a group came from.
+// Dataflow jobs: the list (GET /v1/jobs; filters: tenant, phase, node) and one job (GET
+// /v1/jobs/{ns}/{name}): its failover regions with their tasks, slots, phases and restarts, its
+// slot sharing groups (from its slot workloads, GET /v1/workloads?job=ns/name, which also give each
+// slot's binding) and its events.
 
-import { ApiError, api } from "./api.js";
+import { api } from "./api.js";
 import { amounts, h, keyValues, nodeLink, phaseBadge, section, table, workloadLink } from "./dom.js";
 import { devicesText } from "./workloads.js";
 
 const GROUP = "finesched.io/slot-sharing-group";
 const SLOT = "finesched.io/slot-index";
+const PHASES = ["", "Pending", "Running", "Restarting", "Succeeded", "Failed"];
+const SLOT_PHASES = ["Pending", "Bound", "Running", "Succeeded", "Failed", "Rejected"];
 
-// The server's answer for `path`, or null where it has no such route (404 / 405).
-async function optional(path) {
-  try {
-    return await api(path);
-  } catch (error) {
-    if (error instanceof ApiError && (error.status === 404 || error.status === 405)) return null;
-    throw error;
-  }
+function counts(slots) {
+  return SLOT_PHASES.filter((p) => slots[p]).map((p) => `${slots[p]} ${p}`).join(", ") || "-";
 }
-
-function phaseOf(slots) {
-  const phases = new Set(slots.map((w) => w.status.phase));
-  for (const p of ["Failed", "Rejected", "Pending", "Bound", "Running"]) if (phases.has(p)) return p;
-  return phases.size ? [...phases][0] : "-";
-}
-
-const PHASES = ["", "Pending", "Bound", "Running", "Succeeded", "Failed", "Rejected"];
 
 export const list = {
   mount(main, _params, who) {
     const query = new URLSearchParams(location.search);
-    const tenant = h("input", { name: "tenant", id: "job-tenant", placeholder: "any tenant", value: who.role === "tenant" ? who.tenant : query.get("tenant") || "", disabled: who.role === "tenant" });
+    const mine = who.role === "tenant";
+    const tenant = h("input", { name: "tenant", id: "job-tenant", placeholder: "any tenant", value: mine ? who.tenant : query.get("tenant") || "", disabled: mine });
     const phase = h("select", { name: "phase", id: "job-phase" }, PHASES.map((p) => h("option", { value: p, selected: p === (query.get("phase") || "") }, p || "any phase")));
     const node = h("input", { name: "node", id: "job-node", placeholder: "any node", value: query.get("node") || "" });
     const form = h("form", { class: "filters" }, tenant, phase, node, h("button", { type: "submit" }, "Filter"));
@@ -41,30 +28,21 @@ export const list = {
     main.replaceChildren(h("h1", {}, "Jobs"), form, body);
     const page = {
       minInterval: 2000,
-      wants: (event) => event.kind === "Workload",
+      wants: (event) => event.kind === "Workload" || event.kind === "Job",
       async refresh() {
-        const params = new URLSearchParams();
-        if (tenant.value && !tenant.disabled) params.set("tenant", tenant.value);
-        const all = (await api(`/v1/workloads${params.toString() ? `?${params}` : ""}`)).items;
-        const workloads = all.filter((w) => w.status.job);
-        const jobs = new Map();
-        for (const w of workloads) {
-          if (!jobs.has(w.status.job)) jobs.set(w.status.job, []);
-          jobs.get(w.status.job).push(w);
-        }
-        const shown = [...jobs].filter(
-          ([, slots]) => (!phase.value || phaseOf(slots) === phase.value) && (!node.value || slots.some((w) => w.status.node === node.value)),
-        );
+        const jobs = (await api("/v1/jobs")).items.filter((job) => {
+          const st = job.status;
+          const nodes = st.regions.flatMap((r) => r.slots.map((slot) => slot.node));
+          return (mine || !tenant.value || st.tenant === tenant.value) && (!phase.value || st.phase === phase.value) && (!node.value || nodes.includes(node.value));
+        });
         body.replaceChildren(
           table(
-            ["job", "tenant", "phase", "slots", "groups"],
-            shown.map(([key, slots]) => [
-              h("a", { href: `/ui/jobs/${key}` }, key),
-              slots[0].status.tenant,
-              phaseBadge(phaseOf(slots)),
-              String(slots.length),
-              [...new Set(slots.map((w) => (w.metadata.labels || {})[GROUP] || "-"))].join(", "),
-            ]),
+            ["job", "tenant", "phase", "slots", "regions", "restarts", "reason"],
+            jobs.map((job) => {
+              const key = `${job.metadata.namespace}/${job.metadata.name}`;
+              const st = job.status;
+              return [h("a", { href: `/ui/jobs/${key}` }, key), st.tenant, phaseBadge(st.phase), `${st.slots.total}: ${counts(st.slots)}`, String(st.regions.length), `${st.failures}/${st.backoffLimit}`, st.reason || ""];
+            }),
             { empty: "no dataflow jobs match (finesched job submit)", cls: "jobs" },
           ),
         );
@@ -84,10 +62,11 @@ export const detail = {
     const root = h("div", { id: "job-page" }, h("p", { class: "muted" }, "Loading…"));
     main.replaceChildren(root);
     return {
-      wants: (event) => event.kind === "Workload" && event.object.startsWith(`${namespace}/${name}-`),
+      minInterval: 1000,
+      wants: (event) => (event.kind === "Job" && event.object === key) || (event.kind === "Workload" && event.object.startsWith(`${key}-`)),
       async refresh() {
         const [job, slots] = await Promise.all([
-          optional(`/v1/jobs/${encodeURIComponent(namespace)}/${encodeURIComponent(name)}`),
+          api(`/v1/jobs/${encodeURIComponent(namespace)}/${encodeURIComponent(name)}`),
           api(`/v1/workloads?job=${encodeURIComponent(key)}`),
         ]);
         root.replaceChildren(...draw(key, job, slots.items));
@@ -96,33 +75,50 @@ export const detail = {
   },
 };
 
-function draw(key, job, slots) {
-  if (!slots.length && !job) return [h("h1", {}, `Job ${key}`), h("p", { class: "muted" }, "no such job (or not yours)")];
+function draw(key, job, workloads) {
+  const st = job.status;
+  const byKey = new Map(workloads.map((w) => [`${w.metadata.namespace}/${w.metadata.name}`, w]));
   const groups = new Map();
-  for (const w of slots) {
+  for (const w of workloads) {
     const group = (w.metadata.labels || {})[GROUP] || "-";
     if (!groups.has(group)) groups.set(group, []);
     groups.get(group).push(w);
   }
-  const status = (job && job.status) || {};
   return [
-    h("h1", {}, `Job ${key} `, phaseBadge(status.phase || phaseOf(slots))),
+    h("h1", {}, `Job ${key} `, phaseBadge(st.phase)),
     keyValues([
-      ["tenant", slots.length ? slots[0].status.tenant : "-"],
-      ["slots", String(slots.length)],
-      ["slot sharing groups", String(groups.size)],
+      ["tenant", st.tenant],
+      ["mode", job.spec.mode || "streaming"],
+      ["reason", st.reason || "-"],
+      ["slots", `${st.slots.total}: ${counts(st.slots)}`],
+      ["restarts", `${st.failures} of ${st.backoffLimit} (restartPolicy ${st.restartPolicy})`],
     ]),
-    section("Regions", regions(status)),
+    section(
+      "Failover regions (a failed slot restarts its region only)",
+      table(
+        ["region", "tasks", "slot", "group", "phase", "node", "restarts"],
+        st.regions.flatMap((region) =>
+          region.slots.map((slot, i) => {
+            const labels = (byKey.get(slot.workload) || { metadata: {} }).metadata.labels || {};
+            return [
+              i ? "" : `${region.index}${region.restarting ? " (restarting)" : ""}`,
+              i ? "" : region.tasks.join(", "),
+              workloadLink(slot.workload),
+              labels[GROUP] || "-",
+              phaseBadge(slot.phase),
+              nodeLink(slot.node),
+              i ? "" : String(region.restarts),
+            ];
+          }),
+        ),
+        { cls: "regions" },
+      ),
+    ),
     section(
       "Slot sharing groups",
       table(
         ["group", "slots", "phases", "requests per slot"],
-        [...groups].map(([group, members]) => [
-          group,
-          String(members.length),
-          [...new Set(members.map((w) => w.status.phase))].join(", "),
-          amounts(members[0].spec.requests),
-        ]),
+        [...groups].map(([group, members]) => [group, String(members.length), [...new Set(members.map((w) => w.status.phase))].join(", "), amounts(members[0].spec.requests)]),
         { cls: "groups" },
       ),
     ),
@@ -130,40 +126,14 @@ function draw(key, job, slots) {
       "Slots",
       table(
         ["slot", "group", "index", "phase", "node", "cpuset", "devices", "reason"],
-        slots.map((w) => {
+        workloads.map((w) => {
           const labels = w.metadata.labels || {};
           const b = w.status.binding || {};
-          return [
-            workloadLink(`${w.metadata.namespace}/${w.metadata.name}`),
-            labels[GROUP] || "-",
-            labels[SLOT] || "-",
-            phaseBadge(w.status.phase),
-            nodeLink(w.status.node),
-            b.cpuset || "",
-            devicesText(b.devices),
-            w.status.reason || "",
-          ];
+          return [workloadLink(`${w.metadata.namespace}/${w.metadata.name}`), labels[GROUP] || "-", labels[SLOT] || "-", phaseBadge(w.status.phase), nodeLink(w.status.node), b.cpuset || "", devicesText(b.devices), w.status.reason || ""];
         }),
         { cls: "slots" },
       ),
     ),
+    section("Events", table(["time", "object", "reason", "count", "message"], (job.events || []).map((e) => [e.time, e.object, e.reason, String(e.count || 1), e.message]), { empty: "no events", cls: "events" })),
   ];
-}
-
-function regions(status) {
-  if (Array.isArray(status.regions)) {
-    return table(
-      ["region", "details"],
-      status.regions.map((r, i) => [String(r.id ?? r.name ?? i), typeof r === "object" ? JSON.stringify(r) : String(r)]),
-    );
-  }
-  if (status.regions && typeof status.regions === "object") {
-    return keyValues(Object.entries(status.regions).map(([k, v]) => [k, typeof v === "object" ? JSON.stringify(v) : String(v)]));
-  }
-  return h(
-    "p",
-    { class: "muted" },
-    "This server does not report a job's pipelined regions yet (the job endpoint is not there); ",
-    "groups named region-N are the regions' default groups (finesched job plan shows them all).",
-  );
 }

@@ -1,7 +1,8 @@
 // Workloads: the list (filters: tenant, phase, node; GET /v1/workloads answers only what the token
-// may see) and one workload with its binding, events, what its agent applied and its output.
+// may see) and one workload with its binding, events, what its agent applied and the tail of its
+// output (GET /v1/workloads/{ns}/{name}/logs: the server relays it from the node's agent).
 
-import { api } from "./api.js";
+import { api, apiText } from "./api.js";
 import { amounts, deviceAmount, grantText, h, keyValues, nodeLink, phaseBadge, section, table, workloadLink } from "./dom.js";
 
 const PHASES = ["", "Pending", "Bound", "Running", "Succeeded", "Failed", "Rejected"];
@@ -73,13 +74,25 @@ export const detail = {
       async refresh() {
         const path = `/v1/workloads/${encodeURIComponent(namespace)}/${encodeURIComponent(name)}`;
         const [w, events] = await Promise.all([api(path), api(`/v1/events?kind=Workload&object=${encodeURIComponent(key)}`)]);
-        root.replaceChildren(...draw(key, w, events.items));
+        const output = w.status.node ? await tail(`${path}/logs?tail=${TAIL}`) : { error: "not placed on a node yet: no output" };
+        root.replaceChildren(...draw(key, w, events.items, output));
       },
     };
   },
 };
 
-function draw(key, w, events) {
+const TAIL = 200;
+
+// The last lines of the workload's output, relayed by the server from its node's agent, or why not.
+async function tail(path) {
+  try {
+    return { text: await apiText(path) };
+  } catch (error) {
+    return { error: typeof error.detail === "string" ? error.detail : error.message, status: error.status };
+  }
+}
+
+function draw(key, w, events, output) {
   const st = w.status;
   const b = st.binding;
   return [
@@ -113,20 +126,17 @@ function draw(key, w, events) {
     ),
     section("Events", table(["time", "reason", "message"], events.map((e) => [e.time, e.reason, e.message]), { empty: "no events", cls: "events" })),
     section("Applied by the node agent", Object.keys(st.info || {}).length ? keyValues(Object.entries(st.info).map(([k, v]) => [k, typeof v === "object" ? JSON.stringify(v) : String(v)])) : h("p", { class: "muted" }, "nothing reported yet")),
-    section("Output", logs(key, st)),
+    section(`Output (the last ${TAIL} lines)`, logs(key, output)),
     h("details", {}, h("summary", {}, "spec"), h("pre", { class: "json" }, JSON.stringify(w.spec, null, 2))),
   ];
 }
 
-// The control plane does not collect workload output yet: it stays on the node, where
-// `finesched logs` reads it from the agent's data directory.
-function logs(key, status) {
-  const where = status.node ? ` on node ${status.node}` : "";
-  return h(
-    "p",
-    { class: "muted", id: "workload-logs" },
-    `This server does not serve workload output yet. Its output is kept by the node agent${where}: there, run `,
-    h("code", {}, `finesched logs ${key}`),
-    ".",
-  );
+function logs(key, output) {
+  if (output.error) {
+    return h("p", { class: "muted", id: "workload-logs" }, `No output shown: ${output.error}`, output.status ? ` (${output.status})` : "");
+  }
+  return [
+    h("pre", { class: "logs", id: "workload-logs" }, output.text || "(no output yet)"),
+    h("p", { class: "muted" }, "The whole output: ", h("code", {}, `finesched logs ${key} --follow`)),
+  ];
 }
