@@ -2,7 +2,7 @@
 
 The copy (the *fork*) is a `ClusterState` of this module's own, brought to the live state by
 `ClusterState.restore(live.snapshot())` for every dry run: the snapshot is taken under the loop's
-lock (copies of the arrays and the per-node accounts: about 0.1 s at 10,000 nodes with 20,000
+lock (copies of the arrays and the per-node accounts: 0.1–0.2 s at 10,000 nodes with 20,000
 bindings, BENCHMARKS.md), and reused while the live state has not changed since; the restore and
 the scheduling run outside the lock, so the scheduling loop waits only for the snapshot. A fresh `Scheduler` with the
 leader's profile and tenants then submits the workloads and runs its queue, preempting exactly as
@@ -10,8 +10,9 @@ the loop would (`auto_commit`: the fork is thrown away). Nothing reaches the sto
 state, and the workloads already waiting in the live queue are not part of the dry run (the answer
 says how many there are).
 
-One dry run at a time (a second caller waits up to `busy_timeout_s`, then gets 429): the fork's
-memory is bounded and a tenant sending many plans slows only its own answers, never the loop.
+One dry run at a time (the route makes callers queue in the event loop; here a second caller waits
+up to `busy_timeout_s`, then `Busy`): the fork's memory is bounded, and many plans at once slow down
+only the plans, never the loop.
 """
 
 from __future__ import annotations
