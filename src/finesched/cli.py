@@ -174,6 +174,9 @@ def plan(
             err.print(f"[bold red]error:[/] {escape(str(detail))}", soft_wrap=True)
         raise typer.Exit(1) from None
     render(outcome, manifests, output, out, show_nodes=show_nodes)
+    if not manifests.nodes:
+        err.print("note: FILES hold no Node, so nothing could be placed; to plan on a running control plane's "
+                  "nodes, add --server URL", soft_wrap=True)  # fmt: skip
 
 
 def _add_sim() -> None:

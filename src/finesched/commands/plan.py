@@ -193,10 +193,13 @@ def preemption_table(preemptions: Sequence[Mapping[str, Any]], *, wide: bool = F
     return table
 
 
-def summary_table(summary: Mapping[str, Any]) -> Table:
+def summary_table(summary: Mapping[str, Any]) -> Table | str:
+    """The summary line, with each resource's utilization when the plan knows it (offline)."""
     evicted = f", {summary['evicted']} evicted" if summary.get("evicted") else ""
     title = f"Summary: {summary['placed']} placed, {summary['unschedulable']} not placed{evicted}"
     rows = [(name, f"{100 * fraction:.1f} %") for name, fraction in (summary.get("utilization") or {}).items()]
+    if not rows:
+        return title
     return simple_table(title, [col("resource"), col("utilization", right=True)], rows)
 
 
