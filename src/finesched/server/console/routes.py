@@ -24,12 +24,11 @@ from fastapi import APIRouter, HTTPException, Request, Response
 
 from finesched import __version__
 from finesched.model.resources import CPU, GPU, GPU_CORE, MEMORY
-from finesched.server import routes_tenants, routes_workloads
+from finesched.server import routes_nodes, routes_tenants, routes_workloads
 from finesched.server.auth import ADMIN, TENANT
 from finesched.server.console import overview as ov
 from finesched.server.console.node_page import NodeInput, node_page
-from finesched.server.context import Caller, Ctx, ServerContext
-from finesched.server.store import NotFound
+from finesched.server.context import Caller, Ctx
 from finesched.server.visibility import visible_on_node
 
 router = APIRouter(tags=["console"], include_in_schema=False)
@@ -159,20 +158,13 @@ def _used_percent(allocatable: np.ndarray, free: np.ndarray) -> np.ndarray:
 def node(name: str, ctx: Ctx, caller: Caller) -> dict[str, Any]:
     """One node to the device and logical CPU (see `node_page.py`)."""
     caller.require(ADMIN, TENANT)
-    row = _node_row(ctx, name)
+    row = routes_nodes._row(ctx, name)  # 404 as GET /v1/nodes/{name} answers it
     with ctx.loop.lock:
         scheduler = ctx.scheduler()
         data = NodeInput.capture(scheduler, name) if name in scheduler.state.index else None
     if data is None:
         raise HTTPException(409, f"node {name} is stored but the scheduler could not load it (see its events)")
     return node_page(data, row, visible_on_node(ctx, caller, name))
-
-
-def _node_row(ctx: ServerContext, name: str) -> dict[str, Any]:
-    try:
-        return ctx.store.get_node(name)
-    except NotFound as exc:
-        raise HTTPException(404, str(exc)) from None
 
 
 # The pages (last: the catch-all path must not shadow /ui/api and /ui/static) --------------------------------
