@@ -13,6 +13,7 @@ import httpx
 from agent_cluster import NODE, Cluster, wait
 from typer.testing import CliRunner
 
+from finesched.agent.executor import workdir_of
 from finesched.cli import app
 
 FINESCHED = [sys.executable, "-m", "finesched.cli"]
@@ -91,7 +92,7 @@ def test_up_prints_url_and_token_and_stops_cleanly(tmp_path: Path) -> None:
 
 
 def test_logs_prints_the_workload_output(tmp_path: Path) -> None:
-    log = tmp_path / "agent" / "workloads" / "team" / "w1" / "output.log"
+    log = workdir_of(tmp_path / "agent", "team/w1") / "output.log"
     log.parent.mkdir(parents=True)
     log.write_text("line one\nline two\n")
     runner = CliRunner()

@@ -142,7 +142,7 @@ class Agent:
         except (ServerError, BindingError):
             bindings = self.bindings
         extra = {"cgroup": self.cgroups.describe(), "agentPid": os.getpid()}
-        body = build_report(self.node, bindings, self.discovery, extra)
+        body = build_report(self.node, bindings, self.discovery, extra, self.executor.pools_report(self.discovery))
         try:
             self.client.report(self.name, body)
             self.last_report_error = ""

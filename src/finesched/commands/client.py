@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from finesched.commands.node_view import render_node
 from finesched.errors import ValidationError
 from finesched.model.manifest import load_manifests, to_manifest
 
@@ -207,17 +208,27 @@ _TABLES = {"workloads": _workloads_table, "nodes": _nodes_table, "tenants": _ten
 
 
 def describe(
-    what: Annotated[str, typer.Argument(help="workload")],
+    what: Annotated[str, typer.Argument(help="workload or node")],
     name: Annotated[str, typer.Argument(help="NAME or NAMESPACE/NAME")],
     server: ServerOption = DEFAULT_SERVER,
     token: TokenOption = "",
     namespace: NamespaceOption = "default",
     output: OutputOption = "table",
 ) -> None:
-    """A workload's status, binding (node, cpuset, devices, NUMA), what its agent applied, and events."""
+    """A workload's status, binding (node, cpuset, devices, NUMA), what its agent applied, and events;
+    or a node's state, CPU pools as its agent applies them, cgroup enforcement, and events."""
     _check_output(output)
+    if what in ("node", "nodes"):
+        client = Client(server, token)
+        node = client.call("GET", f"/v1/nodes/{name}")
+        node_events = client.call("GET", "/v1/events", params={"kind": "Node", "object": name})["items"]
+        if output != "table":
+            _dump({**node, "events": node_events}, output)
+        else:
+            render_node(out, node, node_events)
+        return
     if what not in ("workload", "workloads"):
-        _fail(f"describe {what!r}: only workloads can be described", code=2)
+        _fail(f"describe {what!r}: only workloads and nodes can be described", code=2)
     namespace, _, name = name.rpartition("/") if "/" in name else (namespace, "/", name)
     client = Client(server, token)
     item = client.call("GET", f"/v1/workloads/{namespace}/{name}")

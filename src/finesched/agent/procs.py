@@ -1,0 +1,115 @@
+"""Every thread of every process of a workload, read from /proc, and moving them to a CPU set.
+
+A workload is its root process (the agent's ``/bin/sh`` wrapper, leader of its own session and
+process group), every descendant of it (by parent pid), every process of its session, and every
+process of its cgroups. Moving the workload sets the affinity of each thread of each of them
+(``sched_setaffinity`` takes a thread id). A thread or child born while the agent walks the tree
+may copy its parent's old mask, so the walk repeats until a pass meets no thread it has not set.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from finesched.cpuset import CPUSet
+
+PROC = Path("/proc")
+MAX_PASSES = 5
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """The fields of /proc/<pid>/stat after the command name (state is [0], ppid [1], session [3])."""
+    try:
+        return (PROC / str(pid) / "stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return None
+
+
+def workload_pids(root: int, extra: Iterable[int] = ()) -> set[int]:
+    """`root`, its descendants, the processes of its session, and `extra` (e.g. its cgroups' pids)."""
+    children: dict[int, list[int]] = {}
+    session: set[int] = set()
+    for entry in os.scandir(PROC):
+        if not entry.name.isdigit():
+            continue
+        fields = _stat_fields(int(entry.name))
+        if fields is None or len(fields) < 4 or fields[0] in ("Z", "X"):
+            continue
+        pid = int(entry.name)
+        children.setdefault(int(fields[1]), []).append(pid)
+        if int(fields[3]) == root:
+            session.add(pid)
+    found: set[int] = set()
+    todo = [root, *session, *extra]
+    while todo:
+        pid = todo.pop()
+        if pid not in found:
+            found.add(pid)
+            todo.extend(children.get(pid, ()))
+    return {p for p in found if (PROC / str(p)).exists()}
+
+
+def threads(pid: int) -> list[int]:
+    try:
+        return [int(t) for t in os.listdir(PROC / str(pid) / "task")]
+    except OSError:
+        return []
+
+
+def cpus_allowed(pid: int, tid: int | None = None) -> CPUSet | None:
+    """``Cpus_allowed_list`` of thread `tid` of `pid` (the process's main thread by default)."""
+    path = PROC / str(pid) / "task" / str(tid if tid is not None else pid) / "status"
+    try:
+        for line in path.read_text().splitlines():
+            if line.startswith("Cpus_allowed_list:"):
+                return CPUSet(line.partition(":")[2].strip())
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+@dataclass
+class Moved:
+    """What one move did: threads set, processes seen, and the errors met (a thread that exited
+    meanwhile is not one)."""
+
+    threads: int = 0
+    processes: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+def move_threads(root: int, cpus: CPUSet, extra: Iterable[int] = (), only_outside: bool = False) -> Moved:
+    """Set the affinity of every thread of the workload rooted at `root` to `cpus` (see the module
+    docstring); with `only_outside`, only of the threads not already within `cpus`."""
+    done: set[int] = set()
+    procs: set[int] = set()
+    out = Moved()
+    mask = set(cpus)
+    extra = tuple(extra)
+    for _ in range(MAX_PASSES):
+        fresh = 0
+        for pid in workload_pids(root, extra):
+            procs.add(pid)
+            for tid in threads(pid):
+                if tid in done:
+                    continue
+                fresh += 1
+                done.add(tid)
+                if only_outside:
+                    now = cpus_allowed(pid, tid)
+                    if now is None or now.is_subset(cpus):
+                        continue
+                try:
+                    os.sched_setaffinity(tid, mask)
+                    out.threads += 1
+                except ProcessLookupError:
+                    continue
+                except OSError as exc:
+                    out.errors.append(f"thread {tid} of pid {pid}: {exc.strerror or exc}")
+        if not fresh:
+            break
+    out.processes = len(procs)
+    return out
