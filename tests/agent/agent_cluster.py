@@ -63,9 +63,12 @@ class Cluster:
         self.agent_token = create_token(self.store, "agent", node=NODE)
         self.tmp = tmp
 
-    def agent(self, data: str = "agent", discovery: Callable[[], Discovery] = inventory) -> Agent:
+    def agent(
+        self, data: str = "agent", discovery: Callable[[], Discovery] = inventory, cgroups: CgroupSupport | None = None
+    ) -> Agent:
         config = AgentConfig(self.url, self.agent_token, self.tmp / data, NODE)
-        agent = Agent(config, AgentClient(self.url, self.agent_token), discovery, CgroupSupport(None, reason="test"))
+        cgroups = cgroups or CgroupSupport(None, reason="test")
+        agent = Agent(config, AgentClient(self.url, self.agent_token), discovery, cgroups)
         agent.start()
         return agent
 

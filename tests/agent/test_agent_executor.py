@@ -43,7 +43,7 @@ class RecordingServer:
     def status(self, workload: str, phase: str, reason: str, exit_code: int | None, info: dict[str, Any]) -> None:
         if self.fail_status:
             raise ServerError(self.fail_status, "down")
-        self.calls.append(("status", workload, phase, exit_code, info))
+        self.calls.append(("status", workload, phase, exit_code, info, reason))
 
     def of(self, kind: str) -> list[tuple[Any, ...]]:
         return [c for c in self.calls if c[0] == kind]

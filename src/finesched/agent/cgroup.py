@@ -197,6 +197,9 @@ def detect(
     missing = [c for c in WANTED if not any(c in h.controllers for h in hierarchies)]
     if missing:
         notes.append(f"no usable {', '.join(missing)} controller")
+    for h in hierarchies:  # made to prove it can be; made again with the first workload group
+        with contextlib.suppress(OSError):
+            os.rmdir(h.base)
     return CgroupSupport(tuple(hierarchies) or None, reason="; ".join(notes))
 
 
@@ -342,12 +345,27 @@ class Group:
         return 0
 
     def remove(self) -> None:
-        """Drop the (empty) directories, and the agent's scope above them once it is empty too;
-        a directory that still holds processes or groups stays."""
+        """Drop the (empty) directories, then the agent's scope and the base above them once they
+        are empty too (nothing is left behind in the agent's own cgroup); a directory that still
+        holds processes or groups stays."""
         for d in self.dirs:
-            for path in (Path(d), Path(d).parent):
-                with contextlib.suppress(OSError):
+            for path in (Path(d), Path(d).parent, Path(d).parent.parent):
+                try:
                     os.rmdir(path)
+                except OSError:
+                    break
+
+
+def _make_chain(h: Hierarchy, path: Path) -> None:
+    """mkdir base, scope and group; once more if another agent removed the empty base meanwhile."""
+    for attempt in (1, 2):
+        try:
+            for level, delegate in ((h.base, True), (path.parent, True), (path, False)):
+                _make_dir(level, h.version, h.controllers, delegate)
+            return
+        except FileNotFoundError:
+            if attempt == 2:
+                raise
 
 
 def make_group(support: CgroupSupport, scope: str, name: str, limits: Limits) -> Group | None:
@@ -358,8 +376,7 @@ def make_group(support: CgroupSupport, scope: str, name: str, limits: Limits) ->
     for h in support.usable:
         path = h.base / scope / name
         try:
-            _make_dir(path.parent, h.version, h.controllers, delegate=True)
-            _make_dir(path, h.version, h.controllers)
+            _make_chain(h, path)
         except OSError as exc:
             group.applied[str(path)] = f"not created: {_why(exc)}"
             continue

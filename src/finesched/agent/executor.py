@@ -96,6 +96,7 @@ class Executor:
         self.discovery: Discovery | None = None  # the latest, from sync
         #: workload -> (binding version, reason, reject sent): bindings set aside after an error.
         self.set_aside: dict[str, tuple[int, str, bool]] = {}
+        self.unreadables: dict[str, tuple[int, str, bool]] = {}  # the same, for items that do not parse
         self._errors: dict[str, str] = {}  # workload -> last error logged (logged once)
 
     # Start-up ----------------------------------------------------------------------------------
@@ -132,8 +133,9 @@ class Executor:
                 del self.set_aside[key]  # gone, or bound anew: tried again
         starting: list[AgentBinding] = []
         for b in bindings:
+            self.unreadables.pop(b.workload, None)
             if b.workload in self.set_aside:
-                self._resend_set_aside(b.workload)
+                self._resend_set_aside(b.workload, self.set_aside)
             else:
                 self._guard(b.workload, lambda b=b: self._admit(b, discovery, starting), b)
         self._guard("(pools)", lambda: self._keep_pools(starting))
@@ -208,9 +210,11 @@ class Executor:
         group = make_group(self.cgroups, self.scope, safe_name(b.workload), limits_of(b, where.cpus))
         try:
             done = launch(b, discovery.node, where.cpus, workdir_of(self.data, b.workload), group, self.base_env)
-        except LaunchError as exc:
+        except Exception as exc:
             if group is not None:
                 group.remove()
+            if not isinstance(exc, LaunchError):
+                raise  # the caller sets this binding aside
             self._reject(b, str(exc))
             return
         done.info["pool"] = where.pool
@@ -240,12 +244,15 @@ class Executor:
 
     def _reject(self, b: AgentBinding, reason: str) -> bool:
         log.warning("rejecting %s: %s", b.workload, reason)
+        return self._send_reject(b.workload, reason)
+
+    def _send_reject(self, workload: str, reason: str) -> bool:
         if len(reason) > MAX_REASON:  # the server caps reasons; say how much was cut
             reason = reason[: MAX_REASON - 40] + f" ... ({len(reason) - MAX_REASON + 40} more characters)"
         try:
-            self.server.reject(b.workload, reason)
+            self.server.reject(workload, reason)
         except ServerError as exc:
-            log.warning("reject of %s failed (%s); retried next sync", b.workload, exc)
+            log.warning("reject of %s failed (%s); retried next sync", workload, exc)
             return False
         return True
 
@@ -281,14 +288,24 @@ class Executor:
         self._errors.pop(key, None)
         return True
 
-    def _resend_set_aside(self, key: str) -> None:
-        version, reason, sent = self.set_aside[key]
+    def unreadable(self, item: Any, reason: str) -> None:
+        """A binding item that does not parse: rejected when its workload can be named (a name with
+        ``/`` from an older server cannot be: it is only logged), logged once per version."""
+        workload = item.get("workload") if isinstance(item, Mapping) else None
+        key = workload if isinstance(workload, str) else repr(workload)
+        version = item.get("version") if isinstance(item, Mapping) and isinstance(item.get("version"), int) else -1
+        if self.unreadables.get(key, (None,))[0] == version:
+            self._resend_set_aside(key, self.unreadables)
+            return
+        log.warning("unreadable binding %s: %s", key[:300], reason)
+        addressable = isinstance(workload, str) and workload.count("/") == 1
+        reason = f"agent cannot read the binding: {reason}"
+        self.unreadables[key] = (version, reason, not addressable or self._send_reject(key, reason))
+
+    def _resend_set_aside(self, key: str, where: dict[str, tuple[int, str, bool]]) -> None:
+        version, reason, sent = where[key]
         if not sent:
-            try:
-                self.server.reject(key, reason)
-            except ServerError:
-                return
-            self.set_aside[key] = (version, reason, True)
+            where[key] = (version, reason, self._send_reject(key, reason))
 
     # Processes ---------------------------------------------------------------------------------
     def poll(self) -> None:

@@ -55,7 +55,7 @@ class PoolKeeper:
         self.sockets: dict[int, int] = {}
         #: Workloads to move again in full on the next pass (adopted after a restart).
         self.adopted: set[str] = set()
-        self._next_check = time.monotonic() + recheck_s
+        self._checked = time.monotonic()
 
     def compute(self, node: Node, usable: CPUSet, holders: Iterable[Holder]) -> CPUPools:
         numa, self.sockets = numa_layout(node, usable)
@@ -69,14 +69,14 @@ class PoolKeeper:
 
     def due(self) -> bool:
         """Whether the periodic check of every thread is due."""
-        return time.monotonic() >= self._next_check
+        return time.monotonic() - self._checked >= self.recheck_s
 
     def apply(self, node: Node, usable: CPUSet, holders: Iterable[Holder], running: Iterable[Record]) -> list[Record]:
         """Recompute the pools and move each running workload whose CPUs changed; the moved ones."""
         pools = self.compute(node, usable, holders)
         check = self.due()
         if check:
-            self._next_check = time.monotonic() + self.recheck_s
+            self._checked = time.monotonic()
         moved = []
         for rec in running:
             target = placement(rec.qos_class, rec.own_cpuset, rec.shared_numa, pools)
