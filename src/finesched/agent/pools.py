@@ -97,7 +97,7 @@ class PoolKeeper:
             problem = group.set_cpus(target.cpus)
             if problem:
                 notes.append(problem)
-        result = move_threads(rec.pid, target.cpus, group.pids() if group is not None else (), only_outside)
+        result = move_threads(rec.pid, target.cpus, group.pids if group is not None else None, only_outside)
         notes += result.errors
         if only_outside and not result.threads and not notes:
             return

@@ -1,16 +1,18 @@
 """Every thread of every process of a workload, read from /proc, and moving them to a CPU set.
 
-A workload is its root process (the agent's ``/bin/sh`` wrapper, leader of its own session and
-process group), every descendant of it (by parent pid), every process of its session, and every
-process of its cgroups. Moving the workload sets the affinity of each thread of each of them
-(``sched_setaffinity`` takes a thread id). A thread or child born while the agent walks the tree
-may copy its parent's old mask, so the walk repeats until a pass meets no thread it has not set.
+A workload is the processes of its cgroups when it has any (``cgroup.procs``: exact, children and
+orphans included, one small read), else its root process (the agent's ``/bin/sh`` wrapper, leader
+of its own session and process group), every descendant of it (by parent pid) and every process of
+its session, found by a walk over /proc. Moving the workload sets the affinity of each thread of
+each of them (``sched_setaffinity`` takes a thread id). A thread or child born while the agent
+works may copy its parent's old mask, so it looks again until a pass meets no thread it has not
+set.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,13 +25,14 @@ MAX_PASSES = 5
 def _stat_fields(pid: int) -> list[str] | None:
     """The fields of /proc/<pid>/stat after the command name (state is [0], ppid [1], session [3])."""
     try:
-        return (PROC / str(pid) / "stat").read_text().rpartition(")")[2].split()
+        with open(f"/proc/{pid}/stat", "rb") as f:  # plain open: this runs for every process on the node
+            return f.read().rpartition(b")")[2].decode().split()
     except OSError:
         return None
 
 
-def workload_pids(root: int, extra: Iterable[int] = ()) -> set[int]:
-    """`root`, its descendants, the processes of its session, and `extra` (e.g. its cgroups' pids)."""
+def workload_pids(root: int) -> set[int]:
+    """`root`, its descendants and the processes of its session (one walk over /proc)."""
     children: dict[int, list[int]] = {}
     session: set[int] = set()
     for entry in os.scandir(PROC):
@@ -43,13 +46,13 @@ def workload_pids(root: int, extra: Iterable[int] = ()) -> set[int]:
         if int(fields[3]) == root:
             session.add(pid)
     found: set[int] = set()
-    todo = [root, *session, *extra]
+    todo = [root, *session]
     while todo:
         pid = todo.pop()
         if pid not in found:
             found.add(pid)
             todo.extend(children.get(pid, ()))
-    return {p for p in found if (PROC / str(p)).exists()}
+    return found
 
 
 def threads(pid: int) -> list[int]:
@@ -81,17 +84,20 @@ class Moved:
     errors: list[str] = field(default_factory=list)
 
 
-def move_threads(root: int, cpus: CPUSet, extra: Iterable[int] = (), only_outside: bool = False) -> Moved:
+def move_threads(
+    root: int, cpus: CPUSet, members: Callable[[], set[int]] | None = None, only_outside: bool = False
+) -> Moved:
     """Set the affinity of every thread of the workload rooted at `root` to `cpus` (see the module
-    docstring); with `only_outside`, only of the threads not already within `cpus`."""
+    docstring); `members` lists its processes (its cgroups'); with `only_outside`, only the threads
+    not already within `cpus` are set."""
     done: set[int] = set()
     procs: set[int] = set()
     out = Moved()
     mask = set(cpus)
-    extra = tuple(extra)
     for _ in range(MAX_PASSES):
         fresh = 0
-        for pid in workload_pids(root, extra):
+        listed = members() if members is not None else set()
+        for pid in listed or workload_pids(root):
             procs.add(pid)
             for tid in threads(pid):
                 if tid in done:
