@@ -20,19 +20,20 @@ Each `sync` compares the server's bindings for this node with the processes the 
 killed it for its memory limit) and gives their CPUs back to the pools; `report` sends every
 status the server has not accepted yet, so a status survives network errors and agent restarts.
 
-One binding never stops the others: if handling it raises, it alone is set aside (rejected with
-the error as the reason, not retried for the same binding version) and the agent goes on.
+One binding never stops the others: if handling it raises, it alone is set aside (agent/aside.py:
+rejected with the error as the reason, not retried for the same binding version) and the agent
+goes on.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from finesched.agent.aside import SetAside
 from finesched.agent.binding import AgentBinding
 from finesched.agent.cgroup import CgroupSupport, Group, make_group
 from finesched.agent.discover import Discovery
@@ -94,10 +95,8 @@ class Executor:
         self.scope = "agent-" + key_hash(str(data.resolve()), 12)
         self.keeper = PoolKeeper()
         self.discovery: Discovery | None = None  # the latest, from sync
-        #: workload -> (binding version, reason, reject sent): bindings set aside after an error.
-        self.set_aside: dict[str, tuple[int, str, bool]] = {}
-        self.unreadables: dict[str, tuple[int, str, bool]] = {}  # the same, for items that do not parse
-        self._errors: dict[str, str] = {}  # workload -> last error logged (logged once)
+        self.aside = SetAside(self._send_reject)
+        self._guard = self.aside.guard
 
     # Start-up ----------------------------------------------------------------------------------
     def adopt(self) -> dict[str, str]:
@@ -128,15 +127,10 @@ class Executor:
                 self._guard(key, lambda rec=rec: self._forget(rec, "binding gone"))
             elif b.placement != rec.placement or (rec.acked and not b.acked):
                 self._guard(key, lambda rec=rec: self._forget(rec, "binding replaced by a new placement"))
-        for key, (version, _, _) in list(self.set_aside.items()):
-            if key not in current or current[key].version != version:
-                del self.set_aside[key]  # gone, or bound anew: tried again
+        self.aside.prune(current)
         starting: list[AgentBinding] = []
         for b in bindings:
-            self.unreadables.pop(b.workload, None)
-            if b.workload in self.set_aside:
-                self._resend_set_aside(b.workload, self.set_aside)
-            else:
+            if not self.aside.holds(b.workload):
                 self._guard(b.workload, lambda b=b: self._admit(b, discovery, starting), b)
         self._guard("(pools)", lambda: self._keep_pools(starting))
         for b in starting:
@@ -226,9 +220,16 @@ class Executor:
             cgroup=group.to_record() if group is not None else None, qos=b.qos, shared_numa=list(b.shared_numa),
             pool=where.pool,
         )  # fmt: skip
+        try:
+            self.state.records[b.workload] = rec
+            self.state.save()
+        except Exception:  # an unrecorded process would run unaccounted for: it does not run at all
+            self.state.records.pop(b.workload, None)
+            stop(done.pid, done.start_time, 0.0, group)
+            if group is not None:
+                group.remove()
+            raise
         self.procs[b.workload] = done.proc
-        self.state.records[b.workload] = rec
-        self.state.save()
         log.info("started %s pid %d on CPUs %s (%s)", b.workload, done.pid, done.info.get("affinity"), where.pool)
         self._ack(rec)
 
@@ -270,42 +271,9 @@ class Executor:
         del self.state.records[rec.workload]
         self.state.save()
 
-    # Poison isolation --------------------------------------------------------------------------
-    def _guard(self, key: str, step: Callable[[], None], binding: AgentBinding | None = None) -> bool:
-        """Run `step` for one workload; if it raises, log it (once per distinct error), set its
-        binding aside, and let the caller go on with the others. True when it ran cleanly."""
-        try:
-            step()
-        except Exception as exc:  # one workload's failure must not stop the others
-            text = f"{type(exc).__name__}: {exc}"
-            if self._errors.get(key) != text:
-                self._errors[key] = text
-                log.error("the agent failed on %s: %s\n%s", key, text, traceback.format_exc())
-            if binding is not None:
-                reason = f"the agent failed on this binding ({text}); set aside"
-                self.set_aside[key] = (binding.version, reason, self._reject(binding, reason))
-            return False
-        self._errors.pop(key, None)
-        return True
-
     def unreadable(self, item: Any, reason: str) -> None:
-        """A binding item that does not parse: rejected when its workload can be named (a name with
-        ``/`` from an older server cannot be: it is only logged), logged once per version."""
-        workload = item.get("workload") if isinstance(item, Mapping) else None
-        key = workload if isinstance(workload, str) else repr(workload)
-        version = item.get("version") if isinstance(item, Mapping) and isinstance(item.get("version"), int) else -1
-        if self.unreadables.get(key, (None,))[0] == version:
-            self._resend_set_aside(key, self.unreadables)
-            return
-        log.warning("unreadable binding %s: %s", key[:300], reason)
-        addressable = isinstance(workload, str) and workload.count("/") == 1
-        reason = f"agent cannot read the binding: {reason}"
-        self.unreadables[key] = (version, reason, not addressable or self._send_reject(key, reason))
-
-    def _resend_set_aside(self, key: str, where: dict[str, tuple[int, str, bool]]) -> None:
-        version, reason, sent = where[key]
-        if not sent:
-            where[key] = (version, reason, self._send_reject(key, reason))
+        """A binding item that does not parse (agent/aside.py)."""
+        self.aside.unreadable(item, reason)
 
     # Processes ---------------------------------------------------------------------------------
     def poll(self) -> None:
@@ -360,17 +328,19 @@ class Executor:
     def report(self) -> None:
         """Send every status the server has not accepted yet (Running, a move, then the end)."""
         for rec in list(self.state.records.values()):
-            if rec.reported == rec.phase or not rec.acked:
-                continue
-            info = {**rec.info, "log": rec.log}
-            try:
-                self.server.status(rec.workload, rec.phase, rec.reason, rec.exit_code, info)
-            except ServerError as exc:
-                if exc.status not in (404, 409):
-                    log.warning("status %s of %s not sent (%s); retried", rec.phase, rec.workload, exc)
-                    continue
-            rec.reported = rec.phase
-            self.state.save()
+            if rec.reported != rec.phase and rec.acked:
+                self._guard(rec.workload, lambda rec=rec: self._report_one(rec))
+
+    def _report_one(self, rec: Record) -> None:
+        info = {**rec.info, "log": rec.log}
+        try:
+            self.server.status(rec.workload, rec.phase, rec.reason, rec.exit_code, info)
+        except ServerError as exc:
+            if exc.status not in (404, 409):
+                log.warning("status %s of %s not sent (%s); retried", rec.phase, rec.workload, exc)
+                return
+        rec.reported = rec.phase
+        self.state.save()
 
     def pools_report(self, discovery: Discovery) -> dict[str, Any]:
         """The node's pools and where each running workload runs (for the agent's report)."""
