@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from finesched.agent.cgroup import Group
-from finesched.agent.procs import cpus_allowed, move_threads
+from finesched.agent.procs import ProcessTable, cpus_allowed, move_threads
 from finesched.agent.state import Record
 from finesched.cpuset import CPUSet
 from finesched.model.node import Node
@@ -46,6 +46,18 @@ def numa_layout(node: Node, usable: CPUSet) -> tuple[dict[int, CPUSet], dict[int
         if info.id in usable:
             cpus.setdefault(info.numa, set()).add(info.id)
     return {n: CPUSet(c) for n, c in cpus.items()}, sockets
+
+
+class Tables:
+    """One walk over /proc, made when a workload without cgroups first needs it, for one pass."""
+
+    def __init__(self) -> None:
+        self.table: ProcessTable | None = None
+
+    def get(self) -> ProcessTable:
+        if self.table is None:
+            self.table = ProcessTable.scan()
+        return self.table
 
 
 class PoolKeeper:
@@ -71,36 +83,54 @@ class PoolKeeper:
         """Whether the periodic check of every thread is due."""
         return time.monotonic() - self._checked >= self.recheck_s
 
-    def apply(self, node: Node, usable: CPUSet, holders: Iterable[Holder], running: Iterable[Record]) -> list[Record]:
+    def apply(self, node: Node, usable: CPUSet, holders: Iterable[Holder], running: list[Record]) -> list[Record]:
         """Recompute the pools and move each running workload whose CPUs changed; the moved ones."""
         pools = self.compute(node, usable, holders)
         check = self.due()
         if check:
             self._checked = time.monotonic()
-        moved = []
+        moved: list[Record] = []
+        walked: dict[str, tuple[Placement, set[int]]] = {}  # moved without cgroups: looked at again
+        table = Tables()
         for rec in running:
             target = placement(rec.qos_class, rec.own_cpuset, rec.shared_numa, pools)
             pinned = bool(rec.own_cpuset)
             if target.cpus != CPUSet(rec.cpuset) or (rec.workload in self.adopted and not pinned):
-                self.move(rec, target, only_outside=False)
+                seen = self.move(rec, target, False, table)
                 moved.append(rec)
             elif check or rec.workload in self.adopted:
-                self.move(rec, target, only_outside=True)
+                seen = self.move(rec, target, True, table)
+            else:
+                continue
+            if seen is not None:
+                walked[rec.workload] = (target, seen)
+        if walked:  # children born during the moves: one more walk for all of them
+            again = ProcessTable.scan()
+            for rec in running:
+                if rec.workload in walked:
+                    target, seen = walked[rec.workload]
+                    move_threads(rec.pid, target.cpus, table=again, skip=seen)
         self.adopted.clear()
         return moved
 
-    def move(self, rec: Record, target: Placement, only_outside: bool) -> None:
-        """Put every thread of `rec`'s workload on `target` (only those outside it, if `only_outside`)."""
+    def move(self, rec: Record, target: Placement, only_outside: bool, tables: Tables) -> set[int] | None:
+        """Put every thread of `rec`'s workload on `target` (only those outside it, if `only_outside`);
+        the processes it found by walking /proc (None: its cgroups listed them)."""
         group = Group.from_record(rec.cgroup)
         notes: list[str] = []
         if group is not None and "cpuset" in group.controllers:
             problem = group.set_cpus(target.cpus)
             if problem:
                 notes.append(problem)
-        result = move_threads(rec.pid, target.cpus, group.pids if group is not None else None, only_outside)
+        members = group.pids() if group is not None else set()
+        if group is not None and members:
+            result = move_threads(rec.pid, target.cpus, group.pids, only_outside)
+        else:
+            result = move_threads(rec.pid, target.cpus, None, only_outside, tables.get())
         notes += result.errors
+        walked = None if members else result.pids
         if only_outside and not result.threads and not notes:
-            return
+            return walked
         old = rec.cpuset
         rec.cpuset, rec.pool = target.cpus.format(), target.pool
         rec.reason = f"on CPUs {rec.cpuset} ({target.pool})"
@@ -118,6 +148,7 @@ class PoolKeeper:
             "fixed" if only_outside else "moved", rec.workload, result.threads, result.processes, old, rec.cpuset,
             target.pool,
         )  # fmt: skip
+        return walked
 
     def report(self, node: Node, usable: CPUSet, running: list[Record]) -> dict[str, Any]:
         """The S3.9 pools report (state/pools.py) and where each running workload runs now."""
