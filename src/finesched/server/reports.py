@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
 from finesched.codec import MAX_BITS, CodecError, decode
 from finesched.cpuset import MAX_CPU_ID, CPUSet
@@ -32,6 +32,7 @@ class EncodedDim(BaseModel):
 
 
 Name = Annotated[str, Field(max_length=253)]
+POOL_FIELDS = ("cpuSharedPools", "beCPUSharedPools", "podCPUAllocs", "workloadCPUs")
 
 
 class SharedPool(BaseModel):
@@ -66,6 +67,12 @@ class NodeReport(BaseModel):
     beCPUSharedPools: list[SharedPool] | None = Field(default=None, max_length=4096)
     podCPUAllocs: list[WorkloadCPUs] | None = Field(default=None, max_length=65536)
     workloadCPUs: list[WorkloadCPUs] | None = Field(default=None, max_length=65536)
+
+    @model_serializer(mode="wrap")
+    def _without_absent_pools(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """A report without pools (an older agent) is stored as it came, not with nulls."""
+        data: dict[str, Any] = handler(self)
+        return {k: v for k, v in data.items() if v is not None or k not in POOL_FIELDS}
 
 
 def check_report(node: Node, report: NodeReport) -> list[dict[str, Any]]:
@@ -117,7 +124,7 @@ def _pool_problems(node: Node, report: NodeReport) -> list[dict[str, Any]]:
         numa_cpus[info.numa] = numa_cpus.get(info.numa, CPUSet()) | CPUSet([info.id])
     everything = CPUSet().union(*numa_cpus.values())
     problems = []
-    for field in ("cpuSharedPools", "beCPUSharedPools"):
+    for field in POOL_FIELDS[:2]:
         for i, pool in enumerate(getattr(report, field) or ()):
             loc = [field, str(i)]
             if pool.node not in numa_cpus:
@@ -128,7 +135,7 @@ def _pool_problems(node: Node, report: NodeReport) -> list[dict[str, Any]]:
                 stray = pool.cpuset - numa_cpus[pool.node]
                 msg = f"CPUs {stray} are not on NUMA node {pool.node} ({numa_cpus[pool.node]})"
                 problems.append(_problem([*loc, "cpuset"], msg, str(pool.cpuset)))
-    for field in ("podCPUAllocs", "workloadCPUs"):
+    for field in POOL_FIELDS[2:]:
         for i, entry in enumerate(getattr(report, field) or ()):
             if not entry.cpuset.is_subset(everything):
                 msg = f"CPUs {entry.cpuset - everything} are not CPUs of node {node.name} ({everything})"
