@@ -25,7 +25,6 @@ Figures are p50 / p99 / max in milliseconds; with n samples p99 is the ceil(0.99
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import platform
@@ -41,6 +40,9 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "agent"))
+
+from pool_probe import all_on, command, pids  # the tests' LS workload and its threads' CPUs
 
 from api import Server  # bench/api.py: `finesched serve` as a child process
 from finesched.agent.binding import AgentBinding, parse_binding
@@ -53,22 +55,6 @@ from finesched.server.auth import create_token
 from finesched.server.store import Store
 
 CPUS = sorted(os.sched_getaffinity(0))
-CHILD = (
-    "import threading, time\n"
-    "for _ in range(2): threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()\n"
-    "time.sleep(3600)"
-)
-LS_PROGRAM = f"""
-import json, os, subprocess, sys, threading, time
-child = subprocess.Popen([sys.executable, "-c", {CHILD!r}])
-for _ in range(3):
-    threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()
-time.sleep(0.2)
-with open(sys.argv[1] + ".tmp", "w") as f:
-    json.dump([os.getpid(), child.pid], f)
-os.replace(sys.argv[1] + ".tmp", sys.argv[1])
-time.sleep(3600)
-"""
 
 
 def percentiles(samples: list[float]) -> str:
@@ -78,31 +64,6 @@ def percentiles(samples: list[float]) -> str:
     p50 = ordered[len(ordered) // 2]
     p99 = ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]
     return f"p50 {p50 * 1000:7.2f}  p99 {p99 * 1000:7.2f}  max {ordered[-1] * 1000:7.2f} ms  (n={len(ordered)})"
-
-
-def wait_pids(path: Path, timeout: float = 60.0) -> list[int]:
-    end = time.monotonic() + timeout
-    while not path.is_file():
-        if time.monotonic() > end:
-            raise RuntimeError(f"the LS workload never wrote {path}")
-        time.sleep(0.02)
-    return list(json.loads(path.read_text()))
-
-
-def thread_cpus(pids: list[int]) -> set[str]:
-    """The distinct Cpus_allowed_list values of every thread of `pids` (read from /proc)."""
-    seen = set()
-    for pid in pids:
-        task_dir = Path(f"/proc/{pid}/task")
-        for task in task_dir.iterdir():
-            try:
-                for line in (task / "status").read_text().splitlines():
-                    if line.startswith("Cpus_allowed_list:"):
-                        seen.add(line.split(":", 1)[1].strip())
-                        break
-            except OSError:
-                continue
-    return seen
 
 
 # The executor alone -----------------------------------------------------------------------------------------
@@ -131,13 +92,13 @@ def bench_agent(mode: str, support: CgroupSupport, n_ls: int, iterations: int, t
         return moved
 
     ex.keeper.apply = timed  # type: ignore[method-assign]
-    ls = [item(f"ls-{i}", [sys.executable, "-c", LS_PROGRAM, str(tmp / f"{mode}-{n_ls}-ls-{i}")]) for i in range(n_ls)]
+    ls = [item(f"ls-{i}", command(tmp / f"{mode}-{n_ls}-ls-{i}")) for i in range(n_ls)]
     node = discovery()
     ex.sync(ls, node)
-    pids = [p for i in range(n_ls) for p in wait_pids(tmp / f"{mode}-{n_ls}-ls-{i}")]
+    ls_pids = [p for i in range(n_ls) for p in pids(tmp / f"{mode}-{n_ls}-ls-{i}")]
     ls = [parse_binding({**b.raw, "acked": True, "workloadSpec": dict(b.spec)}) for b in ls]
     everything, rest = CPUSet(CPUS).format(), CPUSet(CPUS[1:]).format()
-    threads = sum(len(os.listdir(f"/proc/{p}/task")) for p in pids) + n_ls  # + each /bin/sh wrapper
+    threads = sum(len(os.listdir(f"/proc/{p}/task")) for p in ls_pids) + n_ls  # + each /bin/sh wrapper
     moved, synced, grown, wrong = [], [], [], 0
     try:
         for i in range(iterations):
@@ -148,11 +109,11 @@ def bench_agent(mode: str, support: CgroupSupport, n_ls: int, iterations: int, t
             end = time.perf_counter()
             moved.append(marks[0] - start)
             synced.append(end - start)
-            wrong += thread_cpus(pids) != {rest}
+            wrong += all_on(ls_pids) != {rest}
             start = time.perf_counter()
             ex.sync(ls, node)  # the LSE ends: its process is stopped, LS grows back
             grown.append(time.perf_counter() - start)
-            wrong += thread_cpus(pids) != {everything}
+            wrong += all_on(ls_pids) != {everything}
     finally:
         ex.sync([], node)
     label = f"agent {mode:8s} {n_ls} LS ({threads} threads)"
@@ -185,10 +146,10 @@ class Observer:
     def wait_for(self, expected: str, timeout: float = 60.0) -> float:
         end = time.monotonic() + timeout
         while time.monotonic() < end:
-            if thread_cpus(self.pids) == {expected}:
+            if all_on(self.pids) == {expected}:
                 return time.time()
             time.sleep(0.001)
-        raise RuntimeError(f"LS threads never all on {expected}: {thread_cpus(self.pids)}")
+        raise RuntimeError(f"LS threads never all on {expected}: {all_on(self.pids)}")
 
 
 def bench_e2e(watch: float, n_ls: int, iterations: int, tmp: Path) -> None:
@@ -206,12 +167,12 @@ def bench_e2e(watch: float, n_ls: int, iterations: int, tmp: Path) -> None:
     client = httpx.Client(base_url=server.base, headers=server.headers, timeout=30)
     try:
         _wait(lambda: client.get("/v1/nodes/bench-node").status_code == 200, "the agent to register")
-        pids: list[int] = []
+        ls_pids: list[int] = []
         for i in range(n_ls):
             out = tmp / f"e2e-{watch}-ls-{i}"
-            _submit(client, f"ls-{i}", [sys.executable, "-c", LS_PROGRAM, str(out)], {"cpu": "100m"})
-            pids += wait_pids(out)
-        observer = Observer(pids)
+            _submit(client, f"ls-{i}", command(out), {"cpu": "100m"})
+            ls_pids += pids(out)
+        observer = Observer(ls_pids)
         everything = CPUSet(CPUS).format()
         observer.wait_for(everything)
         moved, submit_moved, grown = [], [], []
@@ -238,7 +199,7 @@ def bench_e2e(watch: float, n_ls: int, iterations: int, tmp: Path) -> None:
         print(f"  {label}: delete -> grown  {percentiles(grown)}")
         for i in range(n_ls):
             client.delete(f"/v1/workloads/bench/ls-{i}")
-        _wait(lambda: not any(os.path.exists(f"/proc/{p}") and _alive(p) for p in pids), "the LS workloads to stop")
+        _wait(lambda: not any(os.path.exists(f"/proc/{p}") and _alive(p) for p in ls_pids), "the LS workloads to stop")
     finally:
         client.close()
         agent.terminate()

@@ -1,4 +1,5 @@
-"""A multi-threaded, multi-process workload for pool tests, and the CPUs its threads may run on.
+"""A multi-threaded, multi-process workload for pool tests (and bench/pools.py), and the CPUs its
+threads may run on.
 
 The workload (python, 3 extra threads, a python child with 2 extra threads) writes its own and its
 child's pid to the file named by its first argument and sleeps; the tests read every thread's
@@ -17,19 +18,19 @@ from pathlib import Path
 CPUS = sorted(os.sched_getaffinity(0))
 CHILD = (
     "import threading, time\n"
-    "for _ in range(2): threading.Thread(target=time.sleep, args=(600,), daemon=True).start()\n"
-    "time.sleep(600)"
+    "for _ in range(2): threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()\n"
+    "time.sleep(3600)"
 )
 PROGRAM = f"""
 import json, os, subprocess, sys, threading, time
 child = subprocess.Popen([sys.executable, "-c", {CHILD!r}])
 for _ in range(3):
-    threading.Thread(target=time.sleep, args=(600,), daemon=True).start()
+    threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()
 time.sleep(0.2)
 with open(sys.argv[1] + ".tmp", "w") as f:
     json.dump([os.getpid(), child.pid], f)
 os.replace(sys.argv[1] + ".tmp", sys.argv[1])
-time.sleep(600)
+time.sleep(3600)
 """
 
 
@@ -51,7 +52,11 @@ def thread_cpus(process_ids: list[int]) -> dict[tuple[int, int], str]:
     out = {}
     for pid in process_ids:
         for task in Path(f"/proc/{pid}/task").iterdir():
-            for line in (task / "status").read_text().splitlines():
+            try:
+                lines = (task / "status").read_text().splitlines()
+            except OSError:  # the thread ended meanwhile
+                continue
+            for line in lines:
                 if line.startswith("Cpus_allowed_list:"):
                     out[(pid, int(task.name))] = line.split(":", 1)[1].strip()
     return out
