@@ -16,7 +16,8 @@ import pytest
 from pool_probe import CPUS, command, pids
 from test_agent_executor import RecordingServer, binding, node, run_to_end
 
-from finesched.agent.cgroup import Group, detect
+from finesched.agent.cgroup import detect
+from finesched.agent.cgroup_groups import Group
 from finesched.agent.executor import OOM_KILLED, Executor
 
 MiB = 2**20

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from finesched.agent.binding import AgentBinding, parse_binding
-from finesched.agent.cgroup import CgroupSupport, Limits, detect, make_group
+from finesched.agent.cgroup import CgroupSupport, detect
+from finesched.agent.cgroup_groups import Limits, make_group
 from finesched.agent.discover import Discovery
 from finesched.agent.executor import MAX_REASON, UNKNOWN_AFTER_RESTART, Executor, ServerError
 from finesched.agent.launch import gpu_env

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from test_agent_executor import NO_CGROUP, RecordingServer, binding, fake_mounts, node, run_to_end
 from test_agent_report import FakeServer, gpu_node
 
-from finesched.agent.cgroup import Group, detect
+from finesched.agent.cgroup import detect
+from finesched.agent.cgroup_groups import Group
 from finesched.agent.executor import Executor, workdir_of
 from finesched.agent.loop import Agent, AgentConfig
 from finesched.agent.names import safe_name

@@ -16,7 +16,8 @@ from pool_probe import CPUS, all_on, command, pids
 from test_agent_executor import RecordingServer, binding, node, wait_for
 
 from finesched.agent.binding import AgentBinding, parse_binding
-from finesched.agent.cgroup import CgroupSupport, Group, detect
+from finesched.agent.cgroup import CgroupSupport, detect
+from finesched.agent.cgroup_groups import Group
 from finesched.agent.executor import Executor
 from finesched.cpuset import CPUSet
 

@@ -35,7 +35,8 @@ from typing import Any, Protocol
 
 from finesched.agent.aside import SetAside
 from finesched.agent.binding import AgentBinding
-from finesched.agent.cgroup import CgroupSupport, Group, make_group
+from finesched.agent.cgroup import CgroupSupport
+from finesched.agent.cgroup_groups import Group, make_group
 from finesched.agent.discover import Discovery
 from finesched.agent.launch import LaunchError, is_running, launch, limits_of, read_exit_code, stop
 from finesched.agent.names import key_hash, safe_name

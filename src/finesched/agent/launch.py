@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from finesched.agent.binding import EXCLUSIVE_QOS, AgentBinding
-from finesched.agent.cgroup import Group, Limits
+from finesched.agent.cgroup_groups import Group, Limits
 from finesched.cpuset import CPUSet
 from finesched.model.node import Node
 from finesched.model.resources import CPU, GPU, GPU_CORE, GPU_MEMORY, GPU_MEMORY_RATIO, MEMORY, ResourceVector

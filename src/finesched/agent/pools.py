@@ -24,7 +24,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from finesched.agent.cgroup import Group
+from finesched.agent.cgroup_groups import Group
 from finesched.agent.procs import ProcessTable, cpus_allowed, move_threads
 from finesched.agent.state import Record
 from finesched.cpuset import CPUSet
