@@ -6,6 +6,7 @@ with CPU affinity only and, where this machine has a writable cpuset controller,
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -15,11 +16,12 @@ import pytest
 from pool_probe import CPUS, all_on, command, pids
 from test_agent_executor import RecordingServer, binding, node, wait_for
 
-from finesched.agent.binding import AgentBinding, parse_binding
+from finesched.agent.binding import AgentBinding, BindingError, parse_binding
 from finesched.agent.cgroup import CgroupSupport, detect
 from finesched.agent.cgroup_groups import Group
 from finesched.agent.executor import Executor
 from finesched.cpuset import CPUSet
+from finesched.plugins.resource_status import ANNOTATION_RESOURCE_STATUS
 
 pytestmark = pytest.mark.skipif(len(CPUS) < 2, reason="needs two CPUs")
 ALL, FIRST, REST = CPUSet(CPUS).format(), str(CPUS[0]), CPUSet(CPUS[1:]).format()
@@ -153,3 +155,18 @@ def test_the_pools_report_says_where_each_workload_runs(ex: Executor, tmp_path: 
     assert report["podCPUAllocs"] == [{"namespace": "team", "name": "cache", "cpuset": FIRST, "qos": "LSR"}]
     by_name = {w["name"]: (w["qos"], w["pool"], w["cpuset"]) for w in report["workloadCPUs"]}
     assert by_name == {"cache": ("LSR", "LSR cpuset", FIRST), "batch": ("BE", "BE pool", ALL)}
+
+
+def test_constrained_burst_runs_in_its_numa_nodes_shared_pool(tmp_path: Path) -> None:
+    ex = Executor(tmp_path / "data", RecordingServer(), CgroupSupport(None, reason="test"))
+    status = json.dumps({"cpuSharedPools": [{"socket": 0, "node": 0}]})
+    burst = binding("burst", ["sleep", "600"], spec=LS, annotations={ANNOTATION_RESOURCE_STATUS: status})
+    lsr = binding("cache", ["sleep", "600"], cpuset=FIRST, qos="LSR", spec=WHOLE)
+    try:
+        ex.sync([lsr, burst], node())
+        rec = ex.state.records["team/burst"]
+        assert (rec.pool, rec.cpuset) == ("shared pool of NUMA node 0", REST)
+    finally:
+        ex.sync([], node())
+    with pytest.raises(BindingError, match="annotations.scheduling.koordinator.sh/resource-status"):
+        binding("bad", ["true"], annotations={ANNOTATION_RESOURCE_STATUS: "{not json"})

@@ -30,8 +30,9 @@ with empty ``cpuset.cpus``/``mems`` and cannot take a process: every level the a
 its parent's. Children of a process are born in its cgroups, so they inherit all of this.
 
 The groups and their files are agent/cgroup_groups.py. Every file is written separately;
-`Group.applied` records what took effect and why not, and ``finesched describe`` shows it. Where no controller is usable the agent falls back to CPU
-affinity (launch.py) and `CgroupSupport.describe` says why.
+`Group.applied` records what took effect and why not, and ``finesched describe`` shows it. Where
+no controller is usable the agent falls back to CPU affinity (launch.py) and
+`CgroupSupport.describe` says why.
 """
 
 from __future__ import annotations

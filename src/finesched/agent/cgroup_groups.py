@@ -43,11 +43,6 @@ class Group:
     controllers: dict[str, str] = field(default_factory=dict)  # controller -> path
     applied: dict[str, str] = field(default_factory=dict)
 
-    @property
-    def path(self) -> Path:
-        """The first directory (for people; the record keeps them all)."""
-        return Path(next(iter(self.dirs)))
-
     def to_record(self) -> dict[str, Any]:
         return {"dirs": dict(self.dirs), "controllers": dict(self.controllers)}
 

@@ -213,7 +213,7 @@ class Executor:
             self._reject(b, str(exc))
             return
         done.info["pool"] = where.pool
-        if group is None:
+        if group is None:  # why not: the describe of the agent's cgroup support
             done.info["cgroup"] = self.cgroups.describe()
         rec = Record(
             workload=b.workload, placement=b.placement, pid=done.pid, start_time=done.start_time, log=str(done.log),

@@ -192,17 +192,14 @@ def launch(
     return Launched(proc.pid, start_time(proc.pid) or 0, log, exit_file, info, group, proc)
 
 
-def process_info(pid: int, cpus: CPUSet, group: Group | None, cgroups: str = "") -> dict[str, Any]:
-    """What took effect, for the workload status (``finesched describe``); `cgroups` says why there
-    is no group."""
+def process_info(pid: int, cpus: CPUSet, group: Group | None) -> dict[str, Any]:
+    """What took effect, for the workload status (``finesched describe``)."""
     try:
         affinity = CPUSet(os.sched_getaffinity(pid)).format()
     except OSError:
         affinity = "unknown (process gone)"
     info: dict[str, Any] = {"pid": pid, "cpuset": cpus.format(), "affinity": affinity}
-    if group is None:
-        info["cgroup"] = cgroups or "none"
-    else:
+    if group is not None:
         info["cgroup"] = {"paths": sorted(group.dirs), **group.applied}
     return info
 
