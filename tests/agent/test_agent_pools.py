@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -168,5 +169,5 @@ def test_constrained_burst_runs_in_its_numa_nodes_shared_pool(tmp_path: Path) ->
         assert (rec.pool, rec.cpuset) == ("shared pool of NUMA node 0", REST)
     finally:
         ex.sync([], node())
-    with pytest.raises(BindingError, match="annotations.scheduling.koordinator.sh/resource-status"):
+    with pytest.raises(BindingError, match=re.escape(f"annotations.{ANNOTATION_RESOURCE_STATUS}")):
         binding("bad", ["true"], annotations={ANNOTATION_RESOURCE_STATUS: "{not json"})
