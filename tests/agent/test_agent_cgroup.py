@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from pool_probe import CPUS, command, pids
-from test_agent_executor import RecordingServer, binding, node, run_to_end
+from test_agent_executor import RecordingServer, binding, node, run_to_end, wait_for
 
 from finesched.agent.cgroup import detect
 from finesched.agent.cgroup_groups import Group
@@ -32,6 +32,7 @@ def ex(tmp_path: Path) -> Any:
     executor = Executor(tmp_path / "data", RecordingServer(), support, {"PATH": os.environ["PATH"]})
     yield executor
     executor.sync([], node())
+    wait_for(lambda: executor.sweep() == 0, "the workloads' cgroups to be removed")
 
 
 def dirs(ex: Executor, key: str) -> dict[str, Path]:
@@ -85,4 +86,4 @@ def test_workload_over_its_memory_limit_ends_oomkilled(ex: Executor) -> None:
     assert "OOM killer ended 1 process(es) at the memory limit of 50331648 bytes" in rec.info["oom"]
     final = ex.server.of("status")[-1]
     assert final[1:4] == ("team/hog", "Failed", 137) and final[5] == "OOMKilled" and final[4]["oom"] == rec.info["oom"]
-    assert not any(d.exists() for d in where.values())  # its groups are gone
+    wait_for(lambda: ex.sweep() == 0 and not any(d.exists() for d in where.values()), "its groups to go")

@@ -307,6 +307,9 @@ def test_cgroup_v1_files_in_a_fake_hierarchy(tmp_path: Path) -> None:
     assert (memory / "memory.limit_in_bytes").read_text() == str(32 * 2**20)
     assert not (memory / "memory.memsw.limit_in_bytes").exists()  # written only where the kernel has it
     assert (cpu / "cpu.shares").read_text() == "1024" and not (cpu / "cpu.cfs_quota_us").exists()  # LSE: no quota
+    stale = cpuset.parent / "team.gone-0123"  # a group its workload's end could not remove (unreaped zombie)
+    stale.mkdir()
+    assert ex.sweep() == 0 and not stale.exists() and cpuset.is_dir()  # the running workload's group stays
     ex.sync([], node())
 
 

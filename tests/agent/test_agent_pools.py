@@ -44,6 +44,7 @@ def ex(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
     executor = Executor(tmp_path / "data", RecordingServer(), support(request.param), {"PATH": os.environ["PATH"]})
     yield executor
     executor.sync([], node())  # stops every workload and drops its groups
+    wait_for(lambda: executor.sweep() == 0, "the workloads' cgroups to be removed")
 
 
 def acked(b: AgentBinding) -> AgentBinding:

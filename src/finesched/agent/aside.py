@@ -29,7 +29,7 @@ class SetAside:
         self.unreadables: Entries = {}
         self._logged: dict[str, str] = {}  # key -> last error logged
 
-    def guard(self, key: str, step: Callable[[], None], binding: AgentBinding | None = None) -> bool:
+    def guard(self, key: str, step: Callable[[], object], binding: AgentBinding | None = None) -> bool:
         """Run `step` for one workload; if it raises, log it (once per distinct error), set its
         binding aside, and let the caller go on with the others. True when it ran cleanly."""
         try:

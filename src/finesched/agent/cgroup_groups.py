@@ -6,7 +6,9 @@ Which files, in which hierarchy and why, is told in agent/cgroup.py (detection a
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -107,16 +109,52 @@ class Group:
             return None
         return 0
 
-    def remove(self) -> None:
-        """Drop the (empty) directories, then the agent's scope and the base above them once they
-        are empty too (nothing is left behind in the agent's own cgroup); a directory that still
-        holds processes or groups stays."""
+    def remove(self, wait: float = 0.2) -> bool:
+        """Drop the directories, then the agent's scope and the base above them once they are empty
+        too (nothing is left behind in the agent's own cgroup). A group whose last process is a
+        zombie not reaped yet (by init, for an orphan) cannot go: it is waited for up to `wait`
+        seconds, then left for `sweep`. True when every directory is gone."""
+        gone = True
         for d in self.dirs:
-            for path in (Path(d), Path(d).parent, Path(d).parent.parent):
-                try:
-                    os.rmdir(path)
-                except OSError:
+            if not _rmdir(Path(d), wait):
+                gone = False
+                continue
+            for parent in (Path(d).parent, Path(d).parent.parent):
+                if not _rmdir(parent, 0.0):
                     break
+        return gone
+
+
+def _rmdir(path: Path, wait: float) -> bool:
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            os.rmdir(path)
+            return True
+        except FileNotFoundError:
+            return True
+        except OSError as exc:
+            if exc.errno != errno.EBUSY or time.monotonic() >= deadline:
+                return False
+        time.sleep(0.01)
+
+
+def sweep(support: CgroupSupport, scope: str, keep: set[str]) -> int:
+    """Remove the agent's group directories in `scope` that no running workload uses (`keep`):
+    those a workload's end could not remove at once. How many are still there."""
+    left = 0
+    for h in support.usable:
+        where = h.base / scope
+        try:
+            entries = [e for e in os.scandir(where) if e.is_dir()]
+        except OSError:
+            continue
+        for entry in entries:
+            if entry.path not in keep and not _rmdir(Path(entry.path), 0.0):
+                left += 1
+        if _rmdir(where, 0.0):
+            _rmdir(h.base, 0.0)
+    return left
 
 
 def _make_chain(h: Hierarchy, path: Path) -> None:

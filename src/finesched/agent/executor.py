@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -36,7 +37,7 @@ from typing import Any, Protocol
 from finesched.agent.aside import SetAside
 from finesched.agent.binding import AgentBinding
 from finesched.agent.cgroup import CgroupSupport
-from finesched.agent.cgroup_groups import Group, make_group
+from finesched.agent.cgroup_groups import Group, make_group, sweep
 from finesched.agent.discover import Discovery
 from finesched.agent.launch import LaunchError, is_running, launch, limits_of, read_exit_code, stop
 from finesched.agent.names import key_hash, safe_name
@@ -51,6 +52,7 @@ log = logging.getLogger("finesched.agent")
 MAX_REASON = 4096
 UNKNOWN_AFTER_RESTART = "the agent has no process for this acked binding (agent state lost or replaced); released"
 OOM_KILLED = "OOMKilled"
+SWEEP_S = 30.0  # how often leftover cgroups are looked for
 
 
 class ServerError(Exception):
@@ -97,6 +99,7 @@ class Executor:
         self.keeper = PoolKeeper()
         self.discovery: Discovery | None = None  # the latest, from sync
         self.aside = SetAside(self._send_reject)
+        self._swept = time.monotonic()
         self._guard = self.aside.guard
 
     # Start-up ----------------------------------------------------------------------------------
@@ -116,7 +119,15 @@ class Executor:
                 self._ended(rec, read_exit_code(Path(rec.exit_file)), "ended while the agent was down")
                 outcome[key] = f"{rec.phase} while the agent was down"
         self.state.save()
+        self.sweep()
         return outcome
+
+    def sweep(self) -> int:
+        """Remove this agent's cgroups that no running workload uses (a group whose last process
+        was not reaped yet when its workload ended stays until the next sweep); how many are left."""
+        keep = {d for r in self._running() if (g := Group.from_record(r.cgroup)) is not None for d in g.dirs}
+        self._swept = time.monotonic()
+        return sweep(self.cgroups, self.scope, keep)
 
     # Bindings ----------------------------------------------------------------------------------
     def sync(self, bindings: list[AgentBinding], discovery: Discovery) -> None:
@@ -288,6 +299,8 @@ class Executor:
             self.state.save()
         if ended or self.keeper.due():
             self._guard("(pools)", lambda: self._keep_pools([]))
+        if time.monotonic() - self._swept >= SWEEP_S:
+            self._guard("(cgroups)", self.sweep)
 
     def _poll_one(self, rec: Record) -> None:
         proc = self.procs.get(rec.workload)
@@ -358,3 +371,4 @@ class Executor:
             if rec.phase != "Running":
                 rec.reason = f"stopped by the agent on its exit ({rec.reason})"
         self.state.save()
+        self.sweep()
