@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from agent_cluster import NODE, Cluster
 from hypothesis import given
 from hypothesis import strategies as st
 from test_agent_executor import NO_CGROUP, RecordingServer, binding, fake_mounts, node, run_to_end
@@ -87,3 +88,18 @@ def test_an_unaddressable_name_from_an_older_server_never_stops_the_agent(tmp_pa
         assert len([r for r in caplog.records if "unreadable binding" in r.getMessage()]) == 1
     finally:
         agent.executor.stop_all()
+
+
+def test_the_report_of_a_node_running_a_300_character_name_is_accepted(tmp_path: Path) -> None:
+    cluster = Cluster(tmp_path)
+    try:
+        agent = cluster.agent()
+        long = "w" * 300
+        agent.executor.sync([binding(long, ["sleep", "30"], node=NODE)], agent.discovery)
+        agent.tick_report()
+        assert agent.last_report_error == ""
+        report = cluster.admin.get(f"/v1/nodes/{NODE}").json()["status"]["report"]
+        assert [w["name"] for w in report["workloadCPUs"]] == [long]
+    finally:
+        agent.executor.stop_all()
+        cluster.close()

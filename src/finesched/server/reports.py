@@ -31,7 +31,9 @@ class EncodedDim(BaseModel):
     bits: int = Field(ge=1, le=MAX_BITS)
 
 
-Name = Annotated[str, Field(max_length=253)]
+#: Workload names as stored (an older server took names longer than DNS-1123's 253): a report
+#: naming one must not be refused, or the node would go silent.
+Name = Annotated[str, Field(max_length=4096)]
 POOL_FIELDS = ("cpuSharedPools", "beCPUSharedPools", "podCPUAllocs", "workloadCPUs")
 
 
