@@ -131,7 +131,8 @@ class DeviceAccounts:
             acc.clear(i)
         by_type: dict[str, list[Device]] = {}
         for device in node.devices:
-            by_type.setdefault(device.type, []).append(device)
+            if device.mig is None:  # a MIG card is never shared in software: state/mig_slices.py owns it
+                by_type.setdefault(device.type, []).append(device)
         for kind, devices in by_type.items():
             self._write_type(i, node, kind, sorted(devices, key=lambda d: d.minor))
         for acc in self.types.values():
@@ -214,6 +215,10 @@ class DeviceAccounts:
             if text is None:
                 return
             devices = self._annotated_devices(i, key, text)
+        if any(g.mig is not None for grants in devices.values() for g in grants):  # MIG: state/mig_slices.py
+            devices = {k: kept for k, gs in devices.items() if (kept := [g for g in gs if g.mig is None])}
+            if not devices:
+                return
         where = f"{self._names[i]}"
         replay = key in self._replay[i] or self.rebuilding
         plan: list[tuple[DeviceTypeAccounts, int, int, int]] = []

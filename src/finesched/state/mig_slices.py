@@ -1,0 +1,441 @@
+"""MIG slice counters: every MIG card's memory and compute slices as shared counters (DRA's
+partitionable devices, ../shared/reference/PROTOCOLS.md section 4), kept beside the device accounts.
+
+A GPU in MIG mode (Device ``mig``, model/mig.py) never enters the software-share arrays of
+state/devices.py; it lives here as a `MIGCard`: its product geometry, its mode, and two sets of
+placements (bits over ``geometry.placements``): ``existing`` (the instances the node reports) and
+``held`` (the instances bindings hold). Their union occupies memory slices, compute slices, profile
+caps and the one media-extension slot; an instance consumes its slices, so two held instances never
+share a slice (the invariant `violations` checks). What can be granted on a card:
+
+* an existing instance nobody holds (static and dynamic cards: finesched assigns it);
+* on a dynamic card also a new placement that the product allows and the union leaves room for
+  (the agent creates it through NVML).
+
+`capacity(k)` is how many more instances of profile k the card can give at once: its free existing
+ones plus, on a dynamic card, ``min(free placements on the axis (greedy by start, optimal for
+equal-length intervals), cap left, compute left // compute, media slot)``. Per node and profile
+name the sum over cards is kept in `fit` ([capacity, profiles]) on every change, so the filter
+for "N instances of profile p" is one comparison per node.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from functools import lru_cache
+
+import numpy as np
+import numpy.typing as npt
+
+from finesched.model.binding import Binding
+from finesched.model.device_allocated import AnnotationError, binding_devices
+from finesched.model.mig import MIGGeometry, MIGInstance, MIGPlacement
+from finesched.model.node import Node
+from finesched.model.resources import GPU
+from finesched.state.cluster import ClusterState, StateError
+
+Int64Array = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """What a set of placements takes on a card: slice bits, compute slices, count per profile, +me used."""
+
+    slices: int
+    compute: int
+    counts: tuple[int, ...]
+    media: bool
+
+
+@lru_cache(maxsize=65536)
+def usage(geometry: MIGGeometry, bits: int) -> Usage:
+    slices = compute = 0
+    counts = [0] * len(geometry.profiles)
+    media = False
+    j = 0
+    while bits >> j:
+        if bits >> j & 1:
+            k, _ = geometry.placements[j]
+            p = geometry.profiles[k]
+            slices |= geometry.masks[j]
+            compute += p.compute
+            counts[k] += 1
+            media = media or p.media
+        j += 1
+    return Usage(slices, compute, tuple(counts), media)
+
+
+@lru_cache(maxsize=65536)
+def free_placements(geometry: MIGGeometry, k: int, occupied: int) -> int:
+    """Most instances of profile k that fit at once in the slices not `occupied` (earliest start
+    first: optimal for intervals of one length)."""
+    taken, count = occupied, 0
+    for j in geometry.of_profile[k]:
+        if not geometry.masks[j] & taken:
+            taken |= geometry.masks[j]
+            count += 1
+    return count
+
+
+@lru_cache(maxsize=4096)
+def profile_bits(geometry: MIGGeometry, k: int) -> int:
+    return sum(1 << j for j in geometry.of_profile[k])
+
+
+@dataclass(frozen=True, slots=True)
+class MIGCard:
+    """One MIG card (immutable; the state replaces it on every change). Bits index placements."""
+
+    minor: int
+    geometry: MIGGeometry
+    dynamic: bool
+    healthy: bool
+    existing: int = 0
+    held: int = 0
+    uuids: tuple[tuple[int, str], ...] = ()
+
+    @property
+    def usage(self) -> Usage:
+        return usage(self.geometry, self.existing | self.held)
+
+    @property
+    def unheld(self) -> int:
+        """Existing instances no binding holds: assignable as they are."""
+        return self.existing & ~self.held
+
+    def creatable(self, j: int) -> bool:
+        """A new instance at placement j fits beside everything on the card (rules of model/mig.py)."""
+        if not self.dynamic or not self.healthy or (self.existing | self.held) >> j & 1:
+            return False
+        k, _ = self.geometry.placements[j]
+        p, u = self.geometry.profiles[k], self.usage
+        return (
+            not self.geometry.masks[j] & u.slices
+            and u.counts[k] < p.max
+            and u.compute + p.compute <= self.geometry.compute_slices
+            and not (p.media and u.media)
+        )
+
+    def grantable(self, j: int) -> bool:
+        return self.healthy and bool(self.unheld >> j & 1 or self.creatable(j))
+
+    def capacity(self, k: int) -> int:
+        """How many more instances of profile k the card can give at once (module docstring)."""
+        if not self.healthy:
+            return 0
+        ready = (self.unheld & profile_bits(self.geometry, k)).bit_count()
+        if not self.dynamic:
+            return ready
+        p, u = self.geometry.profiles[k], self.usage
+        new = min(
+            free_placements(self.geometry, k, u.slices),
+            p.max - u.counts[k],
+            (self.geometry.compute_slices - u.compute) // p.compute,
+            (0 if u.media else 1) if p.media else self.geometry.memory_slices,
+        )
+        return ready + max(new, 0)
+
+    def free_slices(self) -> int:
+        return self.geometry.memory_slices - self.usage.slices.bit_count()
+
+    def with_held(self, j: int, on: bool = True) -> MIGCard:
+        return replace(self, held=self.held | (1 << j) if on else self.held & ~(1 << j))
+
+    def uuid_of(self, j: int) -> str | None:
+        return next((u for pj, u in self.uuids if pj == j), None)
+
+
+def card_of(
+    minor: int, spec_geometry: MIGGeometry, dynamic: bool, healthy: bool, instances: Iterable[MIGInstance]
+) -> MIGCard:
+    """A card from its manifest or report: instances become `existing` bits (with their UUIDs)."""
+    existing, uuids = 0, []
+    for inst in instances:
+        j = spec_geometry.placement_lookup[(inst.profile, inst.start)]
+        existing |= 1 << j
+        if inst.uuid:
+            uuids.append((j, inst.uuid))
+    return MIGCard(minor, spec_geometry, dynamic, healthy, existing, 0, tuple(uuids))
+
+
+def mig_grants(binding: Binding) -> list[tuple[int, MIGPlacement]]:
+    """The (minor, placement) MIG grants a binding holds (its devices, else its device-allocated annotation)."""
+    try:
+        devices = binding_devices(binding)
+    except AnnotationError as exc:
+        raise StateError(f"binding {binding.workload}: {exc}") from None
+    return [(g.minor, g.mig) for g in devices.get(GPU, ()) if g.mig is not None]
+
+
+class MIGSlices:
+    """The `NodeExtra` named "mig": every node's MIG cards (minor order) and the per-profile `fit`."""
+
+    name = "mig"
+
+    def __init__(self) -> None:
+        self.capacity = 0
+        self.cards: list[tuple[MIGCard, ...]] = []
+        #: Profile name -> column of `fit` (names interned across products as they appear).
+        self.profile_ids: dict[str, int] = {}
+        self.fit = np.zeros((0, 0), dtype=np.int64)
+        #: Memory slices of each profile column on the node's first card offering it (0: none).
+        self.profile_slices = np.zeros((0, 0), dtype=np.int64)
+        self._with_cards: set[int] = set()
+        self.slices_total = np.zeros(0, dtype=np.int64)
+        self.slices_used = np.zeros(0, dtype=np.int64)
+        self.rebuilding = False
+        self._names: list[str | None] = []
+        self._held: list[dict[str, tuple[tuple[int, int], ...]]] = []  # key -> ((card index, placement))
+        self._replay: list[set[str]] = []
+        self._tolerated: list[set[str]] = []
+
+    # NodeExtra ----------------------------------------------------------------------------------
+    def resize(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.cards = (self.cards + [()] * capacity)[:capacity]
+        rows = min(capacity, self.fit.shape[0])
+        for name in ("fit", "profile_slices"):
+            old = getattr(self, name)
+            new = np.zeros((capacity, old.shape[1]), dtype=np.int64)
+            new[:rows] = old[:rows]
+            setattr(self, name, new)
+        self._with_cards = {i for i in self._with_cards if i < capacity}
+        for name in ("slices_total", "slices_used"):
+            old = getattr(self, name)
+            new = np.zeros(capacity, dtype=np.int64)
+            new[: min(capacity, len(old))] = old[:capacity]
+            setattr(self, name, new)
+        self._names = (self._names + [None] * capacity)[:capacity]
+        for lst, make in ((self._held, dict), (self._replay, set), (self._tolerated, set)):
+            del lst[capacity:]
+            lst.extend(make() for _ in range(capacity - len(lst)))
+
+    def set_node(self, index: int, node: Node) -> None:
+        i = index
+        self._names[i] = node.name
+        self._replay[i] |= set(self._held[i])
+        self._held[i], self._tolerated[i] = {}, set()
+        cards = []
+        for device in sorted((d for d in node.devices if d.type == GPU and d.mig is not None), key=lambda d: d.minor):
+            spec = device.mig
+            assert spec is not None
+            cards.append(card_of(device.minor, spec.geometry, spec.mode == "dynamic", device.health, spec.instances))
+        self.cards[i] = tuple(cards)
+        self._refresh(i)
+
+    def move(self, src: int, dst: int) -> None:
+        self.cards[dst] = self.cards[src]
+        self.fit[dst], self.profile_slices[dst] = self.fit[src], self.profile_slices[src]
+        self._with_cards.discard(src)
+        if self.cards[dst]:
+            self._with_cards.add(dst)
+        self.slices_total[dst], self.slices_used[dst] = self.slices_total[src], self.slices_used[src]
+        self._names[dst] = self._names[src]
+        self._held[dst], self._replay[dst], self._tolerated[dst] = (
+            self._held[src],
+            self._replay[src],
+            self._tolerated[src],
+        )
+
+    def clear(self, index: int) -> None:
+        self.cards[index] = ()
+        self.fit[index] = self.profile_slices[index] = 0
+        self._with_cards.discard(index)
+        self.slices_total[index] = self.slices_used[index] = 0
+        self._names[index] = None
+        self._held[index], self._replay[index], self._tolerated[index] = {}, set(), set()
+
+    def assume(self, index: int, binding: Binding) -> None:
+        """Hold the binding's MIG instances; StateError (nothing changed) for a placement the card's
+        product does not allow, a card that is not in MIG mode, or slices already taken."""
+        grants = mig_grants(binding)
+        if not grants:
+            return
+        i, key = index, binding.workload
+        replay = key in self._replay[i] or self.rebuilding
+        cards = list(self.cards[i])
+        taken: list[tuple[int, int]] = []
+        on_unhealthy = False
+        where = f"binding {key} on {self._names[i]}"
+        for minor, placement in grants:
+            c = self._card_index(i, minor)
+            if c is None:
+                raise StateError(f"{where}: gpu {minor} is not a MIG card of the node")
+            card = cards[c]
+            j = card.geometry.placement_lookup.get((placement.profile, placement.start))
+            if j is None:
+                raise StateError(
+                    f"{where}: {placement.profile} at start {placement.start} is not a placement "
+                    f"{card.geometry.name} allows on gpu {minor}"
+                )
+            if not card.healthy:
+                if not replay:
+                    raise StateError(f"{where}: gpu {minor} is unhealthy")
+                on_unhealthy = True
+                card = replace(card, healthy=True)  # judged as if healthy: the instance exists
+            if not card.grantable(j):
+                raise StateError(
+                    f"{where}: {placement.profile} at start {placement.start} on gpu {minor} is taken "
+                    f"or does not fit beside the card's other instances"
+                )
+            cards[c] = replace(card.with_held(j), healthy=cards[c].healthy)
+            taken.append((c, j))
+        self.cards[i] = tuple(cards)
+        self._held[i][key] = tuple(taken)
+        self._replay[i].discard(key)
+        if on_unhealthy:
+            self._tolerated[i].add(key)
+        self._refresh(i)
+
+    def forget(self, index: int, binding: Binding) -> None:
+        i = index
+        taken = self._held[i].pop(binding.workload, None)
+        self._tolerated[i].discard(binding.workload)
+        if taken is None:
+            return
+        cards = list(self.cards[i])
+        for c, j in taken:
+            cards[c] = cards[c].with_held(j, on=False)
+        self.cards[i] = tuple(cards)
+        self._refresh(i)
+
+    def snapshot(self) -> object:
+        return (
+            list(self.cards), self.fit.copy(), self.profile_slices.copy(), self.slices_total.copy(),
+            self.slices_used.copy(), dict(self.profile_ids), list(self._names), [dict(h) for h in self._held],
+            [set(r) for r in self._replay], [set(t) for t in self._tolerated], set(self._with_cards),
+        )  # fmt: skip
+
+    def restore(self, snapshot: object) -> None:
+        cards, fit, sizes, total, used, ids, names, held, replay, tolerated, with_cards = snapshot  # type: ignore[misc]
+        capacity = self.capacity
+        self.cards, self.fit, self.profile_ids = list(cards), fit.copy(), dict(ids)
+        self.profile_slices, self._with_cards = sizes.copy(), set(with_cards)
+        self.slices_total, self.slices_used = total.copy(), used.copy()
+        self._names, self._held = list(names), [dict(h) for h in held]
+        self._replay, self._tolerated = [set(r) for r in replay], [set(t) for t in tolerated]
+        self.resize(capacity)
+
+    # Reports ------------------------------------------------------------------------------------
+    def set_instances(self, index: int, instances: Mapping[int, Sequence[MIGInstance]]) -> None:
+        """Replace the existing instances of node `index`'s MIG cards (by minor) with what its agent
+        reports; StateError (nothing changed) when an instance is not a placement of the card's
+        product, or does not fit beside the instances bindings hold."""
+        cards = list(self.cards[index])
+        for minor, found in instances.items():
+            c = self._card_index(index, minor)
+            if c is None:
+                raise StateError(f"{self._names[index]}: gpu {minor} is not a MIG card")
+            card = cards[c]
+            problems = card.geometry.problems([(x.profile, x.start) for x in found])
+            if problems:
+                _, field, msg, value = problems[0]
+                raise StateError(f"{self._names[index]}: gpu {minor} instance {field} {value!r}: {msg}")
+            fresh = card_of(minor, card.geometry, card.dynamic, card.healthy, found)
+            merged = replace(fresh, held=0)
+            for j in range(len(card.geometry.placements)):
+                if card.held >> j & 1:
+                    if not merged.grantable(j):
+                        raise StateError(
+                            f"{self._names[index]}: gpu {minor} reports instances overlapping "
+                            f"{card.geometry.profiles[card.geometry.placements[j][0]].name} held by a binding"
+                        )
+                    merged = merged.with_held(j)
+            cards[c] = merged
+        self.cards[index] = tuple(cards)
+        self._refresh(index)
+
+    # Queries ------------------------------------------------------------------------------------
+    def profile_column(self, profile: str) -> int | None:
+        return self.profile_ids.get(profile)
+
+    def has_cards(self) -> bool:
+        """Some node has a MIG GPU (O(1): asked on every decision)."""
+        return bool(self._with_cards)
+
+    def held(self, index: int) -> Mapping[str, tuple[tuple[int, int], ...]]:
+        return self._held[index]
+
+    def _card_index(self, i: int, minor: int) -> int | None:
+        return next((c for c, card in enumerate(self.cards[i]) if card.minor == minor), None)
+
+    def _refresh(self, i: int) -> None:
+        """Recompute node i's per-profile capacity row and slice counts."""
+        cards = self.cards[i]
+        for card in cards:
+            for p in card.geometry.profiles:
+                if p.name not in self.profile_ids:
+                    self.profile_ids[p.name] = len(self.profile_ids)
+        if len(self.profile_ids) > self.fit.shape[1]:
+            for name in ("fit", "profile_slices"):
+                old = getattr(self, name)
+                new = np.zeros((self.capacity, len(self.profile_ids) + 8), dtype=np.int64)
+                new[:, : old.shape[1]] = old
+                setattr(self, name, new)
+        row = np.zeros(self.fit.shape[1], dtype=np.int64)
+        sizes = np.zeros(self.fit.shape[1], dtype=np.int64)
+        total = used = 0
+        for card in cards:
+            for k, p in enumerate(card.geometry.profiles):
+                col = self.profile_ids[p.name]
+                row[col] += card.capacity(k)
+                sizes[col] = sizes[col] or p.memory
+            if card.healthy:
+                total += card.geometry.memory_slices
+                used += card.geometry.memory_slices - card.free_slices()
+        self.fit[i], self.profile_slices[i] = row, sizes
+        self.slices_total[i], self.slices_used[i] = total, used
+        if cards:
+            self._with_cards.add(i)
+        else:
+            self._with_cards.discard(i)
+
+    # Invariants ---------------------------------------------------------------------------------
+    def violations(self) -> list[str]:
+        """No slice held twice, every held instance a placement its product allows, held bits equal
+        the bindings' grants, existing + held instances valid together on each card."""
+        out: list[str] = []
+        for i, name in enumerate(self._names):
+            if name is None:
+                continue
+            expected = [0] * len(self.cards[i])
+            for key, taken in self._held[i].items():
+                for c, j in taken:
+                    if expected[c] >> j & 1:
+                        out.append(f"{name}: {key} holds one MIG placement twice")
+                    expected[c] |= 1 << j
+            for c, card in enumerate(self.cards[i]):
+                if card.held != expected[c]:
+                    out.append(f"{name}: gpu {card.minor} held placements {card.held:#x} != bindings' {expected[c]:#x}")
+                g = card.geometry
+                union = card.existing | card.held
+                chosen = [
+                    (g.profiles[g.placements[j][0]].name, g.placements[j][1])
+                    for j in range(len(g.placements))
+                    if union >> j & 1
+                ]
+                for _, field, msg, value in g.problems(chosen):
+                    out.append(f"{name}: gpu {card.minor} MIG {field} {value!r}: {msg}")
+                mine = [k for k, t in self._held[i].items() for cc, _ in t if cc == c]
+                if not card.healthy and any(k not in self._tolerated[i] for k in mine):
+                    out.append(f"{name}: a new MIG instance was granted on unhealthy gpu {card.minor}")
+                if not card.dynamic and card.held & ~card.existing:
+                    out.append(f"{name}: static gpu {card.minor} holds an instance that does not exist")
+        return out
+
+
+def attach_mig_slices(state: ClusterState) -> MIGSlices:
+    """The state's MIGSlices, attached (and rebuilt from its bindings) on first use."""
+    existing = state.extras.get(MIGSlices.name)
+    if isinstance(existing, MIGSlices):
+        return existing
+    return state.attach(MIGSlices())
+
+
+def node_mig_cards(node: Node) -> tuple[MIGCard, ...]:
+    """A node manifest's MIG cards with nothing held (for tests and tools)."""
+    slices = MIGSlices()
+    slices.resize(1)
+    slices.set_node(0, node)
+    return slices.cards[0]
