@@ -32,25 +32,31 @@ from pydantic import Field, NonNegativeInt, PositiveInt, model_validator
 from finesched.model.base import Loc, Model, raise_problems
 
 #: Workloads ask for MIG instances as ``nvidia.com/mig-<profile>: N`` (the device plugin's "mixed"
-#: strategy names, MIG.md §5).
+#: strategy names, MIG.md §5). A resource name cannot hold "+", so NVIDIA's device plugin writes a
+#: media-extension profile with a dot: ``1g.10gb+me`` is ``nvidia.com/mig-1g.10gb.me``.
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
 PROFILE_PATTERN = r"^[1-9][0-9]*g\.[1-9][0-9]*gb(\+me)?$"
 _PROFILE_RE = re.compile(PROFILE_PATTERN)
+_RESOURCE_RE = re.compile(r"^([1-9][0-9]*g\.[1-9][0-9]*gb)(\.me)?$")
 MIGMode = Literal["static", "dynamic"]
 #: Widest placement axis accepted (RTX PRO 6000 Blackwell has 12, MIG.md §0); masks are Python ints.
 MAX_MEMORY_SLICES = 32
 
 
 def mig_profile_of(resource: str) -> str | None:
-    """``nvidia.com/mig-3g.40gb`` -> ``3g.40gb``; None for any other resource name."""
+    """``nvidia.com/mig-3g.40gb`` -> ``3g.40gb``, ``nvidia.com/mig-1g.10gb.me`` -> ``1g.10gb+me``;
+    None for any other resource name."""
     if not resource.startswith(MIG_RESOURCE_PREFIX):
         return None
-    profile = resource[len(MIG_RESOURCE_PREFIX) :]
-    return profile if _PROFILE_RE.match(profile) else None
+    match = _RESOURCE_RE.match(resource[len(MIG_RESOURCE_PREFIX) :])
+    if match is None:
+        return None
+    return match.group(1) + ("+me" if match.group(2) else "")
 
 
 def mig_resource(profile: str) -> str:
-    return MIG_RESOURCE_PREFIX + profile
+    """The resource name of a profile (``1g.10gb+me`` -> ``nvidia.com/mig-1g.10gb.me``)."""
+    return MIG_RESOURCE_PREFIX + profile.replace("+me", ".me")
 
 
 @dataclass(frozen=True, slots=True)

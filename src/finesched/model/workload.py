@@ -189,7 +189,7 @@ def _mig_problems(requests: ResourceVector) -> list[tuple[Loc, str, object]]:
     mig = [name for name in requests if name.startswith(MIG_RESOURCE_PREFIX)]
     for name in mig:
         if mig_profile_of(name) is None:
-            rule = "is not a MIG profile: nvidia.com/mig-<compute>g.<memory>gb[+me], e.g. nvidia.com/mig-3g.40gb"
+            rule = "is not a MIG profile: nvidia.com/mig-<compute>g.<memory>gb[.me], e.g. nvidia.com/mig-3g.40gb"
             problems.append((("requests", name), rule, requests[name]))
     gpu = sorted(n for n in requests if canonical_name(n) in _GPU_NAMES and requests[n] > 0)
     if mig and gpu:

@@ -80,6 +80,7 @@ class PartitionPick(Protocol):
     def pick(self, slots: Sequence[int], count: int) -> tuple[int, ...] | None: ...
     def refusal(self, count: int) -> str: ...
 
+
 #: Above this many candidate sets, multi-device choice is greedy instead of exhaustive.
 SEARCH_LIMIT = 5000
 
