@@ -1,7 +1,8 @@
 """A binding as the agent receives it (GET /v1/bindings?node=): parsed once, checked, then immutable.
 
 The server sends ``{"workload": "ns/name", "node", "cpuset": "0-3", "devices": {type: [{"minor",
-"resources"}]}, "numa": [...], "version", "acked", "workloadSpec": {...}}``. `raw` keeps the item
+"resources"}]}, "numa": [...], "version", "acked", "workloadSpec": {...}}``; a MIG instance is a gpu
+grant with ``"mig": {"profile", "start", "uuid"?}`` (kept in `AgentBinding.mig`). `raw` keeps the item
 without the spec: it is what the child gets as FINESCHED_BINDING.
 """
 
@@ -24,6 +25,16 @@ class BindingError(ValueError):
 
 
 @dataclass(frozen=True)
+class MIGUse:
+    """A MIG instance the binding holds: card, profile, start, and the MIG device UUID once known."""
+
+    minor: int
+    profile: str
+    start: int
+    uuid: str | None = None
+
+
+@dataclass(frozen=True)
 class AgentBinding:
     workload: str
     node: str
@@ -35,6 +46,7 @@ class AgentBinding:
     acked: bool
     spec: Mapping[str, Any] = field(default_factory=dict)
     raw: Mapping[str, Any] = field(default_factory=dict)
+    mig: tuple[MIGUse, ...] = ()
 
     @property
     def namespace(self) -> str:
@@ -75,12 +87,16 @@ def parse_binding(item: Mapping[str, Any]) -> AgentBinding:
     except ValueError as exc:
         raise BindingError(f"cpuset: {exc}") from None
     devices: dict[str, list[tuple[int, ResourceVector]]] = {}
+    mig: list[MIGUse] = []
     for kind, grants in (item.get("devices") or {}).items():
         devices[kind] = []
         for i, grant in enumerate(grants or ()):
             try:
                 minor = int(grant["minor"])
                 amounts = ResourceVector.parse(grant.get("resources") or {})
+                if grant.get("mig") is not None:
+                    m = grant["mig"]
+                    mig.append(MIGUse(minor, str(m["profile"]), int(m["start"]), m.get("uuid") or None))
             except (KeyError, TypeError, ValueError) as exc:
                 raise BindingError(f"devices.{kind}.{i}: {exc}") from None
             devices[kind].append((minor, amounts))
@@ -102,4 +118,5 @@ def parse_binding(item: Mapping[str, Any]) -> AgentBinding:
         acked=bool(item.get("acked")),
         spec=spec,
         raw=raw,
+        mig=tuple(mig),
     )

@@ -8,7 +8,9 @@ Each `sync` compares the server's bindings for this node with the processes the 
 2. A new binding is verified (right node, a command, CPUs online and not held by another exclusive
    binding, devices present and healthy); a failure is rejected with the reasons, so the server
    releases it and requeues the workload. A good one is launched, recorded, acked, and reported
-   Running with what took effect (affinity, cgroup files).
+   Running with what took effect (affinity, cgroup files). MIG instances are resolved first
+   (mig.py): an existing instance's UUID, or on a dynamic card one created through NVML, which
+   is destroyed again when its workload ends or its binding goes.
 3. An acked binding the agent has no record of (its state was lost, or it was bound while the
    agent was replaced) is rejected with a reason, never silently kept.
 
@@ -21,13 +23,15 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from finesched.agent.binding import AgentBinding
+from finesched.agent.binding import AgentBinding, MIGUse
 from finesched.agent.cgroup import CgroupSupport, Group
 from finesched.agent.discover import Discovery
 from finesched.agent.launch import LaunchError, is_running, launch, read_exit_code, stop
+from finesched.agent.mig import MIGControl, MIGError
 from finesched.agent.state import AgentState, Record
 from finesched.cpuset import CPUSet
 
@@ -68,12 +72,14 @@ class Executor:
         cgroups: CgroupSupport,
         base_env: Mapping[str, str] | None = None,
         stop_grace: float = 5.0,
+        mig: MIGControl | None = None,
     ):
         self.data = data
         self.server = server
         self.cgroups = cgroups
         self.base_env = base_env
         self.stop_grace = stop_grace
+        self.mig = mig
         self.state = AgentState.load(data / "agent-state.json")
         self.procs: dict[str, Any] = {}  # workload -> Popen, for children of this incarnation
         #: The CPUs this agent may use (a confined agent cannot pin a child outside them).
@@ -152,13 +158,52 @@ class Executor:
                 held |= CPUSet(rec.cpuset)
         return (online - held) or online
 
+    def _mig_instances(self, b: AgentBinding, discovery: Discovery) -> tuple[AgentBinding, list[list[int]]]:
+        """`b` with every MIG instance's UUID, and [minor, GPU instance id] of those created here."""
+        resolved, created = [], []
+        cards = {d.minor: d.mig for d in discovery.node.devices if d.type == "gpu" and d.mig is not None}
+        try:
+            for use in b.mig:
+                spec = cards.get(use.minor)
+                if spec is None:
+                    raise MIGError(f"gpu {use.minor} is not in MIG mode here")
+                here = next((i.uuid for i in spec.instances if (i.profile, i.start) == (use.profile, use.start)), None)
+                uuid = use.uuid or here
+                if uuid is None and spec.mode == "dynamic" and self.mig is not None:
+                    uuid, gi = self.mig.prepare(use.minor, use.profile, use.start)
+                    if gi is not None:
+                        created.append([use.minor, gi])
+                if uuid is None:
+                    raise MIGError(f"gpu {use.minor} has no {use.profile} instance at start {use.start}")
+                resolved.append(MIGUse(use.minor, use.profile, use.start, uuid))
+        except MIGError:
+            self._destroy(created)
+            raise
+        return replace(b, mig=tuple(resolved)), created
+
+    def _destroy(self, created: list[list[int]]) -> None:
+        for minor, gi in created:
+            problem = self.mig.destroy(minor, gi) if self.mig is not None else "NVML unavailable"
+            if problem:
+                log.warning("MIG instance not destroyed: %s", problem)
+
     def _start(self, b: AgentBinding, discovery: Discovery) -> None:
         cpus = b.cpuset or self.shared_pool(discovery.online)
+        created: list[list[int]] = []
         try:
+            if b.mig:
+                b, created = self._mig_instances(b, discovery)
             done = launch(b, discovery.node, cpus, workdir_of(self.data, b.workload), self.cgroups, self.base_env)
-        except LaunchError as exc:
+        except (LaunchError, MIGError) as exc:
+            self._destroy(created)
             self._reject(b, str(exc))
             return
+        if b.mig:
+            done.info["mig"] = [
+                {"minor": u.minor, "profile": u.profile, "start": u.start, "uuid": u.uuid} for u in b.mig
+            ]
+            if created:
+                done.info["migCreated"] = created
         if not b.cpuset:
             done.info["cpusetSource"] = "shared pool (the binding names no cpuset)"
         rec = Record(
@@ -199,6 +244,7 @@ class Executor:
             if proc is not None:
                 proc.poll()
         self._drop_group(rec)
+        self._destroy(rec.info.pop("migCreated", None) or [])
         self.procs.pop(rec.workload, None)
         del self.state.records[rec.workload]
         self.state.save()
@@ -235,6 +281,7 @@ class Executor:
             described = f"killed by signal {-code}" if code < 0 else f"exited with code {code}"
             rec.phase, rec.reason = "Failed", f"{why}: {described}" if why else described
         self._drop_group(rec)
+        self._destroy(rec.info.pop("migCreated", None) or [])
 
     def _drop_group(self, rec: Record) -> None:
         if rec.cgroup:

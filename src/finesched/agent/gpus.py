@@ -1,9 +1,10 @@
 """GPU discovery through NVML (the `pynvml` module of nvidia-ml-py).
 
 For each GPU: uuid, minor (/dev/nvidiaN), total memory, PCI bus id -> NUMA node and PCI root, and
-NVLink peers. A device whose required queries fail is kept with ``health: false`` (the scheduler
-stops placing there) and the error is listed; optional queries (NUMA id, NVLink) that a driver
-does not support are simply skipped. The module is passed in, so tests use a fake one.
+NVLink peers; a GPU in MIG mode also gets its ``mig`` table and instances (mig.py). A device whose
+required queries fail is kept with ``health: false`` (the scheduler stops placing there) and the
+error is listed; optional queries (NUMA id, NVLink) that a driver does not support are simply
+skipped. The module is passed in, so tests use a fake one.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from finesched.agent.mig import discover_mig
 from finesched.agent.sysfs import normalize_bus_id, pci_numa, pci_root
 
 
@@ -40,8 +42,10 @@ def load_nvml() -> tuple[ModuleType | None, str]:
     return nvml, ""
 
 
-def discover_gpus(nvml: Any, root: Path = Path("/")) -> GPUInventory:
-    """Every GPU NVML reports, in minor order. `nvml` is an initialised pynvml-like module."""
+def discover_gpus(nvml: Any, root: Path = Path("/"), mig_mode: str = "static") -> GPUInventory:
+    """Every GPU NVML reports, in minor order. `nvml` is an initialised pynvml-like module; a MIG
+    GPU is reported in `mig_mode` (static: finesched assigns existing instances; dynamic: it may
+    ask the agent to create them)."""
     inv = GPUInventory()
     try:
         count = int(nvml.nvmlDeviceGetCount())
@@ -55,6 +59,11 @@ def discover_gpus(nvml: Any, root: Path = Path("/")) -> GPUInventory:
         device = _one_gpu(nvml, index, root, inv.problems)
         if device is None:
             continue
+        mig = discover_mig(
+            nvml, device["_handle"], mig_mode, _optional(getattr(nvml, "nvmlDeviceGetName", None), device["_handle"])
+        )
+        if mig is not None:
+            device["mig"] = mig
         bus = device.pop("_bus", None)
         handles[device["minor"]] = device.pop("_handle")
         if bus:

@@ -24,6 +24,7 @@ from finesched.agent.client import AgentClient
 from finesched.agent.discover import Discovery, discover
 from finesched.agent.executor import Executor, ServerError
 from finesched.agent.gpus import load_nvml
+from finesched.agent.mig import MIGControl
 from finesched.agent.report import build_report
 from finesched.model.node import Node
 
@@ -42,15 +43,18 @@ class AgentConfig:
     #: Stop the workload processes when the agent stops (`finesched up`); a plain agent leaves
     #: them running so that its next start adopts them.
     stop_workloads_on_exit: bool = False
+    #: How GPUs in MIG mode are offered: static (assign existing instances) or dynamic (also create them).
+    mig_mode: str = "static"
 
 
-def default_discovery(name: str | None, labels: dict[str, str]) -> Callable[[], Discovery]:
+def default_discovery(name: str | None, labels: dict[str, str], mig_mode: str = "static") -> Callable[[], Discovery]:
     """Discovery of this machine with NVML loaded once (an absent NVML is reported every time)."""
     nvml, why = load_nvml()
 
     def run() -> Discovery:
-        return discover(name, nvml=nvml, labels=labels, load=lambda: (None, why))
+        return discover(name, nvml=nvml, labels=labels, load=lambda: (None, why), mig_mode=mig_mode)
 
+    run.nvml = nvml  # type: ignore[attr-defined]  # the executor creates MIG instances through it
     return run
 
 
@@ -64,10 +68,11 @@ class Agent:
     ):
         self.config = config
         self.client = client if client is not None else AgentClient(config.server, config.token)
-        self.discover = discovery or default_discovery(config.node_name, config.labels)
+        self.discover = discovery or default_discovery(config.node_name, config.labels, config.mig_mode)
         self.cgroups = cgroups if cgroups is not None else detect()
         config.data.mkdir(parents=True, exist_ok=True)
-        self.executor = Executor(config.data, self.client, self.cgroups)
+        nvml = getattr(self.discover, "nvml", None)
+        self.executor = Executor(config.data, self.client, self.cgroups, mig=MIGControl(nvml) if nvml else None)
         self.discovery: Discovery | None = None
         self.node: Node | None = None  # as registered
         self.bindings: list[AgentBinding] = []
@@ -129,8 +134,8 @@ class Agent:
         """Rediscover, re-register when new hardware appeared, and send the report (heartbeat)."""
         assert self.node is not None
         self.discovery = self.discover()
-        fresh = {(d.type, d.minor) for d in self.discovery.node.devices}
-        if fresh - {(d.type, d.minor) for d in self.node.devices}:
+        fresh = {(d.type, d.minor, d.mig is not None) for d in self.discovery.node.devices}
+        if fresh - {(d.type, d.minor, d.mig is not None) for d in self.node.devices}:
             try:
                 self.client.register(self.discovery.node)
                 self.node = self.discovery.node

@@ -56,6 +56,9 @@ def agent_cmd(
     watch: Annotated[float, typer.Option("--watch", min=0.1, help="Seconds between binding checks.")] = 1.0,
     label: Annotated[list[str] | None, typer.Option("--label", help="Node label KEY=VALUE (repeatable).")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only warnings and errors.")] = False,
+    mig_mode: Annotated[
+        str, typer.Option("--mig-mode", help="GPUs in MIG mode: static (assign existing instances) or dynamic.")
+    ] = "static",
 ) -> None:
     """Run this machine's node agent: register, report resources, run bound workloads pinned."""
     from finesched.agent.loop import Agent, AgentConfig
@@ -66,8 +69,11 @@ def agent_cmd(
         if not sep or not key:
             raise _fail(f"--label must be KEY=VALUE, got {item!r}", 2)
         labels[key] = value
+    if mig_mode not in ("static", "dynamic"):
+        raise _fail(f"--mig-mode must be static or dynamic, got {mig_mode!r}", 2)
     _logging(not quiet)
     config = AgentConfig(server, token, data or default_data(), node_name, interval, watch, labels)
+    config.mig_mode = mig_mode
     try:
         agent = Agent(config)
     except ValueError as exc:  # an unreadable state file

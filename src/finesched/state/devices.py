@@ -175,7 +175,8 @@ class DeviceAccounts:
 
     @staticmethod
     def _link_matrix(node: Node, kind: str, slot_of_minor: dict[int, int]) -> Int64Array | None:
-        links = [link for link in node.links if link.type == kind]
+        # links of MIG cards (not in these arrays) do not count: a MIG instance never spans cards
+        links = [ln for ln in node.links if ln.type == kind and ln.a in slot_of_minor and ln.b in slot_of_minor]
         if not links:
             return None
         matrix = np.zeros((len(slot_of_minor), len(slot_of_minor)), dtype=np.int64)

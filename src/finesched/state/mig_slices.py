@@ -425,6 +425,16 @@ class MIGSlices:
         return out
 
 
+def apply_mig_report(state: ClusterState, name: str, instances: Mapping[str, Sequence[Mapping[str, object]]]) -> None:
+    """An agent's reported MIG instances ``{minor: [{profile, start, uuid?}]}`` for node `name`
+    become its cards' existing instances (StateError, nothing changed, when they do not fit)."""
+    slices = attach_mig_slices(state)
+    i = state.index[name]
+    parsed = {int(minor): [MIGInstance.model_validate(x) for x in found] for minor, found in instances.items()}
+    slices.set_instances(i, parsed)
+    state.mark_changed(i)
+
+
 def attach_mig_slices(state: ClusterState) -> MIGSlices:
     """The state's MIGSlices, attached (and rebuilt from its bindings) on first use."""
     existing = state.extras.get(MIGSlices.name)
