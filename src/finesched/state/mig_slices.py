@@ -184,6 +184,9 @@ class MIGSlices:
         self._with_cards: set[int] = set()
         self.slices_total = np.zeros(0, dtype=np.int64)
         self.slices_used = np.zeros(0, dtype=np.int64)
+        #: Per node: how many MIG cards, and whether one of them is dynamic (for reasons).
+        self.card_count = np.zeros(0, dtype=np.int64)
+        self.any_dynamic = np.zeros(0, dtype=bool)
         self.rebuilding = False
         self._names: list[str | None] = []
         self._held: list[dict[str, tuple[tuple[int, int], ...]]] = []  # key -> ((card index, placement))
@@ -201,9 +204,9 @@ class MIGSlices:
             new[:rows] = old[:rows]
             setattr(self, name, new)
         self._with_cards = {i for i in self._with_cards if i < capacity}
-        for name in ("slices_total", "slices_used"):
+        for name in ("slices_total", "slices_used", "card_count", "any_dynamic"):
             old = getattr(self, name)
-            new = np.zeros(capacity, dtype=np.int64)
+            new = np.zeros(capacity, dtype=old.dtype)
             new[: min(capacity, len(old))] = old[:capacity]
             setattr(self, name, new)
         self._names = (self._names + [None] * capacity)[:capacity]
@@ -231,6 +234,7 @@ class MIGSlices:
         if self.cards[dst]:
             self._with_cards.add(dst)
         self.slices_total[dst], self.slices_used[dst] = self.slices_total[src], self.slices_used[src]
+        self.card_count[dst], self.any_dynamic[dst] = self.card_count[src], self.any_dynamic[src]
         self._names[dst] = self._names[src]
         self._held[dst], self._replay[dst], self._tolerated[dst] = (
             self._held[src],
@@ -242,7 +246,8 @@ class MIGSlices:
         self.cards[index] = ()
         self.fit[index] = self.profile_slices[index] = 0
         self._with_cards.discard(index)
-        self.slices_total[index] = self.slices_used[index] = 0
+        self.slices_total[index] = self.slices_used[index] = self.card_count[index] = 0
+        self.any_dynamic[index] = False
         self._names[index] = None
         self._held[index], self._replay[index], self._tolerated[index] = {}, set(), set()
 
@@ -305,13 +310,15 @@ class MIGSlices:
             list(self.cards), self.fit.copy(), self.profile_slices.copy(), self.slices_total.copy(),
             self.slices_used.copy(), dict(self.profile_ids), list(self._names), [dict(h) for h in self._held],
             [set(r) for r in self._replay], [set(t) for t in self._tolerated], set(self._with_cards),
+            self.card_count.copy(), self.any_dynamic.copy(),
         )  # fmt: skip
 
     def restore(self, snapshot: object) -> None:
-        cards, fit, sizes, total, used, ids, names, held, replay, tolerated, with_cards = snapshot  # type: ignore[misc]
+        cards, fit, sizes, total, used, ids, names, held, replay, tolerated, with_cards, count, dynamic = snapshot  # type: ignore[misc]
         capacity = self.capacity
         self.cards, self.fit, self.profile_ids = list(cards), fit.copy(), dict(ids)
         self.profile_slices, self._with_cards = sizes.copy(), set(with_cards)
+        self.card_count, self.any_dynamic = count.copy(), dynamic.copy()
         self.slices_total, self.slices_used = total.copy(), used.copy()
         self._names, self._held = list(names), [dict(h) for h in held]
         self._replay, self._tolerated = [set(r) for r in replay], [set(t) for t in tolerated]
@@ -386,6 +393,7 @@ class MIGSlices:
                 used += card.geometry.memory_slices - card.free_slices()
         self.fit[i], self.profile_slices[i] = row, sizes
         self.slices_total[i], self.slices_used[i] = total, used
+        self.card_count[i], self.any_dynamic[i] = len(cards), any(c.dynamic for c in cards)
         if cards:
             self._with_cards.add(i)
         else:

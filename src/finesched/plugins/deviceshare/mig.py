@@ -79,33 +79,29 @@ def mig_mask(slices: MIGSlices, request: MIGRequest, n: int, index: npt.NDArray[
 
 
 def explain_mig(slices: MIGSlices, request: MIGRequest, node_ids: Sequence[int]) -> dict[str, tuple[BoolArray, Code]]:
-    """Why nodes cannot give `request`: reason -> (mask over `node_ids`, code)."""
+    """Why nodes cannot give `request`: reason -> (mask over `node_ids`, code), from the counters."""
+    ids = np.asarray(node_ids, dtype=np.intp)
+    failing = ~mig_mask(slices, request, slices.capacity, ids)
     out: dict[str, tuple[BoolArray, Code]] = {}
 
-    def add(reason: str, row: int, code: Code) -> None:
-        out.setdefault(reason, (np.zeros(len(node_ids), dtype=bool), code))[0][row] = True
+    def add(reason: str, mask: BoolArray, code: Code) -> None:
+        if mask.any():
+            out[reason] = (mask, code)
 
-    for row, i in enumerate(node_ids):
-        cards = slices.cards[i]
-        if choose_mig(cards, request) is not None:
-            continue
-        if not cards:
-            add("node has no MIG GPU", row, Code.UNRESOLVABLE)
-            continue
-        for profile, count in request.wants:
-            offering = [c for c in cards if c.geometry.profile_index(profile) is not None]
-            if not offering:
-                add(f"no MIG GPU of the node has profile {profile}", row, Code.UNRESOLVABLE)
-                break
-            have = sum(c.capacity(c.geometry.profile_index(profile)) for c in offering)  # type: ignore[arg-type]
-            if have < count:
-                if not any(c.dynamic for c in offering):
-                    add(f"insufficient free {profile} MIG instances (static MIG GPUs)", row, Code.UNSCHEDULABLE)
-                else:
-                    add(f"insufficient free slices for {profile} MIG instances", row, Code.UNSCHEDULABLE)
-                break
-        else:
-            add(f"no MIG layout fits {request.describe()} together", row, Code.UNSCHEDULABLE)
+    covered = failing & (slices.card_count[ids] == 0)
+    add("node has no MIG GPU", covered, Code.UNRESOLVABLE)
+    dynamic = slices.any_dynamic[ids]
+    for profile, count in request.wants:
+        col = slices.profile_column(profile)
+        offers = np.zeros(len(ids), dtype=bool) if col is None else slices.profile_slices[ids, col] > 0
+        lacks = failing & ~covered & ~offers
+        add(f"no MIG GPU of the node has profile {profile}", lacks, Code.UNRESOLVABLE)
+        covered |= lacks
+        short = failing & ~covered & (slices.fit[ids, col] < count) if col is not None else np.zeros_like(failing)
+        add(f"insufficient free {profile} MIG instances (static MIG GPUs)", short & ~dynamic, Code.UNSCHEDULABLE)
+        add(f"insufficient free slices for {profile} MIG instances", short & dynamic, Code.UNSCHEDULABLE)
+        covered |= short
+    add(f"no MIG layout fits {request.describe()} together", failing & ~covered, Code.UNSCHEDULABLE)
     return out
 
 
