@@ -62,11 +62,16 @@ def format_device_allocated(devices: Mapping[str, Sequence[DeviceGrant]]) -> str
 def _grant_json(g: DeviceGrant) -> str:
     if g.mig is None:
         return f'{{"minor":{g.minor},"resources":{_resources_json(g.resources)}}}'
-    # A MIG instance: one of its profile's resource, the placement under extension.mig.
-    mig = {"profile": g.mig.profile, "start": g.mig.start, **({"uuid": g.mig.uuid} if g.mig.uuid else {})}
-    resources = json.dumps({mig_resource(g.mig.profile): "1"}, separators=(",", ":"))
+    return _mig_json(g.minor, g.mig.profile, g.mig.start, g.mig.uuid)
+
+
+@lru_cache(maxsize=4096)
+def _mig_json(minor: int, profile: str, start: int, uuid: str | None) -> str:
+    """A MIG instance: one of its profile's resource, the placement under extension.mig."""
+    mig = {"profile": profile, "start": start, **({"uuid": uuid} if uuid else {})}
+    resources = json.dumps({mig_resource(profile): "1"}, separators=(",", ":"))
     extension = json.dumps({"mig": mig}, separators=(",", ":"))
-    return f'{{"minor":{g.minor},"resources":{resources},"extension":{extension}}}'
+    return f'{{"minor":{minor},"resources":{resources},"extension":{extension}}}'
 
 
 @lru_cache(maxsize=4096)

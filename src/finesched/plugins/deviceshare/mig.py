@@ -86,7 +86,7 @@ def explain_mig(slices: MIGSlices, request: MIGRequest, node_ids: Sequence[int])
 
     def add(reason: str, mask: BoolArray, code: Code) -> None:
         if mask.any():
-            out[reason] = (mask, code)
+            out[reason] = (mask.copy(), code)  # `covered` grows in place below
 
     covered = failing & (slices.card_count[ids] == 0)
     add("node has no MIG GPU", covered, Code.UNRESOLVABLE)
