@@ -100,7 +100,7 @@ def test_reasons() -> None:
     assert "1 node has no MIG GPU" in text
     assert "1 insufficient free slices for 4g.40gb MIG instances" in text
     assert "1 insufficient free 4g.40gb MIG instances (static MIG GPUs)" in text
-    with pytest.raises(FitError, match="no MIG GPU of the node has profile 3g.20gb"):
+    with pytest.raises(FitError, match=r"no MIG GPU of the node has profile 3g\.20gb"):
         scheduler.schedule_one(ask("b", **{"3g_20gb": 1}))
 
 
@@ -145,12 +145,12 @@ def test_reported_instances_update_the_cards_and_conflicts_are_refused() -> None
     card = attach_mig_slices(state).cards[0][0]
     assert card.uuid_of(card.geometry.placement_lookup[("3g.40gb", 4)]) == "MIG-made"
     # an instance overlapping the held one cannot be true of this node: refused, nothing changed
-    with pytest.raises(StateError, match="overlapping 3g.40gb held by a binding"):
+    with pytest.raises(StateError, match=r"overlapping 3g\.40gb held by a binding"):
         apply_mig_report(state, "m", {"0": [{"profile": "1g.10gb", "start": 5}]})
     assert attach_mig_slices(state).cards[0][0] == card
     # an instance made outside finesched occupies its slices (assignable as it is, like on a static card)
     apply_mig_report(state, "m", {"0": [{"profile": "3g.40gb", "start": 4}, {"profile": "2g.20gb", "start": 0}]})
-    with pytest.raises(FitError, match="insufficient free slices for 4g.40gb"):
+    with pytest.raises(FitError, match=r"insufficient free slices for 4g\.40gb"):
         scheduler.schedule_one(ask("b", **{"4g_40gb": 1}))
     assert check(state) == []
 
