@@ -189,3 +189,19 @@ def test_preemption_for_a_mig_request_is_refused_cleanly() -> None:
     plan, why = scheduler.find_preemption(ask("high", priority=10, **{"7g_80gb": 1}))
     assert plan is None and why
     assert sorted(state.bindings) == ["ml/low", "ml/low2"] and check(state) == []
+
+
+def test_example_manifest_round_trips_and_schedules() -> None:
+    import json
+    from pathlib import Path
+
+    from finesched import load_manifests
+
+    m = load_manifests(str(Path(__file__).resolve().parent.parent / "examples" / "partitioned-gpus.yaml"))
+    for n in m.nodes:  # what the server stores (JSON) reads back as the same node
+        assert Node.model_validate(json.loads(json.dumps(n.model_dump(mode="json", by_alias=True)))) == n
+    scheduler = Scheduler(ClusterState.from_nodes(m.nodes))
+    placed = {w.name: scheduler.schedule_one(w) for w in m.workloads}
+    assert placed["allreduce-pair"].node == "hgx-0" and placed["allreduce-pair"].device_minors("gpu") == [0, 1]
+    assert grants(placed["notebook"]) == [(1, "2g.20gb", 0)]  # beside the existing 3g, not on the empty card
+    assert grants(placed["small-inference"]) == [(0, "1g.6gb", 2), (0, "1g.6gb", 3)]
