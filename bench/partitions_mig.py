@@ -19,26 +19,19 @@ the candidates. Prints decisions/s and latency percentiles like bench/devices.py
 from __future__ import annotations
 
 import argparse
-import contextlib
-import gc
 import random
 import sys
 import time
-from collections import Counter
 from typing import Any
 
-import numpy as np
-
-from devices import PROFILE, node_template
+from devices import PROFILE, node_template, timed
 from finesched.model.mig import PRODUCTS
 from finesched.model.node import Node
 from finesched.model.workload import Workload
-from finesched.sched.diagnosis import FitError
 from finesched.sched.profile import Profile
 from finesched.sched.scheduler import Scheduler
 from finesched.sim.mig import balanced_layout
 from finesched.state.cluster import ClusterState
-from synthetic import instrument
 
 PAIRS = [[0, 1], [2, 3], [4, 5], [6, 7]]
 TABLE: dict[str, list[dict[str, Any]]] = {
@@ -121,34 +114,7 @@ def run(kind: str, n: int, decisions: int, warmup: int, breakdown: bool) -> None
     nodes = partition_nodes(n) if kind == "partitions" else mig_nodes(n)
     scheduler = Scheduler(ClusterState.from_nodes(nodes), profile=Profile.model_validate(PROFILE))
     print(f"{kind}, nodes {n}: state + scheduler built in {time.perf_counter() - start:.1f}s")
-    workloads = stream(kind, warmup + decisions)
-    gc.collect()
-    gc.freeze()
-    for workload in workloads[:warmup]:
-        with contextlib.suppress(FitError):
-            scheduler.schedule_one(workload)
-    spent = instrument(scheduler) if breakdown else {}
-    latencies, cpu_times, outcomes = [], [], Counter()
-    t0, c0 = time.perf_counter(), time.process_time()
-    for workload in workloads[warmup:]:
-        t, c = time.perf_counter(), time.process_time()
-        try:
-            scheduler.schedule_one(workload)
-            outcomes["bound"] += 1
-        except FitError:
-            outcomes["unschedulable"] += 1
-        latencies.append(time.perf_counter() - t)
-        cpu_times.append(time.process_time() - c)
-    elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
-    p50, p99, p999 = np.percentile(np.array(latencies) * 1000, [50, 99, 99.9])
-    c50, c99 = np.percentile(np.array(cpu_times) * 1000, [50, 99])
-    print(
-        f"{kind}, nodes {n}: {decisions / elapsed:,.0f} decisions/s over {decisions} decisions ({dict(outcomes)}); "
-        f"latency p50 {p50:.3f} ms, p99 {p99:.3f} ms, p99.9 {p999:.3f} ms"
-    )
-    print(f"{kind}, nodes {n}: {decisions / cpu:,.0f} decisions per CPU-second; CPU p50 {c50:.3f} ms, p99 {c99:.3f} ms")
-    for name, seconds in sorted(spent.items(), key=lambda kv: -kv[1]):
-        print(f"    {name:32s} {seconds * 1000 / decisions:.3f} ms")
+    timed(scheduler, stream(kind, warmup + decisions), warmup, breakdown, f"{kind}, nodes {n}")
     if n <= 20000:
         scheduler.state.check_invariants()
 
