@@ -2,161 +2,32 @@
 partitionable devices, ../shared/reference/PROTOCOLS.md section 4), kept beside the device accounts.
 
 A GPU in MIG mode (Device ``mig``, model/mig.py) never enters the software-share arrays of
-state/devices.py; it lives here as a `MIGCard`: its product geometry, its mode, and two sets of
-placements (bits over ``geometry.placements``): ``existing`` (the instances the node reports) and
-``held`` (the instances bindings hold). Their union occupies memory slices, compute slices, profile
-caps and the one media-extension slot; an instance consumes its slices, so two held instances never
-share a slice (the invariant `violations` checks). What can be granted on a card:
-
-* an existing instance nobody holds (static and dynamic cards: finesched assigns it);
-* on a dynamic card also a new placement that the product allows and the union leaves room for
-  (the agent creates it through NVML).
-
-`capacity(k)` is how many more instances of profile k the card can give at once: its free existing
-ones plus, on a dynamic card, ``min(free placements on the axis (greedy by start, optimal for
-equal-length intervals), cap left, compute left // compute, media slot)``. Per node and profile
-name the sum over cards is kept in `fit` ([capacity, profiles]) on every change, so the filter
-for "N instances of profile p" is one comparison per node.
+state/devices.py; it lives here as a `MIGCard` (state/mig_cards.py: existing and held placements,
+what is grantable, capacity per profile). The `NodeExtra` named "mig" keeps every node's cards in
+step with its bindings: an instance a binding holds consumes its slices, so two held instances
+never share a slice and every held instance is a placement the card's product allows (`violations`
+checks both). Per node and profile name the sum of the cards' capacities is kept in `fit`
+([capacity, profiles]) on every change, so the filter for "N instances of profile p" is one
+comparison per node. Agents' reports replace a card's existing instances (`apply_mig_report`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
-from functools import lru_cache
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 import numpy as np
 import numpy.typing as npt
 
 from finesched.model.binding import Binding
 from finesched.model.device_allocated import AnnotationError, binding_devices
-from finesched.model.mig import MIGGeometry, MIGInstance, MIGPlacement
+from finesched.model.mig import MIGInstance, MIGPlacement
 from finesched.model.node import Node
 from finesched.model.resources import GPU
 from finesched.state.cluster import ClusterState, StateError
+from finesched.state.mig_cards import MIGCard, card_of
 
 Int64Array = npt.NDArray[np.int64]
-
-
-@dataclass(frozen=True, slots=True)
-class Usage:
-    """What a set of placements takes on a card: slice bits, compute slices, count per profile, +me used."""
-
-    slices: int
-    compute: int
-    counts: tuple[int, ...]
-    media: bool
-
-
-@lru_cache(maxsize=65536)
-def usage(geometry: MIGGeometry, bits: int) -> Usage:
-    slices = compute = 0
-    counts = [0] * len(geometry.profiles)
-    media = False
-    j = 0
-    while bits >> j:
-        if bits >> j & 1:
-            k, _ = geometry.placements[j]
-            p = geometry.profiles[k]
-            slices |= geometry.masks[j]
-            compute += p.compute
-            counts[k] += 1
-            media = media or p.media
-        j += 1
-    return Usage(slices, compute, tuple(counts), media)
-
-
-@lru_cache(maxsize=65536)
-def free_placements(geometry: MIGGeometry, k: int, occupied: int) -> int:
-    """Most instances of profile k that fit at once in the slices not `occupied` (earliest start
-    first: optimal for intervals of one length)."""
-    taken, count = occupied, 0
-    for j in geometry.of_profile[k]:
-        if not geometry.masks[j] & taken:
-            taken |= geometry.masks[j]
-            count += 1
-    return count
-
-
-@lru_cache(maxsize=4096)
-def profile_bits(geometry: MIGGeometry, k: int) -> int:
-    return sum(1 << j for j in geometry.of_profile[k])
-
-
-@dataclass(frozen=True, slots=True)
-class MIGCard:
-    """One MIG card (immutable; the state replaces it on every change). Bits index placements."""
-
-    minor: int
-    geometry: MIGGeometry
-    dynamic: bool
-    healthy: bool
-    existing: int = 0
-    held: int = 0
-    uuids: tuple[tuple[int, str], ...] = ()
-
-    @property
-    def usage(self) -> Usage:
-        return usage(self.geometry, self.existing | self.held)
-
-    @property
-    def unheld(self) -> int:
-        """Existing instances no binding holds: assignable as they are."""
-        return self.existing & ~self.held
-
-    def creatable(self, j: int) -> bool:
-        """A new instance at placement j fits beside everything on the card (rules of model/mig.py)."""
-        if not self.dynamic or not self.healthy or (self.existing | self.held) >> j & 1:
-            return False
-        k, _ = self.geometry.placements[j]
-        p, u = self.geometry.profiles[k], self.usage
-        return (
-            not self.geometry.masks[j] & u.slices
-            and u.counts[k] < p.max
-            and u.compute + p.compute <= self.geometry.compute_slices
-            and not (p.media and u.media)
-        )
-
-    def grantable(self, j: int) -> bool:
-        return self.healthy and bool(self.unheld >> j & 1 or self.creatable(j))
-
-    def capacity(self, k: int) -> int:
-        """How many more instances of profile k the card can give at once (module docstring)."""
-        if not self.healthy:
-            return 0
-        ready = (self.unheld & profile_bits(self.geometry, k)).bit_count()
-        if not self.dynamic:
-            return ready
-        p, u = self.geometry.profiles[k], self.usage
-        new = min(
-            free_placements(self.geometry, k, u.slices),
-            p.max - u.counts[k],
-            (self.geometry.compute_slices - u.compute) // p.compute,
-            (0 if u.media else 1) if p.media else self.geometry.memory_slices,
-        )
-        return ready + max(new, 0)
-
-    def free_slices(self) -> int:
-        return self.geometry.memory_slices - self.usage.slices.bit_count()
-
-    def with_held(self, j: int, on: bool = True) -> MIGCard:
-        return replace(self, held=self.held | (1 << j) if on else self.held & ~(1 << j))
-
-    def uuid_of(self, j: int) -> str | None:
-        return next((u for pj, u in self.uuids if pj == j), None)
-
-
-def card_of(
-    minor: int, spec_geometry: MIGGeometry, dynamic: bool, healthy: bool, instances: Iterable[MIGInstance]
-) -> MIGCard:
-    """A card from its manifest or report: instances become `existing` bits (with their UUIDs)."""
-    existing, uuids = 0, []
-    for inst in instances:
-        j = spec_geometry.placement_lookup[(inst.profile, inst.start)]
-        existing |= 1 << j
-        if inst.uuid:
-            uuids.append((j, inst.uuid))
-    return MIGCard(minor, spec_geometry, dynamic, healthy, existing, 0, tuple(uuids))
 
 
 def mig_grants(binding: Binding) -> list[tuple[int, MIGPlacement]]:

@@ -33,7 +33,8 @@ from finesched.model.binding import DeviceGrant
 from finesched.model.mig import MIGPlacement, mig_profile_of
 from finesched.model.resources import ResourceVector
 from finesched.sched.framework import Code
-from finesched.state.mig_slices import MIGCard, MIGSlices
+from finesched.state.mig_cards import MIGCard
+from finesched.state.mig_slices import MIGSlices
 
 BoolArray = npt.NDArray[np.bool_]
 #: Largest number of partial placements the exact search visits before giving up on a node.
