@@ -205,3 +205,21 @@ def test_example_manifest_round_trips_and_schedules() -> None:
     assert placed["allreduce-pair"].node == "hgx-0" and placed["allreduce-pair"].device_minors("gpu") == [0, 1]
     assert grants(placed["notebook"]) == [(1, "2g.20gb", 0)]  # beside the existing 3g, not on the empty card
     assert grants(placed["small-inference"]) == [(0, "1g.6gb", 2), (0, "1g.6gb", 3)]
+
+
+def test_a_report_supersedes_the_registered_instances_on_later_updates() -> None:
+    """The server re-applies the stored manifest on every report (update_node) before the report: an
+    instance the agent registered and later reported gone must not come back and clash."""
+    registered = node(cards=1, instances=[{"profile": "1g.10gb", "start": 4}])
+    state = ClusterState.from_nodes([registered])
+    scheduler = Scheduler(state)
+    apply_mig_report(state, "m", {"0": []})  # the 1g at 4 was destroyed
+    assert grants(scheduler.schedule_one(ask("a", **{"3g_40gb": 1}))) == [(0, "3g.40gb", 4)]
+    state.update_node(registered)  # the stored manifest still lists the old 1g
+    apply_mig_report(state, "m", {"0": [{"profile": "3g.40gb", "start": 4}]})
+    assert check(state) == []
+    fresh = node(cards=1, mode="dynamic", instances=[{"profile": "3g.40gb", "start": 4, "uuid": "MIG-new"}])
+    state.update_node(fresh)  # a re-registration (new manifest) is taken as it is
+    assert attach_mig_slices(state).cards[0][0].uuids == (
+        (attach_mig_slices(state).cards[0][0].geometry.placement_lookup[("3g.40gb", 4)], "MIG-new"),
+    )

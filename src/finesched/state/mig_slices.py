@@ -63,6 +63,10 @@ class MIGSlices:
         self._held: list[dict[str, tuple[tuple[int, int], ...]]] = []  # key -> ((card index, placement))
         self._replay: list[set[str]] = []
         self._tolerated: list[set[str]] = []
+        #: Per node, minor -> (the card's manifest spec, instances its agent last reported): a report
+        #: is fresher than the manifest the agent registered, until the manifest itself changes.
+        self._reported: list[dict[int, tuple[object, tuple[MIGInstance, ...]]]] = []
+        self._specs: list[dict[int, object]] = []
 
     # NodeExtra ----------------------------------------------------------------------------------
     def resize(self, capacity: int) -> None:
@@ -81,7 +85,13 @@ class MIGSlices:
             new[: min(capacity, len(old))] = old[:capacity]
             setattr(self, name, new)
         self._names = (self._names + [None] * capacity)[:capacity]
-        for lst, make in ((self._held, dict), (self._replay, set), (self._tolerated, set)):
+        for lst, make in (
+            (self._held, dict),
+            (self._replay, set),
+            (self._tolerated, set),
+            (self._reported, dict),
+            (self._specs, dict),
+        ):
             del lst[capacity:]
             lst.extend(make() for _ in range(capacity - len(lst)))
 
@@ -90,12 +100,18 @@ class MIGSlices:
         self._names[i] = node.name
         self._replay[i] |= set(self._held[i])
         self._held[i], self._tolerated[i] = {}, set()
-        cards = []
+        cards, reported = [], {}
         for device in sorted((d for d in node.devices if d.type == GPU and d.mig is not None), key=lambda d: d.minor):
             spec = device.mig
             assert spec is not None
-            cards.append(card_of(device.minor, spec.geometry, spec.mode == "dynamic", device.health, spec.instances))
+            instances = spec.instances
+            last = self._reported[i].get(device.minor)
+            if last is not None and last[0] == spec:
+                instances, reported[device.minor] = last[1], last
+            cards.append(card_of(device.minor, spec.geometry, spec.mode == "dynamic", device.health, instances))
         self.cards[i] = tuple(cards)
+        self._reported[i] = reported
+        self._specs[i] = {d.minor: d.mig for d in node.devices if d.type == GPU and d.mig is not None}
         self._refresh(i)
 
     def move(self, src: int, dst: int) -> None:
@@ -112,6 +128,7 @@ class MIGSlices:
             self._replay[src],
             self._tolerated[src],
         )
+        self._reported[dst], self._specs[dst] = self._reported[src], self._specs[src]
 
     def clear(self, index: int) -> None:
         self.cards[index] = ()
@@ -121,6 +138,7 @@ class MIGSlices:
         self.any_dynamic[index] = False
         self._names[index] = None
         self._held[index], self._replay[index], self._tolerated[index] = {}, set(), set()
+        self._reported[index], self._specs[index] = {}, {}
 
     def assume(self, index: int, binding: Binding) -> None:
         """Hold the binding's MIG instances; StateError (nothing changed) for a placement the card's
@@ -176,23 +194,20 @@ class MIGSlices:
         self.cards[i] = tuple(cards)
         self._refresh(i)
 
+    #: What `snapshot` copies (arrays, lists of per-node dicts/sets, dicts): everything the extra holds.
+    _SAVED = (
+        "cards", "fit", "profile_slices", "slices_total", "slices_used", "card_count", "any_dynamic", "profile_ids",
+        "_names", "_held", "_replay", "_tolerated", "_with_cards", "_reported", "_specs",
+    )  # fmt: skip
+
     def snapshot(self) -> object:
-        return (
-            list(self.cards), self.fit.copy(), self.profile_slices.copy(), self.slices_total.copy(),
-            self.slices_used.copy(), dict(self.profile_ids), list(self._names), [dict(h) for h in self._held],
-            [set(r) for r in self._replay], [set(t) for t in self._tolerated], set(self._with_cards),
-            self.card_count.copy(), self.any_dynamic.copy(),
-        )  # fmt: skip
+        return {name: _copy(getattr(self, name)) for name in self._SAVED}
 
     def restore(self, snapshot: object) -> None:
-        cards, fit, sizes, total, used, ids, names, held, replay, tolerated, with_cards, count, dynamic = snapshot  # type: ignore[misc]
+        assert isinstance(snapshot, dict)
         capacity = self.capacity
-        self.cards, self.fit, self.profile_ids = list(cards), fit.copy(), dict(ids)
-        self.profile_slices, self._with_cards = sizes.copy(), set(with_cards)
-        self.card_count, self.any_dynamic = count.copy(), dynamic.copy()
-        self.slices_total, self.slices_used = total.copy(), used.copy()
-        self._names, self._held = list(names), [dict(h) for h in held]
-        self._replay, self._tolerated = [set(r) for r in replay], [set(t) for t in tolerated]
+        for name, value in snapshot.items():
+            setattr(self, name, _copy(value))
         self.resize(capacity)
 
     # Reports ------------------------------------------------------------------------------------
@@ -201,6 +216,7 @@ class MIGSlices:
         reports; StateError (nothing changed) when an instance is not a placement of the card's
         product, or does not fit beside the instances bindings hold."""
         cards = list(self.cards[index])
+        reported: dict[int, tuple[object, tuple[MIGInstance, ...]]] = {}
         for minor, found in instances.items():
             c = self._card_index(index, minor)
             if c is None:
@@ -221,7 +237,9 @@ class MIGSlices:
                         )
                     merged = merged.with_held(j)
             cards[c] = merged
+            reported[minor] = (self._specs[index].get(minor), tuple(found))
         self.cards[index] = tuple(cards)
+        self._reported[index] = {**self._reported[index], **reported}
         self._refresh(index)
 
     # Queries ------------------------------------------------------------------------------------
@@ -302,6 +320,17 @@ class MIGSlices:
                 if not card.dynamic and card.held & ~card.existing:
                     out.append(f"{name}: static gpu {card.minor} holds an instance that does not exist")
         return out
+
+
+def _copy(value: object) -> object:
+    """A copy deep enough for a snapshot: arrays, containers, and per-node containers in lists."""
+    if isinstance(value, np.ndarray):
+        return value.copy()
+    if isinstance(value, list):
+        return [x.copy() if isinstance(x, (dict, set)) else x for x in value]
+    if isinstance(value, (dict, set)):
+        return value.copy()
+    return value
 
 
 def apply_mig_report(state: ClusterState, name: str, instances: Mapping[str, Sequence[Mapping[str, object]]]) -> None:
