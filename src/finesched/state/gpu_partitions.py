@@ -163,7 +163,9 @@ class PartitionTables:
         self._active.discard(index)
 
     def assume(self, index: int, binding: Binding) -> None:
-        """Records whole-GPU sets (policy is the plugin's; the state only watches it)."""
+        """Records whole-GPU sets on Honor nodes (policy is the plugin's; the state only watches it)."""
+        if not self.honor[index] or self._allowed[index] is None:  # nothing to watch (update_node replays)
+            return
         minors = whole_gpu_minors(binding)
         if minors is None:
             return
