@@ -161,6 +161,15 @@ def _placed(card, choice) -> list[tuple[str, int]]:
             "A100-80GB", [("1g.10gb", 5)], "1g.10gb", ("1g.10gb", 0), ("1g.10gb", 4), "3g.", id="A100-80-1g-keeps-3g"
         ),
         # An empty card: the driver's own first 1g goes to 6 (§2.8); first fit takes 0 and kills the 4g.
+        pytest.param(
+            "H100-94GB", [("1g.12gb", 6)], "2g.24gb", ("2g.24gb", 0), ("2g.24gb", 4), "3g.", id="H100-94-2g-keeps-3g"
+        ),
+        pytest.param(
+            "H100-96GB", [("1g.12gb", 6)], "2g.24gb", ("2g.24gb", 0), ("2g.24gb", 4), "3g.", id="H100-96-2g-keeps-3g"
+        ),
+        pytest.param(
+            "H200-141GB", [("1g.18gb", 6)], "2g.35gb", ("2g.35gb", 0), ("2g.35gb", 4), "3g.", id="H200-2g-keeps-3g"
+        ),
         pytest.param("H100-94GB", [], "1g.12gb", ("1g.12gb", 0), ("1g.12gb", 6), "4g.", id="H100-94-1g-to-6"),
         pytest.param("H200-141GB", [], "1g.18gb", ("1g.18gb", 0), ("1g.18gb", 6), "4g.", id="H200-1g-to-6"),
     ],

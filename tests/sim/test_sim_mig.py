@@ -74,3 +74,32 @@ def test_cli_table_and_json(tiny_trace: tuple[Path, Path], tmp_path: Path) -> No
     assert table.exit_code == 0 and "dynamic" in table.stdout and "static" in table.stdout
     bad = runner.invoke(sim_app, ["fill", "--nodes", nodes, "--pods", pods, "--mig", "0"])
     assert bad.exit_code == 2 and "--mig must be in (0, 1]" in bad.stderr
+
+
+def test_partition_tables_in_the_simulator_node_model(tiny_trace: tuple[Path, Path]) -> None:
+    from finesched.model.workload import Workload
+    from finesched.sched.scheduler import Scheduler
+    from finesched.sim.experiment import cluster_nodes
+    from finesched.sim.trace import partition_table
+    from finesched.state.cluster import ClusterState
+
+    assert partition_table(4) == {
+        "1": [{"minors": [m], "allocationScore": 1} for m in range(4)],
+        "2": [{"minors": [0, 1], "allocationScore": 1}, {"minors": [2, 3], "allocationScore": 1}],
+        "4": [{"minors": [0, 1, 2, 3], "allocationScore": 1}],
+    }
+    table = load_nodes(tiny_trace[0])
+    nodes = cluster_nodes(table, "Honor")
+    assert all(bool(n.gpu_partitions) == bool(n.devices) for n in nodes)
+    assert all(n.partition_policy == "Honor" for n in nodes if n.devices)
+    scheduler = Scheduler(ClusterState.from_nodes([n for n in nodes if len(n.devices) == 4][:1]))
+    share = Workload.model_validate({"name": "s", "requests": {"gpu-core": 10, "gpu-memory-ratio": 10}})
+    scheduler.schedule_one(share)  # on GPU 0 (least allocated, lowest minor)
+    pair = scheduler.schedule_one(Workload.model_validate({"name": "p", "requests": {"nvidia.com/gpu": 2}}))
+    assert pair.device_minors("gpu") == [2, 3]  # an aligned pair, not 1+2
+    nodes_path, pods_path = map(str, tiny_trace)
+    result = runner.invoke(sim_app, ["fill", "--nodes", nodes_path, "--pods", pods_path, "--seeds", "1",
+                                     "--gpu-partitions", "Honor", "-o", "json"])  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    bad = runner.invoke(sim_app, ["fill", "--nodes", nodes_path, "--pods", pods_path, "--gpu-partitions", "Always"])
+    assert bad.exit_code == 2 and "--gpu-partitions must be Honor or Prefer" in bad.stderr

@@ -184,6 +184,10 @@ def fill(
         typer.Option("--mig", help="Share (0-1] of GPU nodes in MIG mode: compare share, static and dynamic MIG."),
     ] = None,
     mig_product: Annotated[str, typer.Option("--mig-product", help="MIG product of those nodes.")] = "A100-80GB",
+    gpu_partitions: Annotated[
+        str,
+        typer.Option("--gpu-partitions", help="Honor or Prefer: GPU nodes get a partition table of aligned blocks."),
+    ] = "",
 ) -> None:
     """Fill protocol of the FGD paper: allocation rate at 90-130 % arrived GPU demand, per policy and seed."""
     if mig is not None:
@@ -193,13 +197,25 @@ def fill(
         if not 0 < inflation <= 10:
             raise _Fail(f"--inflation must be in (0, 10], got {inflation}", 2)
         mix = _priority_mix(priorities)
+        if gpu_partitions not in ("", "Honor", "Prefer"):
+            raise _Fail(f"--gpu-partitions must be Honor or Prefer, got {gpu_partitions!r}", 2)
         names, seed_list = _runs_wanted(output, jobs, policy, seeds)
         node_path, pod_path = _preflight(nodes, pods)
         _prepare_out(out_dir)
         from finesched.sim.runner import RunSpec, bounds
 
         specs = [
-            RunSpec("fill", node_path, pod_path, p, s, inflation, preemption=preemption, priorities=mix)
+            RunSpec(
+                "fill",
+                node_path,
+                pod_path,
+                p,
+                s,
+                inflation,
+                preemption=preemption,
+                priorities=mix,
+                gpu_partitions=gpu_partitions,
+            )
             for p in names
             for s in seed_list
         ]

@@ -47,6 +47,8 @@ class RunSpec:
     mig_share: float = 0.0
     mig_product: str = "A100-80GB"
     mig_mode: str = ""
+    #: `sim fill --gpu-partitions`: give every GPU node a partition table under this policy.
+    gpu_partitions: str = ""
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -106,6 +108,7 @@ def execute(spec: RunSpec, progress: Callable[[int, int], None] | None = None) -
             progress=progress,
             preemption=spec.preemption,
             priorities=spec.priorities,
+            gpu_partitions=spec.gpu_partitions or None,
         )
         xs = list(range(CURVE_MAX + 1))
         curves = {
