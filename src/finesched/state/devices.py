@@ -216,7 +216,7 @@ class DeviceAccounts:
             if text is None:
                 return
             devices = self._annotated_devices(i, key, text)
-        if any(g.mig is not None for grants in devices.values() for g in grants):  # MIG: state/mig_slices.py
+        if GPU in devices and any(g.mig is not None for g in devices[GPU]):  # MIG: state/mig_slices.py
             devices = {k: kept for k, gs in devices.items() if (kept := [g for g in gs if g.mig is None])}
             if not devices:
                 return

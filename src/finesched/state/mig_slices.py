@@ -143,6 +143,8 @@ class MIGSlices:
     def assume(self, index: int, binding: Binding) -> None:
         """Hold the binding's MIG instances; StateError (nothing changed) for a placement the card's
         product does not allow, a card that is not in MIG mode, or slices already taken."""
+        if binding.devices and all(g.mig is None for g in binding.devices.get(GPU, ())):
+            return  # the hot path: a binding without MIG instances (its devices are the record)
         grants = mig_grants(binding)
         if not grants:
             return
