@@ -27,7 +27,7 @@ from collections import OrderedDict
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
@@ -102,6 +102,13 @@ _Prepared = tuple[DeviceRequest, _Rules] | InvalidDeviceRequest | None
 _NORMALIZED_CACHE = 512
 _OFFERS_CACHE = 4096
 _MISSING = object()
+E = TypeVar("E")
+
+
+def _attached(extra: E | None) -> E:
+    if extra is None:
+        raise MissingState("DeviceShare: not attached to a ClusterState")
+    return extra
 
 
 class DeviceShare:
@@ -143,14 +150,10 @@ class DeviceShare:
         return self.accounts
 
     def _mig(self) -> MIGSlices:
-        if self.mig is None:
-            raise MissingState("DeviceShare: not attached to a ClusterState")
-        return self.mig
+        return _attached(self.mig)
 
     def _tables(self) -> PartitionTables:
-        if self.partitions is None:
-            raise MissingState("DeviceShare: not attached to a ClusterState")
-        return self.partitions
+        return _attached(self.partitions)
 
     def owns(self, resource: str) -> bool:
         types = self.accounts.types if self.accounts is not None else ()
