@@ -348,7 +348,7 @@ class Node(Model):
                     problems.append((("links", i, end), f"no {link.type} device has this minor", minor))
         for i, device in enumerate(self.devices):
             if device.mig is not None and device.type != GPU:
-                problems.append((("devices", i, "mig"), f"only a gpu can be in MIG mode, not a {device.type}", "..."))
+                problems.append((("devices", i, "mig"), "only a gpu can be in MIG mode", device.type))
             if device.type != GPU:
                 continue
             for name in _GPU_PERCENT:
