@@ -1,8 +1,9 @@
-"""MIG calls for the fake NVML of agent_fakes.py, kept apart: `install_mig` adds them to a module made
-by `fake_nvml`. A card in MIG mode answers from a product table of model/mig.py (profiles, allowed
-placements), holds GPU instances with compute instances, and refuses what NVML refuses: a placement
-the profile does not list (INVALID_ARGUMENT), an overlapping or over-cap one (INSUFFICIENT_RESOURCES,
-MIG.md §3), destroying a GPU instance that still has compute instances (IN_USE)."""
+"""MIG for the simulated NVML (finesched.agent.fake_nvml), kept apart: `MIGNVML` is `FakeNVML` plus the
+MIG calls agent/mig.py makes, one method per pynvml function. A card in MIG mode answers from a
+product table of model/mig.py (profiles, allowed placements), holds GPU instances with compute
+instances, and refuses what NVML refuses (MIG.md §3): a placement the profile does not list
+(INVALID_ARGUMENT), an overlapping or over-cap one (INSUFFICIENT_RESOURCES), destroying a GPU
+instance that still has compute instances (IN_USE)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ import ctypes
 import types
 from dataclasses import dataclass, field
 
-from agent_fakes import FakeGPU, NVMLError
-
+from finesched.agent.fake_nvml import FakeGPU, FakeNVML, NVMLError
 from finesched.model.mig import PRODUCTS, MIGGeometry
+
+#: nvml.h NVML_COMPUTE_INSTANCE_PROFILE_* by slice count (the one covering a whole GPU instance).
+_CI_OF_SLICES = {1: 0x0, 2: 0x1, 3: 0x2, 4: 0x3, 7: 0x4, 8: 0x5, 6: 0x6}
 
 
 class Placement(ctypes.Structure):
@@ -54,30 +57,60 @@ class MigDevice:
     uuid: str
 
 
-def install_mig(mod: types.ModuleType, gpus: list[FakeGPU], cards: dict[int, FakeMIGCard]) -> types.ModuleType:
-    """Add the MIG calls agent/mig.py makes to `mod`; `cards` maps GPU minor -> its MIG state."""
-    by_handle = {id(g): cards.get(g.minor) for g in gpus}
-    handles: dict[int, tuple[FakeMIGCard, int]] = {}
+class MIGNVML(FakeNVML):
+    """`FakeNVML` whose GPUs of minor m are MIG cards `cards[m]` (see the module docstring)."""
 
-    def card_of(h: FakeGPU) -> FakeMIGCard:
-        card = by_handle.get(id(h))
+    NVML_GPU_INSTANCE_PROFILE_COUNT = 0x12
+    NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED = 0
+    c_nvmlGpuInstancePlacement_t = Placement
+    c_nvmlGpuInstance_t = ctypes.c_uint64
+    c_nvmlComputeInstance_t = ctypes.c_uint64
+
+    def __init__(self, gpus: list[FakeGPU], cards: dict[int, FakeMIGCard]):
+        super().__init__(gpus)
+        self.cards = cards
+        self._handles: dict[int, tuple[FakeMIGCard, int]] = {}
+
+    # helpers ----------------------------------------------------------------------------------
+    def _card(self, h: FakeGPU) -> FakeMIGCard:
+        card = self.cards.get(h.minor)
         if card is None or not card.enabled:
             raise NVMLError("Not Supported")
         return card
 
-    def gi_handle(card: FakeMIGCard, gi: int) -> int:
+    def _gi_handle(self, card: FakeMIGCard, gi: int) -> int:
         key = 1000 * (id(card) % 100000) + gi
-        handles[key] = (card, gi)
+        self._handles[key] = (card, gi)
         return key
 
-    def mig_mode(h: FakeGPU) -> list[int]:
-        card = by_handle.get(id(h))
+    @staticmethod
+    def _profile(card: FakeMIGCard, pid: int) -> int:
+        for k, p in enumerate(card.geometry.profiles):
+            if p.id == pid:
+                return k
+        raise NVMLError("Invalid Argument")
+
+    def _mig_devices(self, h: FakeGPU) -> list[MigDevice]:
+        card = self._card(h)
+        return [
+            MigDevice(card, gi, f"MIG-{h.uuid[4:12]}-{gi:04d}-{k}-{s}")
+            for gi, (k, s, cis) in sorted(card.instances.items())
+            if cis
+        ]
+
+    # pynvml's MIG calls -----------------------------------------------------------------------
+    def nvmlDeviceGetMigMode(self, h: FakeGPU) -> list[int]:
+        card = self.cards.get(h.minor)
         if card is None:
             raise NVMLError("Not Supported")
         return [int(card.enabled), int(card.enabled)]
 
-    def profile_info(h: FakeGPU, const: int) -> types.SimpleNamespace:
-        g = card_of(h).geometry
+    def nvmlDeviceGetName(self, h: FakeGPU) -> bytes:
+        card = self.cards.get(h.minor)
+        return f"NVIDIA {card.product}".encode() if card else b"NVIDIA"
+
+    def nvmlDeviceGetGpuInstanceProfileInfo(self, h: FakeGPU, const: int) -> types.SimpleNamespace:
+        g = self._card(h).geometry
         if const >= len(g.profiles):
             raise NVMLError("Invalid Argument")
         p = g.profiles[const]
@@ -86,132 +119,92 @@ def install_mig(mod: types.ModuleType, gpus: list[FakeGPU], cards: dict[int, Fak
             name=f"MIG {p.name}".encode(),
         )  # fmt: skip
 
-    def profile_by_id(card: FakeMIGCard, pid: int) -> int:
-        for k, p in enumerate(card.geometry.profiles):
-            if p.id == pid:
-                return k
-        raise NVMLError("Invalid Argument")
-
-    def placements(h: FakeGPU, pid: int, array: object, count: ctypes._Pointer) -> int:  # type: ignore[type-arg]
-        card = card_of(h)
-        p = card.geometry.profiles[profile_by_id(card, pid)]
-        count.contents.value = len(p.starts)
+    def nvmlDeviceGetGpuInstancePossiblePlacements(self, h: FakeGPU, pid: int, array: object, count: object) -> int:
+        card = self._card(h)
+        p = card.geometry.profiles[self._profile(card, pid)]
+        count.contents.value = len(p.starts)  # type: ignore[attr-defined]
         if array is not None:
             for i, start in enumerate(sorted(p.starts)):
                 array[i].start, array[i].size = start, p.memory  # type: ignore[index]
         return 0
 
-    def gpu_instances(h: FakeGPU, pid: int, array: object, count: ctypes._Pointer) -> int:  # type: ignore[type-arg]
-        card = card_of(h)
-        k = profile_by_id(card, pid)
+    def nvmlDeviceGetGpuInstances(self, h: FakeGPU, pid: int, array: object, count: object) -> int:
+        card = self._card(h)
+        k = self._profile(card, pid)
         found = [gi for gi, (pk, _, _) in sorted(card.instances.items()) if pk == k]
         for i, gi in enumerate(found):
-            array[i] = gi_handle(card, gi)  # type: ignore[index]
-        count.contents.value = len(found)
+            array[i] = self._gi_handle(card, gi)  # type: ignore[index]
+        count.contents.value = len(found)  # type: ignore[attr-defined]
         return 0
 
-    def gi_info(handle: int) -> types.SimpleNamespace:
-        card, gi = handles[int(handle)]
+    def nvmlGpuInstanceGetInfo(self, handle: int) -> types.SimpleNamespace:
+        card, gi = self._handles[int(handle)]
         k, start, _ = card.instances[gi]
         p = card.geometry.profiles[k]
         placement = types.SimpleNamespace(start=start, size=p.memory)
         return types.SimpleNamespace(id=gi, profileId=p.id, placement=placement)
 
-    def mig_devices(h: FakeGPU) -> list[MigDevice]:
-        card = card_of(h)
-        return [
-            MigDevice(card, gi, f"MIG-{h.uuid[4:12]}-{gi:04d}-{k}-{s}")
-            for gi, (k, s, cis) in sorted(card.instances.items())
-            if cis
-        ]
+    def nvmlDeviceGetMaxMigDeviceCount(self, h: FakeGPU) -> int:
+        return 7
 
-    def mig_handle(h: FakeGPU, index: int) -> MigDevice:
-        found = mig_devices(h)
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, h: FakeGPU, index: int) -> MigDevice:
+        found = self._mig_devices(h)
         if index >= len(found):
             raise NVMLError("Not Found")
         return found[index]
 
-    def create(h: FakeGPU, pid: int, placement: ctypes._Pointer) -> int:  # type: ignore[type-arg]
-        card = card_of(h)
-        k = profile_by_id(card, pid)
-        p = card.geometry.profiles[k]
-        start = int(placement.contents.start)
+    def nvmlDeviceGetGpuInstanceId(self, mig: MigDevice) -> int:
+        return mig.gi
+
+    def nvmlDeviceGetUUID(self, handle: object) -> str:  # type: ignore[override]
+        return handle.uuid if isinstance(handle, MigDevice) else super().nvmlDeviceGetUUID(handle)  # type: ignore[arg-type]
+
+    def nvmlDeviceCreateGpuInstanceWithPlacement(self, h: FakeGPU, pid: int, placement: object) -> int:
+        card = self._card(h)
+        p = card.geometry.profiles[self._profile(card, pid)]
+        start, size = int(placement.contents.start), int(placement.contents.size)  # type: ignore[attr-defined]
         card.calls.append(f"create {p.name}@{start}")
-        if start not in p.starts or int(placement.contents.size) != p.memory:
+        if start not in p.starts or size != p.memory:
             raise NVMLError("Invalid Argument")
         if card.geometry.problems([*card.layout(), (p.name, start)]):
             raise NVMLError("Insufficient Resources")
-        return gi_handle(card, card.add(p.name, start, computes=0))
+        return self._gi_handle(card, card.add(p.name, start, computes=0))
 
-    def ci_profile_info(gi: int, ci_profile: int, engines: int) -> types.SimpleNamespace:
+    def nvmlGpuInstanceGetComputeInstanceProfileInfo(
+        self, gi: int, ci_profile: int, engines: int
+    ) -> types.SimpleNamespace:
         return types.SimpleNamespace(id=ci_profile)
 
-    def create_ci(gi: int, ci_id: int) -> int:
-        card, ident = handles[int(gi)]
+    def nvmlGpuInstanceCreateComputeInstance(self, gi: int, ci_id: int) -> int:
+        card, ident = self._handles[int(gi)]
         card.instances[ident][2] += 1
         return int(gi)
 
-    def gi_by_id(h: FakeGPU, ident: int) -> int:
-        card = card_of(h)
+    def nvmlDeviceGetGpuInstanceById(self, h: FakeGPU, ident: int) -> int:
+        card = self._card(h)
         if ident not in card.instances:
             raise NVMLError("Not Found")
-        return gi_handle(card, ident)
+        return self._gi_handle(card, ident)
 
-    def compute_instances(gi: int, ci_profile: int, array: object, count: ctypes._Pointer) -> int:  # type: ignore[type-arg]
-        card, ident = handles[int(gi)]
+    def nvmlGpuInstanceGetComputeInstances(self, gi: int, ci_profile: int, array: object, count: object) -> int:
+        card, ident = self._handles[int(gi)]
         k = card.instances[ident][0]
-        cis = card.instances[ident][2] if _CI_OF_SLICES.get(card.geometry.profiles[k].compute) == ci_profile else 0
+        covering = _CI_OF_SLICES.get(card.geometry.profiles[k].compute) == ci_profile
+        cis = card.instances[ident][2] if covering else 0
         for i in range(cis):
             array[i] = int(gi)  # type: ignore[index]
-        count.contents.value = cis
+        count.contents.value = cis  # type: ignore[attr-defined]
         return 0
 
-    def destroy_ci(ci: int) -> int:
-        card, ident = handles[int(ci)]
+    def nvmlComputeInstanceDestroy(self, ci: int) -> int:
+        card, ident = self._handles[int(ci)]
         card.instances[ident][2] -= 1
         return 0
 
-    def destroy_gi(gi: int) -> int:
-        card, ident = handles[int(gi)]
+    def nvmlGpuInstanceDestroy(self, gi: int) -> int:
+        card, ident = self._handles[int(gi)]
         if card.instances[ident][2]:
             raise NVMLError("In use by another client")
         card.calls.append(f"destroy {ident}")
         del card.instances[ident]
         return 0
-
-    uuid_of_gpu = mod.nvmlDeviceGetUUID
-
-    def uuid(h: object) -> str:
-        return h.uuid if isinstance(h, MigDevice) else uuid_of_gpu(h)
-
-    functions = {
-        "nvmlDeviceGetMigMode": mig_mode,
-        "nvmlDeviceGetGpuInstanceProfileInfo": profile_info,
-        "nvmlDeviceGetGpuInstancePossiblePlacements": placements,
-        "nvmlDeviceGetGpuInstances": gpu_instances,
-        "nvmlGpuInstanceGetInfo": gi_info,
-        "nvmlDeviceGetMaxMigDeviceCount": lambda h: 7,
-        "nvmlDeviceGetMigDeviceHandleByIndex": mig_handle,
-        "nvmlDeviceGetGpuInstanceId": lambda mig: mig.gi,
-        "nvmlDeviceGetUUID": uuid,
-        "nvmlDeviceGetName": lambda h: f"NVIDIA {cards[h.minor].product}".encode() if h.minor in cards else b"NVIDIA",
-        "nvmlDeviceCreateGpuInstanceWithPlacement": create,
-        "nvmlGpuInstanceGetComputeInstanceProfileInfo": ci_profile_info,
-        "nvmlGpuInstanceCreateComputeInstance": create_ci,
-        "nvmlDeviceGetGpuInstanceById": gi_by_id,
-        "nvmlGpuInstanceGetComputeInstances": compute_instances,
-        "nvmlComputeInstanceDestroy": destroy_ci,
-        "nvmlGpuInstanceDestroy": destroy_gi,
-    }
-    for name, fn in functions.items():
-        setattr(mod, name, fn)
-    mod.NVML_GPU_INSTANCE_PROFILE_COUNT = 0x12  # type: ignore[attr-defined]
-    mod.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED = 0  # type: ignore[attr-defined]
-    mod.c_nvmlGpuInstancePlacement_t = Placement  # type: ignore[attr-defined]
-    mod.c_nvmlGpuInstance_t = ctypes.c_uint64  # type: ignore[attr-defined]
-    mod.c_nvmlComputeInstance_t = ctypes.c_uint64  # type: ignore[attr-defined]
-    return mod
-
-
-#: nvml.h NVML_COMPUTE_INSTANCE_PROFILE_* by slice count (the one covering a whole GPU instance).
-_CI_OF_SLICES = {1: 0x0, 2: 0x1, 3: 0x2, 4: 0x3, 7: 0x4, 8: 0x5, 6: 0x6}

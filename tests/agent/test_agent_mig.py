@@ -1,4 +1,4 @@
-"""MIG on the node, with the fake NVML (agent_fakes.py + fake_mig.py): discovery of mode, profile table
+"""MIG on the node, with the simulated NVML and its MIG calls (fake_mig.py): discovery of mode, profile table
 and instances; the report's S0.2-encoded MIG part checked by the server; the executor's creation of a
 dynamic instance, ``NVIDIA_VISIBLE_DEVICES=MIG-<uuid>`` in the child, and cleanup; and the whole
 path through a control plane on 127.0.0.1."""
@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 from agent_cluster import NODE, PROBE, Cluster, inventory, phase_is
-from agent_fakes import eight_gpus, fake_nvml
-from fake_mig import FakeMIGCard, install_mig
+from agent_fakes import eight_gpus
+from fake_mig import MIGNVML, FakeMIGCard
 
 from finesched.agent.binding import parse_binding
 from finesched.agent.cgroup import CgroupSupport
@@ -36,8 +36,7 @@ def no_nvml() -> tuple[None, str]:
 
 
 def machine(root: Path, cards: dict[int, FakeMIGCard]) -> Any:
-    gpus = eight_gpus(root)[:3]
-    return install_mig(fake_nvml(gpus), gpus, cards)
+    return MIGNVML(eight_gpus(root)[:3], cards)
 
 
 @pytest.fixture

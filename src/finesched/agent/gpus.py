@@ -4,7 +4,9 @@ For each GPU: uuid, minor (/dev/nvidiaN), total memory, PCI bus id -> NUMA node 
 NVLink peers; a GPU in MIG mode also gets its ``mig`` table and instances (mig.py). A device whose
 required queries fail is kept with ``health: false`` (the scheduler stops placing there) and the
 error is listed; optional queries (NUMA id, NVLink) that a driver does not support are simply
-skipped. The module is passed in, so tests use a fake one.
+skipped. The module is passed in, so tests use a fake one (agent/fake_nvml.py); a fake that says it
+is `simulated` (``finesched up --fake-gpus``) gets its devices labelled ``finesched.io/simulated:
+"true"`` and the inventory marked simulated.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from finesched.agent.fake_nvml import SIMULATED_LABEL
 from finesched.agent.mig import discover_mig
 from finesched.agent.sysfs import normalize_bus_id, pci_numa, pci_root
 
@@ -27,6 +30,7 @@ class GPUInventory:
     links: list[dict[str, Any]] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     available: bool = True
+    simulated: bool = False
 
 
 def load_nvml() -> tuple[ModuleType | None, str]:
@@ -46,7 +50,7 @@ def discover_gpus(nvml: Any, root: Path = Path("/"), mig_mode: str = "static") -
     """Every GPU NVML reports, in minor order. `nvml` is an initialised pynvml-like module; a MIG
     GPU is reported in `mig_mode` (static: finesched assigns existing instances; dynamic: it may
     ask the agent to create them)."""
-    inv = GPUInventory()
+    inv = GPUInventory(simulated=bool(getattr(nvml, "simulated", False)))
     try:
         count = int(nvml.nvmlDeviceGetCount())
     except Exception as exc:
@@ -68,6 +72,8 @@ def discover_gpus(nvml: Any, root: Path = Path("/"), mig_mode: str = "static") -
         handles[device["minor"]] = device.pop("_handle")
         if bus:
             by_bus[bus] = device["minor"]
+        if inv.simulated:
+            device["labels"] = {SIMULATED_LABEL: "true"}
         inv.devices.append(device)
     inv.devices.sort(key=lambda d: d["minor"])
     inv.links = _nvlinks(nvml, handles, by_bus)
