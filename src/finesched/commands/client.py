@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from finesched.commands.node_view import render_node
 from finesched.commands.tables import TABLE_OUTPUTS, Columns, col, print_table, simple_table
 from finesched.errors import ValidationError
 from finesched.model.manifest import load_manifests, to_manifest
@@ -231,16 +232,23 @@ def describe(
     output: OutputOption = "table",
 ) -> None:
     """A workload's status, binding (node, cpuset, devices, NUMA), what its agent applied, and events;
-    a job's phase, failover regions and slots; a node's state, discovery and devices."""
+    a job's phase, failover regions and slots; a node's state, discovery, devices, CPU pools as its
+    agent applies them, cgroup enforcement, and events."""
     _check_output(output)
     if what not in ("workload", "workloads", "job", "jobs", "node", "nodes"):
         _fail(f"describe {what!r}: use workload, job or node", code=2)
     if what in ("node", "nodes"):
-        _describe_other("node", f"/v1/nodes/{name}", server, token, output)
+        client = Client(server, token)
+        node = client.call("GET", f"/v1/nodes/{name}")
+        node_events = client.call("GET", "/v1/events", params={"kind": "Node", "object": name})["items"]
+        if output not in TABLE_OUTPUTS:
+            _dump({**node, "events": node_events}, output)
+        else:
+            render_node(out, node, node_events, output == "wide")
         return
     namespace, _, name = name.rpartition("/") if "/" in name else (namespace, "/", name)
     if what in ("job", "jobs"):
-        _describe_other("job", f"/v1/jobs/{namespace}/{name}", server, token, output)
+        _describe_job(f"/v1/jobs/{namespace}/{name}", server, token, output)
         return
     client = Client(server, token)
     item = client.call("GET", f"/v1/workloads/{namespace}/{name}")
@@ -266,15 +274,14 @@ def describe(
     print_table(out, simple_table("events", ["time", "reason", "message"], rows), wide=output == "wide")
 
 
-def _describe_other(kind: str, path: str, server: str, token: str, output: str) -> None:
+def _describe_job(path: str, server: str, token: str, output: str) -> None:
     from finesched.commands.job_views import print_job
-    from finesched.commands.node_view import print_node
 
     item = Client(server, token).call("GET", path)
     if output not in TABLE_OUTPUTS:
         _dump(item, output)
         return
-    (print_job if kind == "job" else print_node)(out, item, output == "wide")
+    print_job(out, item, output == "wide")
 
 
 def delete(

@@ -1,4 +1,11 @@
-"""How `finesched describe node` prints a node: state, what its agent discovered (and how), devices."""
+"""`finesched describe node NAME`: a node's state, what its agent discovered (and how), devices,
+its CPU pools as its agent applies them, and events.
+
+The pools come from the agent's latest report (S3.9: ``cpuSharedPools``, ``beCPUSharedPools``,
+``podCPUAllocs``, ``workloadCPUs``), so they show what the node enforces now; the allocation
+comes from the scheduler's books. ``Enforcement`` says which cgroup controllers the agent uses, or
+why none and that it falls back to CPU affinity. Simulated GPUs (``up --fake-gpus``) are marked.
+"""
 
 from __future__ import annotations
 
@@ -7,14 +14,15 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from finesched.commands.tables import Columns, col, print_table
+from finesched.commands.tables import Columns, col, print_table, simple_table
 
 SIMULATED_LABEL = "finesched.io/simulated"
 DEVICE_COLUMNS = Columns(col("type"), col("minor", right=True), col("uuid", wide=True), col("healthy", keep=True),
                          col("numa", right=True), col("resources"), col("note"))  # fmt: skip
+PLACED_COLUMNS = Columns(col("workload"), col("QoS", keep=True), col("runs in"), col("CPUs"))
 
 
-def print_node(out: Console, item: dict[str, Any], wide: bool = False) -> None:
+def render_node(out: Console, item: dict[str, Any], events: list[dict[str, Any]], wide: bool = False) -> None:
     meta, spec, status = item["metadata"], item["spec"], item["status"]
     report = status.get("report") or {}
     discovery = report.get("discovery") or {}
@@ -25,26 +33,52 @@ def print_node(out: Console, item: dict[str, Any], wide: bool = False) -> None:
     out.print(f"Labels:      {escape(labels) or '-'}")
     allocatable = ", ".join(f"{k}={v}" for k, v in (spec.get("allocatable") or {}).items())
     out.print(f"Allocatable: {escape(allocatable) or '-'}")
+    allocation = status.get("allocation") or {}
+    used = allocation.get("resources") or {}
+    if used:
+        out.print("Allocated:   " + escape(", ".join(f"{k} {v['used']}/{v['allocatable']}" for k, v in used.items())))
+    if allocation.get("workloads"):
+        out.print(f"Workloads:   {escape(', '.join(allocation['workloads']))}")
     for source, how in (discovery.get("sources") or {}).items():
         style = "[bold yellow]" if how.startswith("SIMULATED") else ""
         out.print(f"Discovered:  {source}: {style}{escape(how)}{'[/]' if style else ''}")
     if discovery.get("logs"):
         out.print(f"Logs served: {escape(str(discovery['logs'].get('url')))}")
-    devices = spec.get("devices") or []
-    if devices:
-        health = report.get("health") or {}
-        table = DEVICE_COLUMNS.table("devices", wide=wide)
-        for device in devices:
-            reported = health.get(device["type"], {}).get(str(device["minor"]))
-            healthy = device.get("health", True) if reported is None else reported
-            note = "SIMULATED" if (device.get("labels") or {}).get(SIMULATED_LABEL) == "true" else ""
-            resources = ", ".join(f"{k}={v}" for k, v in (device.get("resources") or {}).items())
-            uuid = escape(device.get("uuid") or "-")
-            DEVICE_COLUMNS.add_row(table, escape(device["type"]), str(device["minor"]), uuid, str(healthy),
-                                   str(device.get("numa", "-")), escape(resources), note, wide=wide)  # fmt: skip
+    out.print("Enforcement: " + escape(str(discovery.get("cgroup") or "not reported")))
+    _devices(out, spec.get("devices") or [], report.get("health") or {}, wide)
+    _pools(out, report, wide)
+    rows = [(e["time"], escape(e["reason"]), escape(e["message"])) for e in events]
+    print_table(out, simple_table("events", ["time", "reason", "message"], rows), wide=wide)
+
+
+def _devices(out: Console, devices: list[dict[str, Any]], health: dict[str, Any], wide: bool) -> None:
+    if not devices:
+        return
+    table = DEVICE_COLUMNS.table("devices", wide=wide)
+    for device in devices:
+        reported = health.get(device["type"], {}).get(str(device["minor"]))
+        healthy = device.get("health", True) if reported is None else reported
+        note = "SIMULATED" if (device.get("labels") or {}).get(SIMULATED_LABEL) == "true" else ""
+        resources = ", ".join(f"{k}={v}" for k, v in (device.get("resources") or {}).items())
+        uuid = escape(device.get("uuid") or "-")
+        DEVICE_COLUMNS.add_row(table, escape(device["type"]), str(device["minor"]), uuid, str(healthy),
+                               str(device.get("numa", "-")), escape(resources), note, wide=wide)  # fmt: skip
+    print_table(out, table, wide=wide)
+
+
+def _pools(out: Console, report: dict[str, Any], wide: bool) -> None:
+    shared = report.get("cpuSharedPools")
+    if shared is None:
+        out.print("CPU pools:   not reported by the agent yet")
+        return
+    be = {p["node"]: p["cpuset"] for p in report.get("beCPUSharedPools") or ()}
+    rows = [(str(p["node"]), str(p["socket"]), p["cpuset"] or "-", be.get(p["node"]) or "-") for p in shared]
+    headers = [col("NUMA node", right=True), col("socket", right=True), "shared pool (LS)", "BE pool"]
+    print_table(out, simple_table("CPU pools (as the agent applies them)", headers, rows), wide=wide)
+    placed = report.get("workloadCPUs") or []
+    if placed:
+        table = PLACED_COLUMNS.table("workloads on this node's CPUs", wide=wide)
+        for w in placed:
+            PLACED_COLUMNS.add_row(table, escape(f"{w['namespace']}/{w['name']}"), w.get("qos") or "-",
+                                   escape(w.get("pool") or "-"), w["cpuset"], wide=wide)  # fmt: skip
         print_table(out, table, wide=wide)
-    allocation = status.get("allocation") or {}
-    if allocation:
-        used = ", ".join(f"{k}={v['used']}/{v['allocatable']}" for k, v in allocation.get("resources", {}).items())
-        out.print(f"Allocated:   {escape(used) or '-'}")
-        out.print(f"Workloads:   {escape(', '.join(allocation.get('workloads', []))) or '-'}")
