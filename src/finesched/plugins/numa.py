@@ -10,7 +10,8 @@ Koordinator's topologymanager, itself the kubelet's Topology Manager moved into 
    SpreadByPCPUs; other requests count millicores left by NUMA-bound workloads), memory
    (per-NUMA bytes from the node's NUMA zones), and devices (per type: devices on the NUMA
    nodes where one instance of the DeviceShare request fits, against all healthy devices there;
-   devices without a NUMA node count nowhere).
+   with a deviceAllocateHint only the devices the hint admits, in one scope group when it
+   requires one; devices without a NUMA node count nowhere: plugins/numa_devices.py).
 2. **A policy merges them** (`merge_hints`, the kubelet's mergeFilteredHints): every
    combination of one hint per resource is ANDed; preferred beats non-preferred, then the
    narrower mask wins (fewer nodes, then lower ids). None admits without alignment; BestEffort
@@ -30,6 +31,8 @@ workloads run in the BE pool across NUMA nodes and are not aligned.
 The filter is vectorized: for SingleNUMANode it keeps only nodes where one NUMA node covers cpu,
 memory and every requested device type at once (per-NUMA arrays of state/cpus.py and the device
 accounts), a necessary condition of the exact merge; Restricted is decided exactly in reserve.
+Its "cannot fit on a single NUMA node" is unresolvable on a node where no NUMA node could hold
+the request even idle (capacity below the request), whatever the other nodes are.
 A workload without a policy of its own skips the filter while no node has a strict one (it
 could reject nothing).
 
@@ -65,7 +68,8 @@ from finesched.plugins.cpu.prefilter import (
     POLICY_MISMATCH,
     RESTRICTED,
     SINGLE,
-    DeviceFits,
+    SINGLE_NUMA,
+    Checks,
     filter_result,
     numa_checks,
     numa_inputs,
@@ -73,6 +77,9 @@ from finesched.plugins.cpu.prefilter import (
 )
 from finesched.plugins.cpu.request import CPU_OFFER, NUMA_OFFER, CPURequest, NUMAOffer, cpu_request
 from finesched.plugins.cpu.topology import InsufficientCPUs
+from finesched.plugins.deviceshare.hints import device_labels
+from finesched.plugins.deviceshare.request import compile_rule, fit_mask
+from finesched.plugins.numa_devices import Holds, device_fits, device_request, idle_counts, type_counts
 from finesched.plugins.resource_status import merge_numa_grants, with_resource_status
 from finesched.plugins.shared_keys import NUMA_AFFINITY, NUMAAffinity
 from finesched.sched.cycle_state import CycleState, MissingState
@@ -163,6 +170,19 @@ def _single_hints(
     """`generate_hints(..., single_only=True)` for per-slot sequences aligned with `numa_ids` (ascending)."""
     preferred = any(c >= request for c in capacity)
     return [_hint(mask, preferred) for mask, a in zip(_masks(numa_ids), available, strict=False) if a >= request]
+
+
+def hints_by(numa_ids: Sequence[int], holds: Holds, could_hold: Holds, single_only: bool = False) -> list[TopologyHint]:
+    """`generate_hints` for a request whose fit on a set of NUMA nodes is a predicate, not a sum
+    (a hinted device type, plugins/numa_devices.py): `holds` now, `could_hold` on an idle node."""
+    ids = tuple(sorted(numa_ids))
+    masks = _masks(ids)
+    singles = masks[: len(ids)]
+    if single_only:
+        preferred = any(could_hold(m) for m in singles)
+        return [_hint(m, preferred) for m in singles if holds(m)]
+    min_size = next((len(m) for m in masks if could_hold(m)), len(ids))  # masks go smallest first
+    return [_hint(m, len(m) == min_size) for m in masks if holds(m)]
 
 
 def _narrower(a: frozenset[int], b: frozenset[int]) -> bool:
@@ -300,7 +320,40 @@ class NUMAAlign:
 
     def filter(self, cycle: CycleState, request: ScheduleRequest, nodes: NodeBatch) -> FilterResult:
         req = cpu_request(cycle, request.workload, request.shape)
-        return filter_result(numa_checks(self.accounts, req, nodes, _device_fits(cycle, self.state, nodes)), nodes.n)
+        checks = numa_checks(self.accounts, req, nodes, device_fits(cycle, self.state, nodes))
+        result = filter_result(checks, nodes.n)
+        if SINGLE_NUMA not in checks:
+            return result
+        return FilterResult(result.mask, lambda: self._explain(cycle, req, nodes, checks))
+
+    def _explain(self, cycle: CycleState, req: CPURequest, nodes: NodeBatch, checks: Checks) -> Checks:
+        """The checks with "cannot fit on a single NUMA node" unresolvable where no NUMA node of the
+        node could hold cpu, memory and the devices even idle (per node: the module docstring)."""
+        failed, _ = checks[SINGLE_NUMA]
+        never = np.zeros(nodes.n, dtype=bool)
+        for k in np.flatnonzero(failed).tolist():
+            never[k] = not self._single_numa_possible(cycle, req, nodes.node(k))
+        return {**checks, SINGLE_NUMA: (failed, never)}
+
+    def _single_numa_possible(self, cycle: CycleState, req: CPURequest, node: int) -> bool:
+        """Whether some NUMA node of `node`, idle, could hold the whole request (capacities only)."""
+        view = self.accounts.view(node)
+        ok = [True] * len(view.numa_ids)
+        if req.cpu_milli > 0 and self.accounts.topo[node] is not None:
+            ok = [o and c >= req.cpu_milli for o, c in zip(ok, view.cpu_cap, strict=True)]
+        if req.memory > 0 and view.mem_cap is not None:
+            ok = [o and m >= req.memory for o, m in zip(ok, view.mem_cap, strict=True)]
+        found = device_request(cycle, self.state)
+        if found is not None and self.state is not None:
+            dreq, devices = found
+            for kind, tr in dreq.types.items():
+                nd = devices.node_devices(node, kind, copy=False)
+                if nd is None:
+                    return False
+                counts = idle_counts(tr, nd, device_labels(self.state.nodes[node], kind))
+                holds = counts.holds(counts.available)
+                ok = [o and holds(frozenset((n,))) for o, n in zip(ok, view.numa_ids, strict=True)]
+        return any(ok)
 
     def reserve(self, cycle: CycleState, request: ScheduleRequest, node: int) -> Status:
         req = cpu_request(cycle, request.workload, request.shape)
@@ -313,7 +366,7 @@ class NUMAAlign:
         numa_ids = acc.numa_ids[node]
         if not numa_ids:
             return SUCCESS if policy == "BestEffort" else Status.unschedulable(NO_NUMA)
-        if _device_request(cycle, self.state) is None:
+        if device_request(cycle, self.state) is None:
             # Without devices the decision reads only the request, the node's config and a few
             # of its per-NUMA numbers (`numa_inputs`): memoized, since nodes of one shape pass
             # through the same numbers again and again.
@@ -393,9 +446,10 @@ class NUMAAlign:
     def device_hints(
         self, cycle: CycleState, node: int, single_only: bool = False
     ) -> dict[str, list[TopologyHint] | None]:
-        """The device provider's hints on `node`, one entry per requested device type."""
-        found = _device_request(cycle, self.state)
-        if found is None:
+        """The device provider's hints on `node`, one entry per requested device type: sets of
+        NUMA nodes holding the devices the request may take there (plugins/numa_devices.py)."""
+        found = device_request(cycle, self.state)
+        if found is None or self.state is None:
             return {}
         dreq, devices = found
         numa_ids = self.accounts.numa_ids[node]
@@ -405,7 +459,12 @@ class NUMAAlign:
             if nd is None:
                 out[kind] = []
                 continue
-            fits = _fit_mask(tr, nd.dims, nd.free, nd.total, nd.healthy)
+            if tr.hint is not None:
+                counts = type_counts(tr, nd, device_labels(self.state.nodes[node], kind))
+                holds, could = counts.holds(counts.available), counts.holds(counts.capacity)
+                out[kind] = hints_by(numa_ids, holds, could, single_only)
+                continue
+            fits = fit_mask(compile_rule(tr, nd.dims), nd.free, nd.total, nd.healthy)
             # Counted in Python over the node's few devices (numpy calls per NUMA id cost more).
             available, capacity = dict.fromkeys(numa_ids, 0), dict.fromkeys(numa_ids, 0)
             for fit, healthy, numa in zip(fits.tolist(), nd.healthy.tolist(), nd.numa.tolist(), strict=True):
@@ -449,49 +508,3 @@ def effective_policy(req: CPURequest, node_policy: str) -> str:
     if req.numa_policy and node_set and req.numa_policy != node_policy:
         return "mismatch"
     return req.numa_policy or node_policy or "None"
-
-
-#: DeviceShare's request key, imported on first use (deviceshare imports this package's modules).
-_DEVICE_REQUEST: Any = None
-
-
-def _device_request(cycle: CycleState, state: ClusterState | None) -> tuple[Any, Any] | None:
-    """(DeviceShare's normalized request, the device accounts) when this cycle asks for devices."""
-    global _DEVICE_REQUEST
-    if state is None or "devices" not in state.extras:
-        return None
-    if _DEVICE_REQUEST is None:
-        from finesched.plugins.deviceshare.plugin import DEVICE_REQUEST
-
-        _DEVICE_REQUEST = DEVICE_REQUEST
-    dreq = cycle.get(_DEVICE_REQUEST)
-    if dreq is None or not dreq.types:
-        return None
-    return dreq, state.extras["devices"]
-
-
-def _fit_mask(tr: Any, dims: Sequence[str], free: np.ndarray, total: np.ndarray, healthy: np.ndarray) -> np.ndarray:
-    from finesched.plugins.deviceshare.request import compile_rule, fit_mask
-
-    return fit_mask(compile_rule(tr, dims), free, total, healthy)
-
-
-def _device_fits(cycle: CycleState, state: ClusterState | None, nodes: NodeBatch) -> DeviceFits:
-    found = _device_request(cycle, state)
-    if found is None or state is None:
-        return []
-    from functools import partial
-
-    from finesched.plugins.deviceshare.request import compile_rule, fit_mask
-
-    dreq, devices = found
-    out: list[tuple[int, np.ndarray, np.ndarray]] = []
-    for kind, tr in dreq.types.items():
-        acc = devices.types.get(kind)
-        if acc is None:
-            out.append((tr.count, np.zeros((nodes.n, 0), dtype=bool), np.zeros((nodes.n, 0), dtype=np.int64)))
-            continue
-        rule = compile_rule(tr, acc.dims)
-        _, where = devices.fit_counts(kind, rule, partial(fit_mask, rule), state.n)
-        out.append((tr.count, nodes.take(where), nodes.take(acc.numa)))
-    return out

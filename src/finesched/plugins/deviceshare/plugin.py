@@ -265,7 +265,7 @@ class DeviceShare:
     def _explain(self, cycle: CycleState, nodes: NodeBatch, mask: BoolArray) -> Explanation:
         accounts, n = self._acc(), nodes.n
         rows = slice(0, nodes.state.n) if nodes.index is None else nodes.index
-        out: dict[str, tuple[BoolArray, Code]] = {}
+        out: dict[str, tuple[BoolArray, Code | BoolArray]] = {}
         per_type_ok = np.ones(n, dtype=bool)
         for tr, rule in cycle.read(_RULES).items:
             acc = accounts.types.get(tr.type)
