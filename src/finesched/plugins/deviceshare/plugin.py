@@ -12,8 +12,9 @@ state/devices.py (accounts); this file only wires them into the cycle:
 * reserve: the exact offer on the candidate node, computed once, kept under "DeviceShare/offers";
 * pre_bind: the binding gets the offer's grants and the device-allocated annotation.
 
-Card-level strategy: the workload's deviceAllocateStrategy, else the node's (policies or label
-`STRATEGY_LABEL`), else this plugin's ``strategy`` arg (default LeastAllocated).
+Card-level strategy (S0.5), first set wins: the workload's deviceAllocateStrategy, the node's
+(policies or label `STRATEGY_LABEL`), this plugin's ``strategy`` arg — MostAllocated in the
+built-in ``binpack`` profile, LeastAllocated (the default) in ``default``, ``spread`` and ``buckets``.
 """
 
 from __future__ import annotations
