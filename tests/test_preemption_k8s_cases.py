@@ -41,7 +41,9 @@ class Pod:
     budget: tuple[int, str] | None = None  # (minAvailable, app label) of a budget this pod declares
 
 
-def pod(name: str, node: str, priority: int, size: int, app: str | None = None, min_available: int | None = None) -> Pod:
+def pod(
+    name: str, node: str, priority: int, size: int, app: str | None = None, min_available: int | None = None
+) -> Pod:
     labels = (("app", app),) if app else ()
     budget = (min_available, app) if min_available is not None and app else None
     return Pod(name, node, priority, size, labels, budget)

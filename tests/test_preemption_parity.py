@@ -39,15 +39,19 @@ ORDER = [
     # {-100, 0, 0} (raw sum -100), n2 evicts {0, 0} (raw 0); tops are both 0. Offset sums: n1 3*2^31 - 100,
     # n2 2*2^31 -> n2 (raw sums would pick n1, three victims over two).
     pytest.param(
-        [pinned("a1", "n1", 2, -100), pinned("a2", "n1", 1, 0), pinned("a3", "n1", 1, 0)]
-        + [pinned("b1", "n2", 2, 0), pinned("b2", "n2", 2, 0)],
+        [
+            *(pinned("a1", "n1", 2, -100), pinned("a2", "n1", 1, 0), pinned("a3", "n1", 1, 0)),
+            *(pinned("b1", "n2", 2, 0), pinned("b2", "n2", 2, 0)),
+        ],
         ("n2", ["default/b1", "default/b2"], 0),
         id="offset-sum-more-victims-weigh-more",
     ),
     # The same with every priority negative: n1 {-5, -5, -5} raw -15 vs n2 {-5, -5} raw -10 -> n2.
     pytest.param(
-        [pinned(f"a{i}", "n1", c, -5) for i, c in enumerate((2, 1, 1))]
-        + [pinned(f"b{i}", "n2", 2, -5) for i in range(2)],
+        [
+            *(pinned(f"a{i}", "n1", c, -5) for i, c in enumerate((2, 1, 1))),
+            *(pinned(f"b{i}", "n2", 2, -5) for i in range(2)),
+        ],
         ("n2", ["default/b0", "default/b1"], 0),
         id="offset-sum-negative-priorities",
     ),
@@ -56,16 +60,20 @@ ORDER = [
     # with minAvailable 1 of 1 -> 1. Fewest violations first: n2, although its victim has the higher priority
     # (counting budgets broken, 1 each, would tie and then pick n1 by priority).
     pytest.param(
-        [pinned("a1", "n1", 2, 1, **budget("a", 2)), pinned("a2", "n1", 2, 1, **budget("a", 2))]
-        + [pinned("b", "n2", 4, 5, **budget("b", 1))],
+        [
+            *(pinned("a1", "n1", 2, 1, **budget("a", 2)), pinned("a2", "n1", 2, 1, **budget("a", 2))),
+            pinned("b", "n2", 4, 5, **budget("b", 1)),
+        ],
         ("n2", ["default/b"], 1),
         id="violations-count-victims",
     ),
     # filterPodsWithPDBViolation: the budget allows 1 disruption over {c1, c2}; in importance order c2 (prio 3)
     # takes it, c1 (prio 2) then violates: 1 violating victim on n1. n2's d (prio 4, no budget): 0 -> n2.
     pytest.param(
-        [pinned("c1", "n1", 2, 2, **budget("c", 1)), pinned("c2", "n1", 2, 3, **budget("c", 1))]
-        + [pinned("d", "n2", 4, 4)],
+        [
+            *(pinned("c1", "n1", 2, 2, **budget("c", 1)), pinned("c2", "n1", 2, 3, **budget("c", 1))),
+            pinned("d", "n2", 4, 4),
+        ],
         ("n2", ["default/d"], 0),
         id="first-victim-takes-the-allowed-disruption",
     ),
@@ -110,8 +118,10 @@ def test_exclusive_full_pcpus_split_by_victims() -> None:
     # whole -> fits, v1 stays; v2 back leaves one whole core -> v2 is the victim. Cpuset: cores 1 and 3.
     node = make_node("n1").cpu("8").memory("8Gi").topology(sockets=1, cores_per_numa=4, threads=2).obj()
     s = Scheduler(ClusterState.from_nodes([node]))
-    placed = {n: s.schedule_one(lsr(n, c, p, **f)) for n, c, p, f in [("v1", 1, 1, SPREAD), ("v2", 1, 1, SPREAD),
-                                                                       ("h", 2, 20, {})]}  # fmt: skip
+    placed = {
+        n: s.schedule_one(lsr(n, c, p, **f))
+        for n, c, p, f in [("v1", 1, 1, SPREAD), ("v2", 1, 1, SPREAD), ("h", 2, 20, {})]
+    }
     assert [str(placed[n].cpuset) for n in ("v1", "v2", "h")] == ["0", "1", "2,6"]
     hi = lsr("hi", 4, 10, resourceSpec={"requiredCPUBindPolicy": "FullPCPUs"})
     p, why = s.find_preemption(hi)
@@ -139,8 +149,13 @@ def gpu_node():
     """GPU 0 (model=a) and NIC 0 on PCIe switch p0, GPU 1 (model=b) and NIC 1 on p1."""
     node = make_node("n1").cpu("8").memory("8Gi")
     for minor, model in enumerate("ab"):
-        node.device("gpu", minor, resources={"gpu-core": 100, "gpu-memory-ratio": 100, "gpu-memory": "80Gi"},
-                    labels={"model": model}, pcie=f"p{minor}")  # fmt: skip
+        node.device(
+            "gpu",
+            minor,
+            resources={"gpu-core": 100, "gpu-memory-ratio": 100, "gpu-memory": "80Gi"},
+            labels={"model": model},
+            pcie=f"p{minor}",
+        )
         node.device("rdma", minor, resources={"rdma": 100}, labels={"nic": str(minor)}, pcie=f"p{minor}")
     return node.obj()
 
@@ -152,8 +167,13 @@ def test_device_hint_selector() -> None:
     # GPU 0 (model=a) holds h's half (prio 20), GPU 1 (model=b) holds v's whole GPU (prio 1). The preemptor
     # wants half a model=b GPU. The model sees GPU 0's free half and evicts nobody; exact: v must go.
     s = Scheduler(ClusterState.from_nodes([gpu_node()]))
-    s.schedule_one(make_workload("h").req(cpu="1", **HALF).priority(20).set(
-        deviceAllocateHint={"gpu": {"selector": {"matchLabels": {"model": "a"}}}}).obj())  # fmt: skip
+    s.schedule_one(
+        make_workload("h")
+        .req(cpu="1", **HALF)
+        .priority(20)
+        .set(deviceAllocateHint={"gpu": {"selector": {"matchLabels": {"model": "a"}}}})
+        .obj()
+    )
     s.schedule_one(make_workload("v").req(cpu="1").request("nvidia.com/gpu", "1").priority(1).obj())
     hint = {"gpu": {"selector": {"matchLabels": {"model": "b"}}}}
     p, why = s.find_preemption(make_workload("hi").req(cpu="1", **HALF).priority(10).set(deviceAllocateHint=hint).obj())
@@ -165,10 +185,22 @@ def test_joint_allocation_same_pcie() -> None:
     # h (prio 20) holds GPU 0 (switch p0); v (prio 1) holds RDMA 1 (switch p1). GPU 1 and RDMA 0 are free,
     # one of each type, but on different switches: the joint SamePCIe request needs v's NIC.
     s = Scheduler(ClusterState.from_nodes([gpu_node()]))
-    s.schedule_one(make_workload("h").req(cpu="1").request("nvidia.com/gpu", "1").priority(20).set(
-        deviceAllocateHint={"gpu": {"selector": {"matchLabels": {"model": "a"}}}}).obj())  # fmt: skip
-    s.schedule_one(make_workload("v").req(cpu="1").request("koordinator.sh/rdma", "100").priority(1).set(
-        deviceAllocateHint={"rdma": {"selector": {"matchLabels": {"nic": "1"}}}}).obj())  # fmt: skip
+    s.schedule_one(
+        make_workload("h")
+        .req(cpu="1")
+        .request("nvidia.com/gpu", "1")
+        .priority(20)
+        .set(deviceAllocateHint={"gpu": {"selector": {"matchLabels": {"model": "a"}}}})
+        .obj()
+    )
+    s.schedule_one(
+        make_workload("v")
+        .req(cpu="1")
+        .request("koordinator.sh/rdma", "100")
+        .priority(1)
+        .set(deviceAllocateHint={"rdma": {"selector": {"matchLabels": {"nic": "1"}}}})
+        .obj()
+    )
     assert s.state.bindings["default/v"].devices["rdma"][0].minor == 1
     joint = {"deviceTypes": ["gpu", "rdma"], "requiredScope": "SamePCIe"}
     hi = make_workload("hi").req(cpu="1").request("nvidia.com/gpu", "1").request("koordinator.sh/rdma", "100")
@@ -187,17 +219,26 @@ EXPRESSES = [
     pytest.param({"requests": {"cpu": "1"}, "numaTopologyPolicy": "BestEffort"}, True, id="numa-best-effort"),
     # what it does not
     pytest.param({"requests": {"cpu": "2"}, "limits": {"cpu": "2"}, "qos": "LSR"}, False, id="exclusive-cpuset"),
-    pytest.param({"requests": {"cpu": "1"}, "resourceSpec": {"preferredCPUBindPolicy": "ConstrainedBurst"}},
-                 False, id="constrained-burst"),  # fmt: skip
+    pytest.param(
+        {"requests": {"cpu": "1"}, "resourceSpec": {"preferredCPUBindPolicy": "ConstrainedBurst"}},
+        False,
+        id="constrained-burst",
+    ),
     pytest.param({"requests": {"cpu": "1"}, "numaTopologyPolicy": "SingleNUMANode"}, False, id="single-numa"),
     pytest.param({"requests": {"cpu": "1"}, "numaTopologyPolicy": "Restricted"}, False, id="restricted"),
-    pytest.param({"requests": {"cpu": "1", **HALF}, "deviceAllocateHint": {"gpu": {"requiredTopologyScope": "PCIe"}}},
-                 False, id="device-hint"),  # fmt: skip
     pytest.param(
-        {"requests": {"cpu": "1", "nvidia.com/gpu": "1", "koordinator.sh/rdma": "100"},
-         "deviceJointAllocate": {"deviceTypes": ["gpu", "rdma"], "requiredScope": "SamePCIe"}},
-        False, id="joint",
-    ),  # fmt: skip
+        {"requests": {"cpu": "1", **HALF}, "deviceAllocateHint": {"gpu": {"requiredTopologyScope": "PCIe"}}},
+        False,
+        id="device-hint",
+    ),
+    pytest.param(
+        {
+            "requests": {"cpu": "1", "nvidia.com/gpu": "1", "koordinator.sh/rdma": "100"},
+            "deviceJointAllocate": {"deviceTypes": ["gpu", "rdma"], "requiredScope": "SamePCIe"},
+        },
+        False,
+        id="joint",
+    ),
 ]
 
 
@@ -232,8 +273,10 @@ def test_unresolvable_nodes_do_not_fill_the_candidate_list() -> None:
     # n20 (zone a) too. The preemptor selects zone a: the zone-b nodes could never take it (node selector), so
     # they are skipped rather than tried: the 16-candidate list is n20 alone, and n20's workload goes.
     names = [f"n{i:02d}" for i in range(21)]
-    nodes = [make_node(n).cpu("4").memory("8Gi").label("node", n).label("zone", "a" if n == "n20" else "b").obj()
-             for n in names]  # fmt: skip
+    nodes = [
+        make_node(n).cpu("4").memory("8Gi").label("node", n).label("zone", "a" if n == "n20" else "b").obj()
+        for n in names
+    ]
     s = Scheduler(ClusterState.from_nodes(nodes))
     for n in names:
         s.schedule_one(pinned(f"w-{n}", n, 4, 1))
