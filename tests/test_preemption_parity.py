@@ -33,7 +33,7 @@ def budget(app: str, min_available: int) -> dict[str, object]:
     return {"labels": {"app": app}, "disruptionBudget": {"minAvailable": min_available, "selector": {"app": app}}}
 
 
-# Item 1: pickOneNodeForPreemption's sum and SelectVictimsOnNode's violation count ------------------------------
+# pickOneNodeForPreemption's sum and SelectVictimsOnNode's violation count ------------------------------
 ORDER = [
     # pickOneNodeForPreemption, minSumPrioritiesScoreFunc: each victim's priority + MaxInt32 + 1. n1 evicts
     # {-100, 0, 0} (raw sum -100), n2 evicts {0, 0} (raw 0); tops are both 0. Offset sums: n1 3*2^31 - 100,
@@ -101,7 +101,7 @@ def test_violating_victims_counted_on_one_node() -> None:
     assert (len(p.victims), p.violations) == (3, 3)
 
 
-# Item 2: the exact path where the fast model cannot state a constraint -----------------------------------------
+# The exact path where the fast model cannot state a constraint -----------------------------------------
 def lsr(name: str, cpu: int, priority: int, **fields: object) -> Workload:
     w = make_workload(name).req(cpu=str(cpu), memory="1Gi").lim(cpu=str(cpu), memory="1Gi").priority(priority)
     return w.set(qos="LSR", **fields).obj()
@@ -267,7 +267,7 @@ def test_node_policy_makes_the_plan_exact() -> None:
     assert expresses(cycle, s.state, None, 0) is False
 
 
-# Item 6: unresolvable nodes are not preemption candidates (kube-scheduler: UnschedulableAndUnresolvable) --------
+# Unresolvable nodes are not preemption candidates (kube-scheduler: UnschedulableAndUnresolvable) --------
 def test_unresolvable_nodes_do_not_fill_the_candidate_list() -> None:
     # 20 nodes in zone b rank first (lowest index at the same priority level), each holding a prio-1 workload;
     # n20 (zone a) too. The preemptor selects zone a: the zone-b nodes could never take it (node selector), so
