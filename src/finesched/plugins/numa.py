@@ -84,7 +84,6 @@ from finesched.sched.request import ScheduleRequest
 from finesched.state.cluster import ClusterState
 from finesched.state.cpus import CPUAccounts
 
-
 #: Bound on NUMAAlign's memo of reserve decisions (cleared when full).
 _DECIDED_LIMIT = 4096
 

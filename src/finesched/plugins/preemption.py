@@ -26,7 +26,8 @@ the rules themselves are in plugins/preemption_rules.py):
    model only skipping checks it already answers no to (it is a relaxation of the exact step).
 4. Nodes are ranked as pickOneNodeForPreemption does (preemption_rules.NodePlan.key). Best
    first, the victims are checked with the real filters, reserve and pre_bind; when a model
-   plan fails that check, the node is planned again on the exact path.
+   plan fails that check, the node is planned again on the exact path and ranked again with
+   its exact victims.
 
 The result names the node, the victims and the preemptor's exact binding there; the scheduler
 applies it (sched/preempt.py). Nothing here changes the state.
@@ -34,6 +35,7 @@ applies it (sched/preempt.py). Nothing here changes the state.
 
 from __future__ import annotations
 
+import heapq
 import itertools
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -117,13 +119,16 @@ class DefaultPreemption:
             plan = self._plan_node(cycle, request, handle, i, need, rule, groups, rank, exact)
             if plan is not None:
                 plans.append(plan)
-        plans.sort(key=lambda p: p.key)
-        for plan in plans:
+        heap = [(plan.key, plan) for plan in plans]  # keys are unique: the rank ends each
+        heapq.heapify(heap)
+        while heap:
+            _, plan = heapq.heappop(heap)
             binding = plan.binding or handle.try_without(cycle, request, plan.node, plan.keys)
-            if binding is None and not plan.exact:  # the model missed a constraint: plan the node exactly
-                plan = self._plan_node(cycle, request, handle, plan.node, need, rule, groups, plan.rank, True)
-                binding = None if plan is None else plan.binding
-            if plan is None or binding is None:
+            if binding is None:
+                if not plan.exact:  # the model missed a constraint: plan the node exactly, rank it again
+                    exact = self._plan_node(cycle, request, handle, plan.node, need, rule, groups, plan.rank, True)
+                    if exact is not None:
+                        heapq.heappush(heap, (exact.key, exact))
                 continue
             reasons = {m.key: u.reason for u in plan.victims for m in u.members}
             victims = tuple(m.binding for u in plan.victims for m in u.members)

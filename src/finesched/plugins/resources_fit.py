@@ -43,8 +43,8 @@ class ResourcesFit:
 
     @staticmethod
     def _explain(request: ScheduleRequest, nodes: NodeBatch) -> Explanation:
-        """"insufficient <name>" per short resource; unresolvable on the nodes whose allocatable is
-        below the request (kube-scheduler's Fit does the same per node)."""
+        """One reason per short resource, "insufficient <name>"; unresolvable on the nodes whose
+        allocatable is below the request (kube-scheduler's Fit does the same per node)."""
         state = nodes.state
         out: dict[str, tuple[np.ndarray, Code | np.ndarray]] = {
             f"insufficient {name} (no node offers it)": (np.ones(nodes.n, dtype=bool), Code.UNRESOLVABLE)
