@@ -88,6 +88,18 @@ CASES = [
         ("node(s) cannot fit the request on a single NUMA node (NUMAAlign)", True),
         id="numa-policy-no-zone-can-meet",
     ),
+    # NUMAAlign with devices: x has 2 GPUs per NUMA node, the workload asks 3 on one -> never; y has 4 per NUMA
+    # node, 3 of each held: resolvable (its DeviceShare reason, "insufficient free GPUs", is resolvable too).
+    pytest.param(
+        labelled(make_node("x").cpu("8").memory("8Gi").topology(1, 2, 4, 1).numa(2, "4Gi").gpus(4, numa=[0, 0, 1, 1])),
+        labelled(
+            make_node("y").cpu("8").memory("8Gi").topology(1, 2, 4, 1).numa(2, "4Gi").gpus(8, numa=[0] * 4 + [1] * 4)
+        ),
+        {"y": {"nvidia.com/gpu": "6"}},
+        make_workload("w").req(cpu="1").request("nvidia.com/gpu", "3").set(numaTopologyPolicy="SingleNUMANode").obj(),
+        ("node(s) cannot fit the request on a single NUMA node (NUMAAlign)", True),
+        id="numa-policy-devices-no-zone-can-meet",
+    ),
 ]
 
 

@@ -165,30 +165,41 @@ class NUMAAlign:
         """The checks with "cannot fit on a single NUMA node" unresolvable where no NUMA node of the
         node could hold cpu, memory and the devices even idle (per node: the module docstring)."""
         failed, _ = checks[SINGLE_NUMA]
+        at = np.flatnonzero(failed)
         never = np.zeros(nodes.n, dtype=bool)
-        for k in np.flatnonzero(failed).tolist():
-            never[k] = not self._single_numa_possible(cycle, req, nodes.node(k))
+        never[at] = ~self._single_numa_possible(cycle, req, at if nodes.index is None else nodes.index[at])
         return {**checks, SINGLE_NUMA: (failed, never)}
 
-    def _single_numa_possible(self, cycle: CycleState, req: CPURequest, node: int) -> bool:
-        """Whether some NUMA node of `node`, idle, could hold the whole request (capacities only)."""
-        view = self.accounts.view(node)
-        ok = [True] * len(view.numa_ids)
-        if req.cpu_milli > 0 and self.accounts.topo[node] is not None:
-            ok = [o and c >= req.cpu_milli for o, c in zip(ok, view.cpu_cap, strict=True)]
-        if req.memory > 0 and view.mem_cap is not None:
-            ok = [o and m >= req.memory for o, m in zip(ok, view.mem_cap, strict=True)]
+    def _single_numa_possible(self, cycle: CycleState, req: CPURequest, rows: np.ndarray) -> np.ndarray:
+        """[len(rows)] whether some NUMA node of each node, idle, could hold the whole request: the
+        SingleNUMANode filter's conditions (cpu_prefilter.numa_checks) on capacities, not free amounts."""
+        acc = self.accounts
+        ok = acc.numa_valid[rows].copy()  # [rows, NUMA slots]
+        if req.cpu_milli > 0:
+            ok &= (acc.numa_cpu_cap[rows] >= req.cpu_milli) | ~acc.has_topo[rows][:, None]
+        if req.memory > 0:
+            ok &= (acc.numa_mem_cap[rows] >= req.memory) | ~acc.mem_tracked[rows][:, None]
         found = device_request(cycle, self.state)
-        if found is not None and self.state is not None:
-            dreq, devices = found
-            for kind, tr in dreq.types.items():
+        if found is None or self.state is None:
+            return ok.any(axis=1)
+        dreq, devices = found
+        numa_id = acc.numa_id[rows]
+        for kind, tr in dreq.types.items():
+            typed = devices.types.get(kind)
+            if typed is None:
+                return np.zeros(len(rows), dtype=bool)
+            if tr.hint is None:
+                total = typed.total[:, rows]
+                fits = fit_mask(compile_rule(tr, typed.dims), total, total, typed.valid[rows])  # idle cards
+                same = fits[:, None, :] & (typed.numa[rows][:, None, :] == numa_id[:, :, None])
+                ok &= same.sum(axis=2) >= tr.count
+                continue
+            for r, node in enumerate(rows.tolist()):  # a hint's verdict is taken per node (hints.py)
                 nd = devices.node_devices(node, kind, copy=False)
-                if nd is None:
-                    return False
-                counts = idle_counts(tr, nd, device_labels(self.state.nodes[node], kind))
-                holds = counts.holds(counts.available)
-                ok = [o and holds(frozenset((n,))) for o, n in zip(ok, view.numa_ids, strict=True)]
-        return any(ok)
+                counts = None if nd is None else idle_counts(tr, nd, device_labels(self.state.nodes[node], kind))
+                holds = counts.holds(counts.available) if counts is not None else (lambda _mask: False)
+                ok[r] &= [holds(frozenset((int(n),))) for n in numa_id[r]]
+        return ok.any(axis=1)
 
     def reserve(self, cycle: CycleState, request: ScheduleRequest, node: int) -> Status:
         req = cpu_request(cycle, request.workload, request.shape)
