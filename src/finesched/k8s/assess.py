@@ -79,7 +79,7 @@ class Assessment:
 
 def _attribute(results: Sequence[tuple[FilterPlugin, FilterResult]], feasible: npt.NDArray[np.bool_]) -> dict:
     """Each rejected node's reasons from the first filter that rejected it (joined with "; "), the rule
-    of sched/diagnosis.py. Unresolvable when some filter rejects it for UNRESOLVABLE reasons only
+    of sched/diagnosis.py. Unresolvable when some filter rejects it for a reason UNRESOLVABLE on it
     (then no preemption helps, whatever the first filter said; diagnosis.unresolvable_nodes); every
     such filter's reasons are added. Codes are per node, so a node's answer never depends on the others."""
     out: dict[int, tuple[str, bool]] = {}
@@ -89,16 +89,16 @@ def _attribute(results: Sequence[tuple[FilterPlugin, FilterResult]], feasible: n
         if not rejected.any():
             continue
         texts: dict[int, list[str]] = {}
-        resolvable: set[int] = set()
+        never: set[int] = set()
         explanation = result.explain() if result.explain is not None else {}
         for reason, (mask, code) in explanation.items():
             hit = rejected & mask
             for i in np.flatnonzero(hit).tolist():
                 texts.setdefault(i, []).append(reason)
-            resolvable.update(np.flatnonzero(hit & ~unresolvable_where(code, n)).tolist())
+            never.update(np.flatnonzero(hit & unresolvable_where(code, n)).tolist())
         for i in np.flatnonzero(rejected).tolist():
             given = texts.get(i)
-            final = given is not None and i not in resolvable
+            final = i in never
             text = f"{'; '.join(given)} ({plugin.NAME})" if given else f"rejected by {plugin.NAME}"
             before = out.get(i)
             if before is None:

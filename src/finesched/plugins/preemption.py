@@ -37,10 +37,11 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Iterator, Mapping
+from collections.abc import Hashable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from finesched.errors import ValidationError
 from finesched.model.binding import Binding
@@ -58,6 +59,9 @@ from finesched.sched.request import ScheduleRequest
 from finesched.state.cluster import ClusterState
 from finesched.state.device_types import NodeDevices
 
+#: Request shapes whose unresolvable verdicts are kept (all dropped when full).
+_VERDICT_SHAPES = 256
+
 
 class DefaultPreemption:
     """The post_filter plugin (module docstring); also records gang, labels and budget on bindings."""
@@ -68,6 +72,11 @@ class DefaultPreemption:
         self.candidates = candidates
         self.state: ClusterState | None = None
         self.index = PreemptionIndex()
+        #: Unresolvable verdicts per request shape (int8 per node: -1 not asked yet, 0 no, 1 yes). A
+        #: verdict reads only the node's own fixed properties (diagnosis.unresolvable_nodes), never
+        #: what is bound, so it holds until the node set changes (`nodes_version`).
+        self._verdicts: dict[Hashable, npt.NDArray[np.int8]] = {}
+        self._verdicts_version = -1
 
     @classmethod
     def from_args(cls, args: Mapping[str, Any]) -> DefaultPreemption:
@@ -143,16 +152,34 @@ class DefaultPreemption:
         Asked in growing chunks (16, 32, ...): usually the first chunk has no unresolvable node
         and one small filter pass decides.
         """
+        verdicts = self._verdicts_of(request)
         picked: list[int] = []
         chunk = self.candidates
         while len(picked) < self.candidates:
             nodes = np.fromiter(itertools.islice(ranked, chunk), dtype=np.intp)
             if len(nodes) == 0:
                 break
-            never = handle.unresolvable(cycle, request, nodes)
-            picked += nodes[~never].tolist()
+            unknown = nodes[verdicts[nodes] < 0]
+            if len(unknown):
+                verdicts[unknown] = handle.unresolvable(cycle, request, unknown)
+            picked += nodes[verdicts[nodes] == 0].tolist()
             chunk *= 2
         return picked[: self.candidates]
+
+    def _verdicts_of(self, request: ScheduleRequest) -> npt.NDArray[np.int8]:
+        """The unresolvable verdicts kept for the request's shape (a fresh array when it has none)."""
+        state = self.state
+        assert state is not None
+        if self._verdicts_version != state.nodes_version:
+            self._verdicts, self._verdicts_version = {}, state.nodes_version
+        if request.shape is None:
+            return np.full(state.n, -1, dtype=np.int8)
+        verdicts = self._verdicts.get(request.shape)
+        if verdicts is None:
+            if len(self._verdicts) >= _VERDICT_SHAPES:
+                self._verdicts.clear()
+            verdicts = self._verdicts[request.shape] = np.full(state.n, -1, dtype=np.int8)
+        return verdicts
 
     def _free(self, name: str, n: int) -> np.ndarray:
         state = self.state
@@ -319,27 +346,51 @@ class DefaultPreemption:
         ordered = reprieve_order(units, groups)
         binding = None
         if exact:
-            binding = handle.try_without(cycle, request, node, [k for u in ordered for k in u.keys])
-            if binding is None:
+            found = self._reprieve_exactly(cycle, request, handle, node, ordered, model)
+            if found is None:
                 return None
-        victims = list(ordered)
-        for unit in ordered:
-            model.apply(unit.amounts, unit.grants, -1)
-            rest = [u for u in victims if u is not unit]
-            fits = model.fits()
-            if fits and exact:
-                trial = handle.try_without(cycle, request, node, [k for u in rest for k in u.keys]) if rest else None
-                fits = trial is not None
-                binding = binding if trial is None else trial
-            if fits:
-                victims = rest
-            else:
-                model.apply(unit.amounts, unit.grants, +1)
-        if not victims:  # the model fits it with nobody evicted, which the filters refused
-            return self._plan_node(cycle, request, handle, node, need, rule, groups, rank, True)
+            victims, binding = found
+        else:
+            victims = []
+            for unit in ordered:
+                model.apply(unit.amounts, unit.grants, -1)
+                if not model.fits():
+                    model.apply(unit.amounts, unit.grants, +1)
+                    victims.append(unit)
+            if not victims:  # the model fits it with nobody evicted, which the filters refused
+                return self._plan_node(cycle, request, handle, node, need, rule, groups, rank, True)
         if not reclaim_keeps_min(victims, request.workload.priority, rule):
             return None
         return NodePlan(node, victims, rank, binding, exact)
+
+    @staticmethod
+    def _reprieve_exactly(
+        cycle: CycleState,
+        request: ScheduleRequest,
+        handle: PreemptionHandle,
+        node: int,
+        ordered: list[Unit],
+        model: NodeModel,
+    ) -> tuple[list[Unit], Binding] | None:
+        """SelectVictimsOnNode with the real filters: (victims, the preemptor's binding without them),
+        or None when it does not fit even with every unit out. `model` has every unit out; a unit
+        the model says cannot come back stays out without an exact check."""
+        binding = handle.try_without(cycle, request, node, [k for u in ordered for k in u.keys])
+        if binding is None:
+            return None
+        reprieved: set[int] = set()  # ids of the units offered back and kept
+        for unit in ordered:
+            model.apply(unit.amounts, unit.grants, -1)
+            trial = None
+            if model.fits():
+                rest = [k for u in ordered if u is not unit and id(u) not in reprieved for k in u.keys]
+                trial = handle.try_without(cycle, request, node, rest) if rest else None
+            if trial is None:
+                model.apply(unit.amounts, unit.grants, +1)
+            else:
+                reprieved.add(id(unit))
+                binding = trial
+        return [u for u in ordered if id(u) not in reprieved], binding
 
 
 def _no_devices(kind: str) -> NodeDevices:

@@ -118,12 +118,15 @@ def diagnose(
 
 
 def unresolvable_nodes(results: Sequence[tuple[FilterPlugin, FilterResult]], n: int) -> BoolArray:
-    """[n] True where some filter rejects the node for UNRESOLVABLE reasons only.
+    """[n] True where a filter rejects the node for a reason that is UNRESOLVABLE on it.
 
-    Such a node could not fit the workload even with every workload on it gone, so preemption
-    skips it and the Kubernetes extender reports it in FailedAndUnresolvableNodes. The answer for
-    a node reads only that node's verdicts (explanation codes are per node), so adding or changing
-    another node never changes it. A rejection without reasons counts as resolvable.
+    Such a node could not fit the workload even with every workload on it gone (one condition no
+    eviction can change is enough, as kube-scheduler's Fit returns UnschedulableAndUnresolvable
+    when any insufficient resource is), so preemption skips it and the Kubernetes extender
+    reports it in FailedAndUnresolvableNodes. The answer for a node reads only that node's
+    verdicts (explanation codes are per node) and only conditions of the node itself, so adding
+    or changing another node, or binding and releasing workloads, never changes it. A rejection
+    without reasons counts as resolvable.
     """
     explained = []
     for _plugin, result in results:
@@ -136,11 +139,6 @@ def unresolvable_nodes(results: Sequence[tuple[FilterPlugin, FilterResult]], n: 
 def _unresolvable(explained: Sequence[tuple[BoolArray, Mapping]], n: int) -> BoolArray:
     out = np.zeros(n, dtype=bool)
     for rejected, explanation in explained:
-        covered = np.zeros(n, dtype=bool)
-        resolvable = np.zeros(n, dtype=bool)
         for mask, code in explanation.values():
-            hit = rejected & mask
-            covered |= hit
-            resolvable |= hit & ~unresolvable_where(code, n)
-        out |= rejected & covered & ~resolvable
+            out |= rejected & mask & unresolvable_where(code, n)
     return out

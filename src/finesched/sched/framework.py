@@ -292,7 +292,7 @@ class PreemptionHandle(Protocol):
 
     def unresolvable(self, cycle: CycleState, request: ScheduleRequest, nodes: IndexArray) -> BoolArray:
         """[len(nodes)] True where the workload could not fit on that node even with every workload
-        on it gone (some filter rejects it for unresolvable reasons only): no eviction helps there,
+        on it gone (a filter rejects it for a reason unresolvable there): no eviction helps there,
         whatever the other nodes are (kube-scheduler's UnschedulableAndUnresolvable)."""
         ...
 
