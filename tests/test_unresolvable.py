@@ -179,7 +179,7 @@ def unresolvable_of(spec: list[tuple[int, int, int, int]], w: Workload) -> list[
     cpu=st.integers(1, 8),
     gpu=st.sampled_from([None, "20Gi", "60Gi"]),
 )
-def test_adding_an_unrelated_node_changes_no_answer(nodes, extra, cpu, gpu) -> None:
+def test_adding_an_unrelated_node_or_a_load_changes_no_answer(nodes, extra, cpu, gpu) -> None:
     w = make_workload("w").req(cpu=str(cpu))
     if gpu:
         w = with_requests(w, {"koordinator.sh/gpu-core": "10", "koordinator.sh/gpu-memory": gpu})
@@ -188,6 +188,8 @@ def test_adding_an_unrelated_node_changes_no_answer(nodes, extra, cpu, gpu) -> N
     after = unresolvable_of([*nodes, extra], workload)
     assert after[: len(nodes)] == before
     assert before == [unresolvable_of([spec], workload)[0] for spec in nodes]
+    # nor does what is bound: the verdict reads the node's fixed properties (preemption keeps it per shape)
+    assert before == unresolvable_of([(alloc, 0, gib, 0) for alloc, _, gib, _ in nodes], workload)
     # and it means what it says: unresolvable exactly where the node could not fit the workload even idle
     for (alloc, _, gib, _), never in zip(nodes, before, strict=True):
         idle_fits = cpu <= alloc and (gpu is None or (gib > 0 and int(gpu[:-2]) <= gib))
