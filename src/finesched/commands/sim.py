@@ -50,6 +50,13 @@ sim_app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+#: `fill` and `replay` alike: a pod that fits nowhere may evict lower-priority ones, and seeded priority classes.
+PreemptionFlag = Annotated[
+    bool, typer.Option("--preemption", help="A pod that fits nowhere may evict lower-priority running pods.")
+]
+PriorityMix = Annotated[
+    str, typer.Option("--priorities", help="Priority mix: weights of classes 0,1,... (e.g. 60,30,10).")
+]
 out = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
 
@@ -175,12 +182,8 @@ def fill(
     lp: Annotated[
         bool | None, typer.Option("--lp-bound/--no-lp-bound", help="Compute the LP upper bound (default: with --out).")
     ] = None,
-    preemption: Annotated[
-        bool, typer.Option("--preemption", help="An arrival that fits nowhere may evict lower-priority pods.")
-    ] = False,
-    priorities: Annotated[
-        str, typer.Option("--priorities", help="Priority mix: weights of classes 0,1,... (e.g. 60,30,10).")
-    ] = "",
+    preemption: PreemptionFlag = False,
+    priorities: PriorityMix = "",
 ) -> None:
     """Fill protocol of the FGD paper: allocation rate at 90-130 % arrived GPU demand, per policy and seed."""
     try:
@@ -318,12 +321,8 @@ def replay(
     jobs: Annotated[int, typer.Option("--jobs", "-j", help="Parallel worker processes.")] = 1,
     out_dir: Annotated[Path | None, typer.Option("--out", help="Write CSV, JSON, PNG and HTML here.")] = None,
     output: Annotated[str, typer.Option("--output", "-o", help="table or json.")] = "table",
-    preemption: Annotated[
-        bool, typer.Option("--preemption", help="A waiting pod may evict lower-priority running pods.")
-    ] = False,
-    priorities: Annotated[
-        str, typer.Option("--priorities", help="Priority mix: weights of classes 0,1,... (e.g. 60,30,10).")
-    ] = "",
+    preemption: PreemptionFlag = False,
+    priorities: PriorityMix = "",
 ) -> None:
     """Replay pods by their timestamps (arrive, run, leave; waiting pods queue with DRF by QoS class)."""
     try:

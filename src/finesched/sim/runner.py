@@ -84,18 +84,14 @@ def execute(spec: RunSpec, progress: Callable[[int, int], None] | None = None) -
     """Run one spec in this process; the result row plus what plots need."""
     nodes, pods = _nodes(spec.nodes), _pods(spec.pods)
     target = metrics.target_workload(pods)
+    common: dict[str, Any] = {
+        "target": target,
+        "progress": progress,
+        "preemption": spec.preemption,
+        "priorities": spec.priorities,
+    }
     if spec.mode == "fill":
-        run = run_fill(
-            nodes,
-            pods,
-            spec.policy,
-            spec.seed,
-            spec.inflation,
-            target=target,
-            progress=progress,
-            preemption=spec.preemption,
-            priorities=spec.priorities,
-        )
+        run = run_fill(nodes, pods, spec.policy, spec.seed, spec.inflation, **common)
         xs = list(range(CURVE_MAX + 1))
         curves = {
             "x": xs,
@@ -104,17 +100,7 @@ def execute(spec: RunSpec, progress: Callable[[int, int], None] | None = None) -
             "frag_ratio": list(metrics.bin_at(run.arrived, run.frag_ratio, xs).values()),
         }
         return {"record": run.record(), "curves": curves}
-    replay = run_replay(
-        nodes,
-        pods,
-        spec.policy,
-        spec.seed,
-        spec.time_scale,
-        target=target,
-        progress=progress,
-        preemption=spec.preemption,
-        priorities=spec.priorities,
-    )
+    replay = run_replay(nodes, pods, spec.policy, spec.seed, spec.time_scale, **common)
     # The plot shows the arrival window (and a little after): long-running pods leave much later.
     shown = replay.times <= replay.last_arrival * 1.1 + 1.0
     times, alloc, queued = replay.times[shown], replay.alloc[shown], replay.queued[shown]
