@@ -258,7 +258,7 @@ class Preemption:
     `binding` is the preemptor's exact binding on the state minus the victims (devices, cpuset,
     NUMA), checked with the profile's real filters and reserve; `reason` says why each victim
     may go ("priority 5 < 10", or "reclaim: tenant b borrows above its min"). `violations` is
-    how many disruption budgets the eviction breaks.
+    how many victims break a disruption budget by their eviction (kube-scheduler's NumPDBViolations).
     """
 
     preemptor: str
