@@ -240,7 +240,7 @@ class DefaultPreemption:
                 ok &= fit_mask(rule, free, acc.total[:, :n], acc.healthy[:n]).sum(axis=1) >= tr.count
             fresh = ok & ~seen
             seen |= ok
-            yield from np.flatnonzero(fresh).tolist()
+            yield from map(int, np.flatnonzero(fresh))  # lazily: the caller takes a few
 
     def _device_inputs(self, cycle: CycleState, n: int) -> list[tuple[Any, Any, np.ndarray]] | None:
         """(type request, type accounts, a copy of free [K, n, D]) per requested device type; None
