@@ -128,12 +128,11 @@ def reprieve_order(units: list[Unit], groups: list[tuple[Any, set[str]]]) -> lis
     disruption, b finds none left: b is violating and is offered back first.
     """
     ordered = sorted(units, key=lambda u: (-u.priority, u.start))
-    for unit in ordered:
-        unit.violating = 0
     if not groups:
-        return ordered
+        return ordered  # units are built fresh for each node: `violating` is 0
     allowed = [len(members) - budget.min_available for budget, members in groups]
     for unit in ordered:
+        unit.violating = 0
         for m in sorted(unit.members, key=lambda m: (-m.priority, m.seq)):
             broken = False
             for g, (_, members) in enumerate(groups):
