@@ -59,8 +59,8 @@ class TypeCounts:
     need: int  # devices the request takes
     numa: npt.NDArray[np.int64]  # [d] NUMA id per device (-1: none)
     groups: npt.NDArray[np.int64]  # [d] scope group per device (all 0 without a scope)
-    available: BoolArray  # [d] may be taken now
-    capacity: BoolArray  # [d] could be taken on an idle node
+    available: BoolArray  # [d] may be taken now (fits one instance; with a hint: admitted by it)
+    capacity: BoolArray  # [d] counts towards the node's capacity: healthy (with a hint: and matching)
 
     def holds(self, usable: BoolArray) -> Holds:
         """Whether a NUMA set has `need` `usable` devices in one scope group."""
