@@ -18,7 +18,7 @@ from finesched.sched.diagnosis import FitError
 from finesched.server.auth import ADMIN, TENANT
 from finesched.server.cluster_view import binding_view
 from finesched.server.context import Caller, Ctx
-from finesched.server.placement import commit_after_write, insert_bound, log_own
+from finesched.server.placement import commit_after_write, insert_bound, leader_write, log_own
 from finesched.server.store import Conflict
 from finesched.server.views import InputError, canonical, invalid, parse_kind
 
@@ -57,7 +57,7 @@ def submit_job(body: JobBody, ctx: Ctx, caller: Caller) -> dict[str, Any]:
         if bindings:
 
             def write() -> None:
-                with ctx.store.write() as conn:
+                with leader_write(ctx.loop) as conn:
                     log_own(
                         ctx.loop, conn, insert_bound(conn, workloads, bindings, job=job_key, why=f" (job {job_key})")
                     )

@@ -37,6 +37,7 @@ from finesched.sched.scheduler import Scheduler
 from finesched.server.cluster_view import binding_from_row, node_from_row, tenant_from_row, workload_from_row
 from finesched.server.feed import FeedCursor
 from finesched.server.lease import Lease, LostLease
+from finesched.server.locking import LoopLock
 from finesched.server.metrics import Metrics, cluster_figures
 from finesched.server.store import HOLDING, PENDING, REJECTED, Event, NotFound, Store
 from finesched.server.upkeep import HeartbeatMonitor, WaitingReasons
@@ -75,7 +76,10 @@ class SchedulerLoop:
         self.metrics = metrics or Metrics()
         self.lease = Lease(store, self.config.lease_ttl_s, self.config.holder)
         #: Guards `scheduler` (and its state) between the loop thread and API handlers that read it.
-        self.lock = threading.RLock()
+        #: Taken before the store's writer, never inside a write transaction (server/locking.py).
+        self.lock = LoopLock()
+        #: A leaf lock for `_own_events` alone: event ids are recorded inside write transactions.
+        self._own_lock = threading.Lock()
         self.scheduler: Scheduler | None = None
         self.queued: dict[str, Queued] = {}
         self._feed = FeedCursor(0)
@@ -205,7 +209,9 @@ class SchedulerLoop:
         with self.lock:
             self.scheduler = scheduler
             self.queued = queued
-            self._feed, self._own_events = FeedCursor(cursor), set()
+            self._feed = FeedCursor(cursor)
+            with self._own_lock:
+                self._own_events = set()
         log.info("scheduler state rebuilt: %d nodes, %d bindings, %d queued", state.n, len(state.bindings), len(queued))
         # The rebuilt state is millions of long-lived objects: keep the collector from walking them
         # on every full collection (a multi-second pause of every thread on a large cluster).
@@ -223,14 +229,15 @@ class SchedulerLoop:
         queued[key] = Queued(row["id"], row["version"], workload, row["created"].timestamp())
 
     def own(self, event_ids: Iterable[int]) -> None:
-        """Events this process wrote and already applied: the feed skips them."""
-        with self.lock:
+        """Events this process wrote and already applied: the feed skips them. Safe inside a write
+        transaction (it takes only a leaf lock)."""
+        with self._own_lock:
             self._own_events.update(event_ids)
 
     def submitted(self, rows: Iterable[tuple[int, Workload]], event_ids: Iterable[int]) -> None:
         """Workloads this process just stored as Pending (id, workload): queue them without a reload."""
+        self.own(event_ids)
         with self.lock:
-            self._own_events.update(event_ids)
             scheduler = self.scheduler
             if scheduler is not None:
                 for workload_id, workload in rows:
@@ -293,7 +300,7 @@ class SchedulerLoop:
                     apply_encoded_updates(state, {name: encoded})
             except (ValidationError, StateError, EncodedUpdateError) as exc:
                 log.warning("node %s: change not applied: %s", name, exc)
-                self._own_events.update(self.store.note([Event("Node", name, "UpdateRefused", str(exc))]))
+                self.own(self.store.note([Event("Node", name, "UpdateRefused", str(exc))]))
                 return
             scheduler.queue.cluster_changed()
 
@@ -401,8 +408,8 @@ class SchedulerLoop:
         conflicted = set(conflicts)
         stamp = time.time()
         bound, victims = 0, []
+        self.own(event_ids)
         with self.lock:
-            self._own_events.update(event_ids)
             scheduler = self.scheduler
             for entry, binding in decisions:
                 key = binding.workload

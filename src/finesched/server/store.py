@@ -9,7 +9,8 @@ when the object is gone. Rows come back as plain dicts (no ORM objects leak out)
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -19,6 +20,7 @@ from sqlalchemy.exc import IntegrityError
 
 from finesched.server import schema as t
 from finesched.server.db import Engines, open_engines
+from finesched.server.locking import writing
 
 PENDING, BOUND, RUNNING, SUCCEEDED, FAILED, REJECTED = "Pending", "Bound", "Running", "Succeeded", "Failed", "Rejected"
 PHASES = (PENDING, BOUND, RUNNING, SUCCEEDED, FAILED, REJECTED)
@@ -81,8 +83,12 @@ class Store:
         self.engines.dispose()
 
     # Transactions ------------------------------------------------------------------------------------
-    def write(self) -> Any:
-        return self.engines.writer.begin()
+    @contextmanager
+    def write(self) -> Iterator[Connection]:
+        """A write transaction: committed when the block ends, rolled back if it raises. Inside it
+        the loop's lock may not be taken (server/locking.py: the loop's lock first, then the writer)."""
+        with writing(), self.engines.writer.begin() as conn:
+            yield conn
 
     def read(self) -> Any:
         return self.engines.reader.connect()
