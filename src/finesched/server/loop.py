@@ -35,7 +35,7 @@ from finesched.sched.diagnosis import FitError, InvalidRequest
 from finesched.sched.framework import Preemption
 from finesched.sched.scheduler import Scheduler
 from finesched.server.cluster_view import binding_from_row, node_from_row, tenant_from_row, workload_from_row
-from finesched.server.feed import FeedCursor
+from finesched.server.feed import FeedCursor, read_changes, touched
 from finesched.server.lease import Lease, LostLease
 from finesched.server.locking import LoopLock
 from finesched.server.metrics import Metrics, cluster_figures
@@ -257,36 +257,43 @@ class SchedulerLoop:
 
     # Change feed -----------------------------------------------------------------------------------
     def _follow_feed(self) -> None:
+        """Apply what other writers changed: the objects of one poll are read together (feed.py)."""
         events = self._feed.read(self.store, limit=5000)
         if not events:
             return
-        touched: dict[tuple[str, str], None] = {}
-        with self.lock:
-            for event in events:
-                if event["id"] in self._own_events:
-                    self._own_events.discard(event["id"])
-                    continue
-                touched[(event["kind"], event["object"])] = None
-        for kind, obj in touched:
-            if kind == "Node":
-                self.reconcile_node(obj)
-            elif kind == "Workload":
-                self.reconcile_workload(obj)
-            elif kind == "Tenant":
-                self.reconcile_tenant(obj)
+        with self._own_lock:
+            objects = touched(events, self._own_events)
+        changes = read_changes(self.store, objects)
+        capacity_changed = False
+        for name, row in changes.nodes.items():
+            capacity_changed |= self._apply_node(name, row)
+        if capacity_changed:
+            with self.lock:
+                if self.scheduler is not None:
+                    self.scheduler.queue.cluster_changed()
+        for key, row in changes.workloads.items():
+            self._apply_workload(key, row)
+        for name, row in changes.tenants.items():
+            self._apply_tenant(name, row)
 
     def reconcile_node(self, name: str) -> None:
-        row = self.store.find_node(name)
+        if self._apply_node(name, self.store.find_node(name)):
+            with self.lock:
+                if self.scheduler is not None:
+                    self.scheduler.queue.cluster_changed()
+
+    def _apply_node(self, name: str, row: dict[str, Any] | None) -> bool:
+        """Bring node `name` in line with its store row (None: deleted); True when it may have room now."""
         with self.lock:
             scheduler = self.scheduler
             if scheduler is None:
-                return
+                return False
             state = scheduler.state
             if row is None:
                 if name in state.index:
                     for binding in state.remove_node(name, force=True):  # the store requeued them
                         self.queued.pop(binding.workload, None)
-                return
+                return False
             try:
                 node = node_from_row(row)
                 if name in state.index:
@@ -301,11 +308,14 @@ class SchedulerLoop:
             except (ValidationError, StateError, EncodedUpdateError) as exc:
                 log.warning("node %s: change not applied: %s", name, exc)
                 self.own(self.store.note([Event("Node", name, "UpdateRefused", str(exc))]))
-                return
-            scheduler.queue.cluster_changed()
+                return False
+            return True
 
     def reconcile_workload(self, key: str) -> None:
-        row = self.store.find_workload(*key.split("/", 1))
+        self._apply_workload(key, self.store.find_workload(*key.split("/", 1)))
+
+    def _apply_workload(self, key: str, row: dict[str, Any] | None) -> None:
+        """Bring workload `key` in line with its store row (None: deleted)."""
         with self.lock:
             scheduler = self.scheduler
             if scheduler is None:
@@ -339,8 +349,17 @@ class SchedulerLoop:
 
     def reconcile_tenant(self, name: str) -> None:
         try:
-            tenant = tenant_from_row(self.store.get_tenant(name))
-        except (NotFound, ValidationError):
+            row: dict[str, Any] | None = self.store.get_tenant(name)
+        except NotFound:
+            row = None
+        self._apply_tenant(name, row)
+
+    def _apply_tenant(self, name: str, row: dict[str, Any] | None) -> None:
+        if row is None:
+            return
+        try:
+            tenant = tenant_from_row(row)
+        except ValidationError:
             return
         with self.lock:
             if self.scheduler is not None:
