@@ -631,14 +631,14 @@ def _phases(target: Server, watcher: Watcher, args: argparse.Namespace, gpus: bo
     """The phases of one run, each a callable returning its Phase; requests go to `target`."""
     if gpus:
         docs = manifests(args.workloads, "gpu", 11, gpu_share=0.4)
-        return [lambda: run_closed(target, watcher, "batched-gpu", docs, args.batch, args.batch_clients)]
+        return [lambda: run_closed(target, watcher, "batched-gpu", docs, args.batch, args.batch_clients)]  # fmt: skip
     batched = manifests(args.workloads, "batch", 11)
     singles = manifests(args.singles, "single", 12)
     opened = manifests(int(args.rate * args.seconds), "open", 13)
     phases = [
-        lambda: run_closed(target, watcher, "batched", batched, args.batch, args.batch_clients),
-        lambda: run_closed(target, watcher, "single", singles, 1, args.clients),
-        lambda: run_open(target, watcher, "latency", opened, args.rate),
+        ("batched", lambda: run_closed(target, watcher, "batched", batched, args.batch, args.batch_clients)),
+        ("single", lambda: run_closed(target, watcher, "single", singles, 1, args.clients)),
+        ("latency", lambda: run_open(target, watcher, "latency", opened, args.rate)),
     ]
     if args.api_nodes:
         burst = manifests(args.burst, "burst", 14)
@@ -648,8 +648,8 @@ def _phases(target: Server, watcher: Watcher, args: argparse.Namespace, gpus: bo
             print(f"  {args.api_nodes} nodes registered through the API in {took:.1f}s; the burst follows at once")
             return run_closed(target, watcher, "burst-after-nodes", burst, args.batch, args.batch_clients)
 
-        phases.append(after_nodes)
-    return phases
+        phases.append(("burst-after-nodes", after_nodes))
+    return [run for name, run in phases if not args.phases or name in args.phases.split(",")]
 
 
 def format_row(r: dict[str, Any]) -> str:
@@ -708,6 +708,7 @@ def main() -> None:
         help="burst-after-nodes phase: nodes registered through the API first (0: no such phase)",
     )
     parser.add_argument("--burst", type=int, default=2_000, help="burst-after-nodes phase: workloads")
+    parser.add_argument("--phases", default="", help="run only these scalar phases (comma-separated names)")
     parser.add_argument("--replicas", default="1", help="comma-separated: 1, 2 (a follower takes every request)")
     parser.add_argument("--breakdown", action="store_true", help="split server CPU time: core / store / rest")
     parser.add_argument("--lease-ttl", type=float, default=10.0,

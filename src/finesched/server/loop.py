@@ -82,6 +82,8 @@ class SchedulerLoop:
         self._own_lock = threading.Lock()
         self.scheduler: Scheduler | None = None
         self.queued: dict[str, Queued] = {}
+        #: (created, version) of the node rows the state reflects: a row seen again unchanged is skipped.
+        self._node_rows: dict[str, tuple[Any, int]] = {}
         self._feed = FeedCursor(0)
         self._own_events: set[int] = set()
         cfg = self.config
@@ -185,10 +187,12 @@ class SchedulerLoop:
         cursor = self.store.last_event_id()  # changes after this are replayed by the feed (idempotent)
         renew = self._renew_while_busy(self.config.lease_ttl_s / 3)
         state = ClusterState()
+        node_rows: dict[str, tuple[Any, int]] = {}
         for row in self.store.list_nodes():
             renew()
             try:
                 state.add_node(node_from_row(row))
+                node_rows[row["name"]] = (row["created"], row["version"])
             except (ValidationError, StateError) as exc:
                 log.error("node %s cannot be loaded: %s", row["name"], exc)
         tenants = [tenant_from_row(r) for r in self.store.list_tenants()]
@@ -209,6 +213,7 @@ class SchedulerLoop:
         with self.lock:
             self.scheduler = scheduler
             self.queued = queued
+            self._node_rows = node_rows
             self._feed = FeedCursor(cursor)
             with self._own_lock:
                 self._own_events = set()
@@ -290,10 +295,14 @@ class SchedulerLoop:
                 return False
             state = scheduler.state
             if row is None:
+                self._node_rows.pop(name, None)
                 if name in state.index:
                     for binding in state.remove_node(name, force=True):  # the store requeued them
                         self.queued.pop(binding.workload, None)
                 return False
+            seen = (row["created"], row["version"])
+            if name in state.index and self._node_rows.get(name) == seen:
+                return False  # applied already (by the API handler that made the change, or an earlier poll)
             try:
                 node = node_from_row(row)
                 if name in state.index:
@@ -309,6 +318,7 @@ class SchedulerLoop:
                 log.warning("node %s: change not applied: %s", name, exc)
                 self.own(self.store.note([Event("Node", name, "UpdateRefused", str(exc))]))
                 return False
+            self._node_rows[name] = seen
             return True
 
     def reconcile_workload(self, key: str) -> None:
