@@ -94,7 +94,8 @@ def statements_of(store: Store) -> Iterator[list[str]]:
     def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
         sent.append(statement)
 
-    engines = {store.engines.writer, store.engines.reader}
+    writer, reader = store.engines.writer, store.engines.reader
+    engines = [writer] if reader.pool is writer.pool else [writer, reader]  # one pool: events seen by both
     for engine in engines:
         event.listen(engine, "before_cursor_execute", record)
     try:
