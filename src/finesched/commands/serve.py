@@ -18,6 +18,11 @@ DbOption = Annotated[
     str, typer.Option("--db", envvar="FINESCHED_DB", help="sqlite:///PATH or postgresql+psycopg://...")
 ]
 
+TlsCertOption = Annotated[
+    Path | None, typer.Option("--tls-cert", help="Serve HTTPS with this certificate (PEM; chain after the leaf).")
+]
+TlsKeyOption = Annotated[Path | None, typer.Option("--tls-key", help="The private key of --tls-cert (PEM).")]
+
 token_app = typer.Typer(help="Create API tokens (stored hashed; printed once).", no_args_is_help=True)
 
 
@@ -45,6 +50,8 @@ def serve(
         str | None,
         typer.Option(help="A stable name for this replica (e.g. the pod name); default: one kept in --data."),
     ] = None,
+    tls_cert: TlsCertOption = None,
+    tls_key: TlsKeyOption = None,
 ) -> None:
     """Run the control plane: HTTP API, store and scheduling loop (one leader per database).
 
@@ -61,6 +68,7 @@ def serve(
         raise typer.BadParameter(f"{log_level!r}: use one of {', '.join(LOG_LEVELS)}", param_hint="--log-level")
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     resolve_profile(profile)  # a bad profile is reported before anything starts
+    tls = server_tls_options(tls_cert, tls_key)
     identity = _identity(db, data, replica_id)
     config = LoopConfig(
         profile=profile,
@@ -73,7 +81,17 @@ def serve(
     )
     store = Store.open(db)
     app = create_app(store, config)
-    uvicorn.run(app, host=host, port=port, log_level=log_level.lower(), access_log=log_level.lower() == "debug")
+    uvicorn.run(app, host=host, port=port, log_level=log_level.lower(), access_log=log_level.lower() == "debug", **tls)
+
+
+def server_tls_options(cert: Path | None, key: Path | None, client_ca: Path | None = None) -> dict[str, object]:
+    """uvicorn's TLS arguments (tls.py), or a clear usage error."""
+    from finesched.tls import TransportError, server_tls
+
+    try:
+        return server_tls(cert, key, client_ca)
+    except TransportError as exc:
+        raise typer.BadParameter(str(exc)) from None
 
 
 def _identity(db: str, data: Path | None, replica_id: str | None) -> ReplicaIdentity:
