@@ -109,6 +109,20 @@ def fresh_database(backend: str, pg_url: str, tmp: str) -> Iterator[str]:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+def data_option(path: str) -> list[str]:
+    """`--data PATH` for `finesched serve` (each replica its own identity), when this version has it
+    (so the benchmark also runs against older versions of the server, for comparisons)."""
+    global SERVE_HAS_DATA
+    if SERVE_HAS_DATA is None:
+        done = subprocess.run([sys.executable, "-m", "finesched.cli", "serve", "--help"], capture_output=True,
+                              text=True, check=False)  # fmt: skip
+        SERVE_HAS_DATA = "--data" in done.stdout
+    return ["--data", path] if SERVE_HAS_DATA else []
+
+
+SERVE_HAS_DATA: bool | None = None
+
+
 def register_nodes(url: str, count: int, gpus: bool) -> tuple[str, float]:
     """Register `count` synthetic nodes through the store (the API's own write path, minus HTTP);
     an admin token and the seconds taken."""
@@ -598,13 +612,15 @@ def run_backend(backend: str, args: argparse.Namespace, tmp: str, gpus: bool, re
         suffix = f"{backend}{'-gpu' if gpus else ''}-x{replicas}"
         profile = f"{args.profile_server}.{suffix}" if args.profile_server else None
         extra = ["--lease-ttl", str(args.lease_ttl), *args.serve_arg]
-        server = Server(url, token, f"{tmp}/serve-{suffix}.log", [*extra, "--data", f"{tmp}/data-{suffix}"], profile)
+        server = Server(
+            url, token, f"{tmp}/serve-{suffix}.log", [*extra, *data_option(f"{tmp}/data-{suffix}")], profile
+        )
         follower = None
         try:
             startup = server.wait_leader()
             print(f"[{label}] server up and leader (state rebuilt from the store) in {startup:.1f}s")
             if replicas > 1:
-                second = [*extra, "--data", f"{tmp}/data-{suffix}-b"]
+                second = [*extra, *data_option(f"{tmp}/data-{suffix}-b")]
                 follower = Server(url, token, f"{tmp}/serve-{suffix}-b.log", second)
                 follower.wait_answers()
                 print(f"[{label}] second replica up (follower); every request goes to it")
