@@ -150,7 +150,7 @@ def submit(
 
 
 def get(
-    what: Annotated[str, typer.Argument(help="workloads, nodes or tenants")],
+    what: Annotated[str, typer.Argument(help="workloads, jobs, nodes or tenants")],
     server: ServerOption = DEFAULT_SERVER,
     token: TokenOption = "",
     ca: CaOption = None,
@@ -160,17 +160,20 @@ def get(
     tenant: Annotated[str | None, typer.Option("--tenant")] = None,
     phase: Annotated[str | None, typer.Option("--phase")] = None,
     node: Annotated[str | None, typer.Option("--node")] = None,
+    job: Annotated[str | None, typer.Option("--job", help="Workloads: the slots of job NAME or NS/NAME.")] = None,
 ) -> None:
-    """List workloads (filters: namespace, tenant, phase, node), nodes or tenants."""
+    """List workloads (filters: namespace, tenant, phase, node, job), jobs (namespace), nodes or tenants."""
     _check_output(output)
     kinds = {"workloads": "workloads", "workload": "workloads", "nodes": "nodes", "node": "nodes",
-             "tenants": "tenants", "tenant": "tenants"}  # fmt: skip
+             "tenants": "tenants", "tenant": "tenants", "jobs": "jobs", "job": "jobs"}  # fmt: skip
     if what not in kinds:
-        _fail(f"get {what!r}: use workloads, nodes or tenants", code=2)
+        _fail(f"get {what!r}: use workloads, jobs, nodes or tenants", code=2)
     kind = kinds[what]
-    params = {k: v for k, v in {"namespace": namespace, "tenant": tenant, "phase": phase, "node": node}.items() if v}
-    client = Client(server, token, ca=ca, insecure=insecure)
-    items = client.call("GET", f"/v1/{kind}", params=params if kind == "workloads" else None)["items"]
+    filters = {"namespace": namespace, "tenant": tenant, "phase": phase, "node": node, "job": job}
+    params = {k: v for k, v in filters.items() if v} if kind == "workloads" else None
+    if kind == "jobs" and namespace:
+        params = {"namespace": namespace}
+    items = Client(server, token, ca=ca, insecure=insecure).call("GET", f"/v1/{kind}", params=params)["items"]
     if output != "table":
         _dump(items, output)
         return
@@ -224,11 +227,17 @@ def _tenants_table(items: list[dict[str, Any]]) -> Table:
     return table
 
 
-_TABLES = {"workloads": _workloads_table, "nodes": _nodes_table, "tenants": _tenants_table}
+def _jobs_table(items: list[dict[str, Any]]) -> Table:
+    from finesched.commands.job_views import jobs_table
+
+    return jobs_table(items)
+
+
+_TABLES = {"workloads": _workloads_table, "nodes": _nodes_table, "tenants": _tenants_table, "jobs": _jobs_table}
 
 
 def describe(
-    what: Annotated[str, typer.Argument(help="workload")],
+    what: Annotated[str, typer.Argument(help="workload, job or node")],
     name: Annotated[str, typer.Argument(help="NAME or NAMESPACE/NAME")],
     server: ServerOption = DEFAULT_SERVER,
     token: TokenOption = "",
@@ -237,12 +246,19 @@ def describe(
     namespace: NamespaceOption = "default",
     output: OutputOption = "table",
 ) -> None:
-    """A workload's status, binding (node, cpuset, devices, NUMA), what its agent applied, and events."""
+    """A workload's status, binding (node, cpuset, devices, NUMA), what its agent applied, and events;
+    a job's phase, failover regions and slots; a node's state, discovery and devices."""
     _check_output(output)
-    if what not in ("workload", "workloads"):
-        _fail(f"describe {what!r}: only workloads can be described", code=2)
+    if what not in ("workload", "workloads", "job", "jobs", "node", "nodes"):
+        _fail(f"describe {what!r}: use workload, job or node", code=2)
+    if what in ("node", "nodes"):
+        _describe_other("node", f"/v1/nodes/{name}", Client(server, token, ca=ca, insecure=insecure), output)
+        return
     namespace, _, name = name.rpartition("/") if "/" in name else (namespace, "/", name)
     client = Client(server, token, ca=ca, insecure=insecure)
+    if what in ("job", "jobs"):
+        _describe_other("job", f"/v1/jobs/{namespace}/{name}", client, output)
+        return
     item = client.call("GET", f"/v1/workloads/{namespace}/{name}")
     events = client.call("GET", "/v1/events", params={"kind": "Workload", "object": f"{namespace}/{name}"})["items"]
     if output != "table":
@@ -270,8 +286,19 @@ def describe(
     out.print(table)
 
 
+def _describe_other(kind: str, path: str, client: Client, output: str) -> None:
+    from finesched.commands.job_views import print_job
+    from finesched.commands.node_view import print_node
+
+    item = client.call("GET", path)
+    if output != "table":
+        _dump(item, output)
+        return
+    (print_job if kind == "job" else print_node)(out, item)
+
+
 def delete(
-    what: Annotated[str, typer.Argument(help="workload or node")],
+    what: Annotated[str, typer.Argument(help="workload, job or node")],
     name: Annotated[str, typer.Argument(help="NAME (workloads: NAME or NAMESPACE/NAME)")],
     server: ServerOption = DEFAULT_SERVER,
     token: TokenOption = "",
@@ -279,9 +306,15 @@ def delete(
     insecure: InsecureOption = False,
     namespace: NamespaceOption = "default",
 ) -> None:
-    """Delete a workload (its binding is released) or a node (its workloads are requeued)."""
+    """Delete a workload (its binding is released), a job (all its slots at once) or a node (its
+    workloads are requeued)."""
     client = Client(server, token, ca=ca, insecure=insecure)
-    if what in ("workload", "workloads"):
+    if what in ("job", "jobs"):
+        namespace, _, name = name.rpartition("/") if "/" in name else (namespace, "/", name)
+        answer = client.call("DELETE", f"/v1/jobs/{namespace}/{name}")
+        out.print(f"job {escape(namespace)}/{escape(name)} deleted: {len(answer['slots'])} slot(s), "
+                  f"{answer['released']} released")  # fmt: skip
+    elif what in ("workload", "workloads"):
         namespace, _, name = name.rpartition("/") if "/" in name else (namespace, "/", name)
         client.call("DELETE", f"/v1/workloads/{namespace}/{name}")
         out.print(f"workload {escape(namespace)}/{escape(name)} deleted")
@@ -289,7 +322,7 @@ def delete(
         answer = client.call("DELETE", f"/v1/nodes/{name}")
         out.print(f"node {escape(name)} deleted; requeued {len(answer['requeued'])} workload(s)")
     else:
-        _fail(f"delete {what!r}: use workload or node", code=2)
+        _fail(f"delete {what!r}: use workload, job or node", code=2)
 
 
 def cordon(

@@ -24,6 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy.exc import SQLAlchemyError
@@ -34,12 +35,14 @@ from finesched.model.workload import Workload
 from finesched.sched.diagnosis import FitError, InvalidRequest
 from finesched.sched.framework import Preemption
 from finesched.sched.scheduler import Scheduler
+from finesched.server import job_store, lifecycle
 from finesched.server.cluster_view import binding_from_row, node_from_row, tenant_from_row, workload_from_row
-from finesched.server.feed import FeedCursor, read_changes, touched
+from finesched.server.feed import FeedCursor, read_changes, read_workloads, touched
 from finesched.server.lease import Lease, LostLease
+from finesched.server.lifecycle import Backoff
 from finesched.server.locking import LoopLock
 from finesched.server.metrics import Metrics, cluster_figures
-from finesched.server.store import HOLDING, PENDING, REJECTED, Event, NotFound, Store
+from finesched.server.store import HOLDING, PENDING, REJECTED, Event, NotFound, Store, now
 from finesched.server.upkeep import HeartbeatMonitor, WaitingReasons
 from finesched.state.cluster import ClusterState, StateError
 from finesched.state.device_wire import EncodedUpdateError, apply_encoded_updates
@@ -57,6 +60,8 @@ class LoopConfig:
     requeue_after_s: float | None = 60.0  # requeue a NotReady node's workloads after this (None: never)
     idle_wait_s: float = 0.25
     holder: str | None = None
+    #: Before a rejected workload is placed again and a failed one restarted (server/lifecycle.py).
+    backoff: Backoff = field(default_factory=Backoff)
 
 
 @dataclass
@@ -84,10 +89,15 @@ class SchedulerLoop:
         self.queued: dict[str, Queued] = {}
         #: (created, version) of the node rows the state reflects: a row seen again unchanged is skipped.
         self._node_rows: dict[str, tuple[Any, int]] = {}
+        #: Pending workloads backing off (rejected, or a job slot to place again): key -> not before.
+        self.deferred: dict[str, datetime] = {}
         self._feed = FeedCursor(0)
         self._own_events: set[int] = set()
         cfg = self.config
-        self.heartbeats = HeartbeatMonitor(store, cfg.heartbeat_s, cfg.missed_heartbeats, cfg.requeue_after_s)
+        self.heartbeats = HeartbeatMonitor(
+            store, cfg.heartbeat_s, cfg.missed_heartbeats, cfg.requeue_after_s,
+            on_requeue=lambda keys, why: lifecycle.slots_lost(self, keys, why),
+        )  # fmt: skip
         self.waiting = WaitingReasons()
         self._last_upkeep = 0.0
         self._wake = threading.Event()
@@ -132,6 +142,7 @@ class SchedulerLoop:
                     feed_started = time.thread_time()
                     self._follow_feed()
                     self.metrics.feed_seconds.observe(time.thread_time() - feed_started)
+                    self._end_deferrals()
                     busy = self._schedule_batch()
                     self._upkeep()
             except LostLease:
@@ -180,6 +191,7 @@ class SchedulerLoop:
         with self.lock:
             self.scheduler = None
             self.queued.clear()
+            self.deferred.clear()
 
     # Rebuild (S1.6) --------------------------------------------------------------------------------
     def rebuild(self) -> None:
@@ -225,13 +237,42 @@ class SchedulerLoop:
 
     def _queue_row(self, scheduler: Scheduler, queued: dict[str, Queued], row: dict[str, Any]) -> None:
         key = f"{row['namespace']}/{row['name']}"
+        not_before = row.get("not_before")
+        if not_before is not None and not_before > now():  # backing off: queued when the time comes
+            self.deferred[key] = not_before
+            return
+        self.deferred.pop(key, None)
         try:
-            workload = workload_from_row(row)
+            workload = self._regang(workload_from_row(row), row)
             scheduler.submit([workload])
         except ValidationError as exc:
             self.store.set_phase(key, REJECTED, str(exc))
             return
         queued[key] = Queued(row["id"], row["version"], workload, row["created"].timestamp())
+
+    def _regang(self, workload: Workload, row: dict[str, Any]) -> Workload:
+        """A job slot placed again (its node was lost, it was rejected, its region restarts) waits
+        for the job's other slots that wait now, not for the whole job: the rest hold their bindings."""
+        gang = workload.gang
+        if not row.get("job") or gang is None or gang.min_member <= 1:
+            return workload
+        waiting = min(gang.min_member, max(1, job_store.waiting_slots(self.store, row["job"], now())))
+        if waiting == gang.min_member:
+            return workload
+        return workload.model_copy(update={"gang": gang.model_copy(update={"min_member": waiting})})
+
+    def _end_deferrals(self) -> None:
+        """Queue the deferred workloads whose backoff is over (reloaded: they may have changed)."""
+        if not self.deferred:
+            return
+        stamp = now()
+        with self.lock:
+            due = [key for key, at in self.deferred.items() if at <= stamp]
+            for key in due:
+                del self.deferred[key]
+        rows = read_workloads(self.store, due) if due else {}  # one read for all of them (feed.py)
+        for key in due:
+            self._apply_workload(key, rows.get(key))
 
     def own(self, event_ids: Iterable[int]) -> None:
         """Events this process wrote and already applied: the feed skips them. Safe inside a write
@@ -337,6 +378,7 @@ class SchedulerLoop:
                     scheduler.release(key)
                 if row is None or row["phase"] != PENDING:
                     self.queued.pop(key, None)
+                    self.deferred.pop(key, None)
                     return
                 entry = self.queued.get(key)
                 if entry is not None and entry.id == row["id"]:
@@ -485,6 +527,7 @@ class SchedulerLoop:
         self._last_upkeep = time.monotonic()
         for task in self.maintenance:
             task()
+        lifecycle.start_due_restarts(self.store)
         self.heartbeats.check()
         with self.lock:
             changed = self.waiting.changes(self.scheduler.queue, self.queued) if self.scheduler is not None else {}
