@@ -21,7 +21,7 @@ from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import select, tuple_
+from sqlalchemy import Table, select, tuple_
 
 from finesched.server import schema as t
 from finesched.server.store import Store, as_dict, chunks
@@ -97,11 +97,7 @@ def read_changes(store: Store, objects: dict[str, list[str]]) -> Changes:
 
 def read_nodes(store: Store, names: Collection[str]) -> dict[str, Row]:
     """The rows of the nodes in `names` that exist, by name."""
-    out: dict[str, Row] = {}
-    with store.read() as conn:
-        for part in chunks(sorted(names)):
-            out.update((r.name, as_dict(r)) for r in conn.execute(select(t.nodes).where(t.nodes.c.name.in_(part))))
-    return out
+    return _read_named(store, t.nodes, names)
 
 
 def read_workloads(store: Store, keys: Collection[str]) -> dict[str, Row]:
@@ -125,8 +121,12 @@ def read_workloads(store: Store, keys: Collection[str]) -> dict[str, Row]:
 
 def read_tenants(store: Store, names: Collection[str]) -> dict[str, Row]:
     """The rows of the tenants in `names` that exist, by name."""
+    return _read_named(store, t.tenants, names)
+
+
+def _read_named(store: Store, table: Table, names: Collection[str]) -> dict[str, Row]:
     out: dict[str, Row] = {}
     with store.read() as conn:
         for part in chunks(sorted(names)):
-            out.update((r.name, as_dict(r)) for r in conn.execute(select(t.tenants).where(t.tenants.c.name.in_(part))))
+            out.update((r.name, as_dict(r)) for r in conn.execute(select(table).where(table.c.name.in_(part))))
     return out
