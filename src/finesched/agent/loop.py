@@ -8,7 +8,6 @@ cannot be reached is retried on the next tick; the agent never exits because of 
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import threading
@@ -26,6 +25,7 @@ from finesched.agent.executor import Executor, ServerError
 from finesched.agent.fake_nvml import FakeNVML
 from finesched.agent.gpus import load_nvml
 from finesched.agent.logs import LogServer, advertised_host
+from finesched.agent.mig import MIGControl
 from finesched.agent.report import build_report
 from finesched.model.node import Node
 
@@ -52,10 +52,12 @@ class AgentConfig:
     logs_bind: str | None = None
     #: Simulated GPUs instead of NVML (`finesched up --fake-gpus N[:MEMORY]`): (count, bytes each).
     fake_gpus: tuple[int, int] | None = None
+    #: How GPUs in MIG mode are offered: static (assign existing instances) or dynamic (also create them).
+    mig_mode: str = "static"
 
 
 def default_discovery(
-    name: str | None, labels: dict[str, str], fake_gpus: tuple[int, int] | None = None
+    name: str | None, labels: dict[str, str], fake_gpus: tuple[int, int] | None = None, mig_mode: str = "static"
 ) -> Callable[[], Discovery]:
     """Discovery of this machine with NVML loaded once (an absent NVML is reported every time), or
     with `fake_gpus` (count, memory) simulated GPUs answering through the same NVML calls."""
@@ -66,8 +68,9 @@ def default_discovery(
         nvml, why = load_nvml()
 
     def run() -> Discovery:
-        return discover(name, nvml=nvml, labels=labels, load=lambda: (None, why))
+        return discover(name, nvml=nvml, labels=labels, load=lambda: (None, why), mig_mode=mig_mode)
 
+    run.nvml = nvml  # type: ignore[attr-defined]  # the executor creates MIG instances through it
     return run
 
 
@@ -81,10 +84,13 @@ class Agent:
     ):
         self.config = config
         self.client = client if client is not None else AgentClient(config.server, config.token)
-        self.discover = discovery or default_discovery(config.node_name, config.labels, config.fake_gpus)
+        self.discover = discovery or default_discovery(
+            config.node_name, config.labels, config.fake_gpus, config.mig_mode
+        )
         self.cgroups = cgroups if cgroups is not None else detect()
         config.data.mkdir(parents=True, exist_ok=True)
-        self.executor = Executor(config.data, self.client, self.cgroups)
+        nvml = getattr(self.discover, "nvml", None)
+        self.executor = Executor(config.data, self.client, self.cgroups, mig=MIGControl(nvml) if nvml else None)
         self.logs: LogServer | None = None
         self.discovery: Discovery | None = None
         self.node: Node | None = None  # as registered
@@ -158,25 +164,18 @@ class Agent:
                 try:
                     parsed.append(parse_binding(item))
                 except BindingError as exc:
-                    self._reject_unreadable(item, str(exc))
+                    self.executor.unreadable(item, str(exc))
             self.bindings = parsed
             self.executor.sync(parsed, self.discovery)
         self.executor.poll()
         self.executor.report()
 
-    def _reject_unreadable(self, item: Any, reason: str) -> None:
-        workload = item.get("workload") if isinstance(item, dict) else None
-        log.warning("unreadable binding %r: %s", workload, reason)
-        if isinstance(workload, str) and workload.count("/") == 1:
-            with contextlib.suppress(ServerError):
-                self.client.reject(workload, f"agent cannot read the binding: {reason}")
-
     def tick_report(self) -> None:
         """Rediscover, re-register when new hardware appeared, and send the report (heartbeat)."""
         assert self.node is not None
         self.discovery = self.discover()
-        fresh = {(d.type, d.minor) for d in self.discovery.node.devices}
-        if fresh - {(d.type, d.minor) for d in self.node.devices}:
+        fresh = {(d.type, d.minor, d.mig is not None) for d in self.discovery.node.devices}
+        if fresh - {(d.type, d.minor, d.mig is not None) for d in self.node.devices}:
             try:
                 self.client.register(self.discovery.node)
                 self.node = self.discovery.node
@@ -190,7 +189,7 @@ class Agent:
         extra: dict[str, Any] = {"cgroup": self.cgroups.describe(), "agentPid": os.getpid()}
         if self.logs is not None:
             extra["logs"] = {"url": self.logs.url}
-        body = build_report(self.node, bindings, self.discovery, extra)
+        body = build_report(self.node, bindings, self.discovery, extra, self.executor.pools_report(self.discovery))
         try:
             self.client.report(self.name, body)
             self.last_report_error = ""

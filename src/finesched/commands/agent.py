@@ -102,6 +102,9 @@ def agent_cmd(
         ),
     ] = None,
     fake_gpus: FakeGpusOption = None,
+    mig_mode: Annotated[
+        str, typer.Option("--mig-mode", help="GPUs in MIG mode: static (assign existing instances) or dynamic.")
+    ] = "static",
 ) -> None:
     """Run this machine's node agent: register, report resources, run bound workloads pinned."""
     from finesched.agent.client import AgentClient
@@ -115,9 +118,12 @@ def agent_cmd(
         if not sep or not key:
             raise _fail(f"--label must be KEY=VALUE, got {item!r}", 2)
         labels[key] = value
+    if mig_mode not in ("static", "dynamic"):
+        raise _fail(f"--mig-mode must be static or dynamic, got {mig_mode!r}", 2)
     _logging(not quiet)
     config = AgentConfig(server, token, data or default_data(), node_name, interval, watch, labels,
-                         logs_port=logs_port, logs_host=logs_address, fake_gpus=simulated)  # fmt: skip
+                         logs_port=logs_port, logs_host=logs_address, fake_gpus=simulated,
+                         mig_mode=mig_mode)  # fmt: skip
     try:
         client = AgentClient(server, token, ca=ca, insecure=insecure)
     except TransportError as exc:  # a URL the token must not be sent to, an unreadable CA file

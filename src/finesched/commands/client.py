@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from finesched.commands.node_view import render_node
 from finesched.errors import ValidationError
 from finesched.model.manifest import load_manifests, to_manifest
 from finesched.tls import TransportError, client_options
@@ -247,17 +248,24 @@ def describe(
     output: OutputOption = "table",
 ) -> None:
     """A workload's status, binding (node, cpuset, devices, NUMA), what its agent applied, and events;
-    a job's phase, failover regions and slots; a node's state, discovery and devices."""
+    a job's phase, failover regions and slots; a node's state, discovery, devices, CPU pools as its
+    agent applies them, cgroup enforcement, and events."""
     _check_output(output)
     if what not in ("workload", "workloads", "job", "jobs", "node", "nodes"):
         _fail(f"describe {what!r}: use workload, job or node", code=2)
     if what in ("node", "nodes"):
-        _describe_other("node", f"/v1/nodes/{name}", Client(server, token, ca=ca, insecure=insecure), output)
+        client = Client(server, token, ca=ca, insecure=insecure)
+        node = client.call("GET", f"/v1/nodes/{name}")
+        node_events = client.call("GET", "/v1/events", params={"kind": "Node", "object": name})["items"]
+        if output != "table":
+            _dump({**node, "events": node_events}, output)
+        else:
+            render_node(out, node, node_events)
         return
     namespace, _, name = name.rpartition("/") if "/" in name else (namespace, "/", name)
     client = Client(server, token, ca=ca, insecure=insecure)
     if what in ("job", "jobs"):
-        _describe_other("job", f"/v1/jobs/{namespace}/{name}", client, output)
+        _describe_job(f"/v1/jobs/{namespace}/{name}", client, output)
         return
     item = client.call("GET", f"/v1/workloads/{namespace}/{name}")
     events = client.call("GET", "/v1/events", params={"kind": "Workload", "object": f"{namespace}/{name}"})["items"]
@@ -286,15 +294,14 @@ def describe(
     out.print(table)
 
 
-def _describe_other(kind: str, path: str, client: Client, output: str) -> None:
+def _describe_job(path: str, client: Client, output: str) -> None:
     from finesched.commands.job_views import print_job
-    from finesched.commands.node_view import print_node
 
     item = client.call("GET", path)
     if output != "table":
         _dump(item, output)
         return
-    (print_job if kind == "job" else print_node)(out, item)
+    print_job(out, item)
 
 
 def delete(

@@ -3,7 +3,8 @@
 * ``sim fill``: the FGD paper's protocol (shuffle, inflate to ``--inflation`` x capacity, place one
   pod at a time, never depart) for each policy and seed; prints the allocation rate at 90-130 %
   arrived demand (table or ``-o json``) and with ``--out DIR`` writes CSV, JSON, PNG plots and an
-  HTML report.
+  HTML report. With ``--mig SHARE`` it compares software sharing, static MIG and dynamic MIG on a
+  cluster where that share of the GPU nodes are MIG nodes (sim/mig.py).
 * ``sim replay``: pods arrive and leave by their trace timestamps (``--time-scale`` compresses
   arrivals), waiting in the scheduler's DRF queue; reports utilization and queueing delay.
 
@@ -178,19 +179,43 @@ def fill(
     priorities: Annotated[
         str, typer.Option("--priorities", help="Priority mix: weights of classes 0,1,... (e.g. 60,30,10).")
     ] = "",
+    mig: Annotated[
+        float | None,
+        typer.Option("--mig", help="Share (0-1] of GPU nodes in MIG mode: compare share, static and dynamic MIG."),
+    ] = None,
+    mig_product: Annotated[str, typer.Option("--mig-product", help="MIG product of those nodes.")] = "A100-80GB",
+    gpu_partitions: Annotated[
+        str,
+        typer.Option("--gpu-partitions", help="Honor or Prefer: GPU nodes get a partition table of aligned blocks."),
+    ] = "",
 ) -> None:
     """Fill protocol of the FGD paper: allocation rate at 90-130 % arrived GPU demand, per policy and seed."""
+    if mig is not None:
+        _mig_fill(nodes, pods, policy, inflation, seeds, jobs, output, out_dir, mig, mig_product)
+        return
     try:
         if not 0 < inflation <= 10:
             raise _Fail(f"--inflation must be in (0, 10], got {inflation}", 2)
         mix = _priority_mix(priorities)
+        if gpu_partitions not in ("", "Honor", "Prefer"):
+            raise _Fail(f"--gpu-partitions must be Honor or Prefer, got {gpu_partitions!r}", 2)
         names, seed_list = _runs_wanted(output, jobs, policy, seeds)
         node_path, pod_path = _preflight(nodes, pods)
         _prepare_out(out_dir)
         from finesched.sim.runner import RunSpec, bounds
 
         specs = [
-            RunSpec("fill", node_path, pod_path, p, s, inflation, preemption=preemption, priorities=mix)
+            RunSpec(
+                "fill",
+                node_path,
+                pod_path,
+                p,
+                s,
+                inflation,
+                preemption=preemption,
+                priorities=mix,
+                gpu_partitions=gpu_partitions,
+            )
             for p in names
             for s in seed_list
         ]
@@ -228,6 +253,67 @@ def fill(
     _fill_table(records, bound, wall, jobs)
     if mix:
         _priority_table(records)
+
+
+def _mig_fill(
+    nodes: Path, pods: Path, policy: str, inflation: float, seeds: str, jobs: int, output: str,
+    out_dir: Path | None, share: float, product: str,
+) -> None:  # fmt: skip
+    """`sim fill --mig`: the three-way table (sim/mig.py), per policy, mean over seeds."""
+    from finesched.model.mig import PRODUCTS
+    from finesched.sim.mig import MODES, summarize
+
+    try:
+        if not 0 < share <= 1:
+            raise _Fail(f"--mig must be in (0, 1], got {share}", 2)
+        if product not in PRODUCTS:
+            raise _Fail(f"--mig-product must be one of {', '.join(PRODUCTS)}, got {product!r}", 2)
+        if not 0 < inflation <= 10:
+            raise _Fail(f"--inflation must be in (0, 10], got {inflation}", 2)
+        names, seed_list = _runs_wanted(output, jobs, policy, seeds)
+        node_path, pod_path = _preflight(nodes, pods)
+        _prepare_out(out_dir)
+        from finesched.sim.runner import RunSpec
+
+        specs = [
+            RunSpec("mig", node_path, pod_path, p, s, inflation, mig_share=share, mig_product=product, mig_mode=m)
+            for p in names
+            for s in seed_list
+            for m in MODES
+        ]
+        started = time.perf_counter()
+        records = [r["record"] for r in _run_with_progress(specs, jobs, "sim fill --mig")]
+        wall = time.perf_counter() - started
+        summary = {p: summarize([r for r in records if r["policy"] == p]) for p in names}
+        meta = _meta(
+            "finesched sim fill --mig", node_path, pod_path, share=share, product=product, wall_s=round(wall, 1)
+        )
+        payload = {"results": records, "summary": summary, "meta": meta}
+        if out_dir is not None:
+            (out_dir / "mig.json").write_text(json.dumps(payload, indent=1), encoding="utf-8")
+            err.print(f"wrote {out_dir / 'mig.json'}", soft_wrap=True)
+    except _Fail as exc:
+        raise _fail(str(exc), exc.code) from None
+    except OSError as exc:
+        raise _fail(f"cannot write the report: {exc}", 1) from None
+    if output == "json":
+        out.print_json(json.dumps({"results": records, "summary": summary}))
+        return
+    title = (
+        f"{share:.0%} of GPU nodes as {product} MIG nodes: GPU allocation, held and fragmentation (% of capacity), "
+        f"mean over {len(seed_list)} seed(s) ({wall:.1f} s, {jobs} job(s))"
+    )
+    table = Table(title=title)
+    for column in ("policy", "mode", "alloc @100", f"alloc @{inflation * 100:.0f}", "held", "frag", "failed",
+                   "on MIG nodes"):  # fmt: skip
+        table.add_column(column, justify="left" if column in ("policy", "mode") else "right")
+    for p, modes in summary.items():
+        for mode, s in modes.items():
+            table.add_row(
+                p, mode, f"{s['alloc_100']:.2f}", f"{s['alloc_end']:.2f}", f"{s['held_end']:.2f}",
+                f"{s['frag_end']:.2f}", f"{s['failed']:.0f}", f"{s['on_mig']:.0f}",
+            )  # fmt: skip
+    _print_table(table)
 
 
 def _priority_mix(text: str) -> tuple[float, ...]:

@@ -46,6 +46,7 @@ from finesched.server.store import HOLDING, PENDING, REJECTED, Event, NotFound, 
 from finesched.server.upkeep import HeartbeatMonitor, WaitingReasons
 from finesched.state.cluster import ClusterState, StateError
 from finesched.state.device_wire import EncodedUpdateError, apply_encoded_updates
+from finesched.state.mig_slices import apply_mig_report
 
 log = logging.getLogger("finesched.loop")
 
@@ -355,6 +356,9 @@ class SchedulerLoop:
                     encoded = {kind: {dim: (v["k"], v["count"], v["bits"]) for dim, v in dims.items()}
                                for kind, dims in devices.items()}  # fmt: skip
                     apply_encoded_updates(state, {name: encoded})
+                mig = (row.get("report") or {}).get("mig")
+                if mig:
+                    apply_mig_report(state, name, mig.get("instances") or {})
             except (ValidationError, StateError, EncodedUpdateError) as exc:
                 log.warning("node %s: change not applied: %s", name, exc)
                 self.own(self.store.note([Event("Node", name, "UpdateRefused", str(exc))]))

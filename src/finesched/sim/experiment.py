@@ -42,14 +42,16 @@ from finesched.state.cluster import ClusterState
 FloatArray = npt.NDArray[np.float64]
 Progress = Callable[[int, int], None]
 
-_NODE_CACHE: dict[int, list[Node]] = {}
+_NODE_CACHE: dict[tuple[int, str | None], list[Node]] = {}
 
 
-def cluster_nodes(table: NodeTable) -> list[Node]:
-    """The Node objects of a node table (built once per table per process; Nodes are immutable)."""
-    nodes = _NODE_CACHE.get(id(table))
+def cluster_nodes(table: NodeTable, gpu_partitions: str | None = None) -> list[Node]:
+    """The Node objects of a node table (built once per table and partition policy per process;
+    Nodes are immutable)."""
+    key = (id(table), gpu_partitions or None)
+    nodes = _NODE_CACHE.get(key)
     if nodes is None:
-        nodes = _NODE_CACHE[id(table)] = to_nodes(table)
+        nodes = _NODE_CACHE[key] = to_nodes(table, gpu_partitions)
     return nodes
 
 
@@ -142,11 +144,12 @@ def _round(value: float) -> float | None:
 
 
 def make_scheduler(
-    nodes: NodeTable, policy: str, seed: int, target: TargetWorkload, *, preemption: bool = False, **overrides: Any
-) -> tuple[Scheduler, ClusterState]:
-    """A fresh cluster of `nodes` and a Scheduler running `policy`'s profile with tie seed `seed`
-    (plus DefaultPreemption with `preemption`)."""
-    state = ClusterState.from_nodes(cluster_nodes(nodes))
+    nodes: NodeTable, policy: str, seed: int, target: TargetWorkload, *, preemption: bool = False,
+    gpu_partitions: str | None = None, **overrides: Any,
+) -> tuple[Scheduler, ClusterState]:  # fmt: skip
+    """A fresh cluster of `nodes` (with partition tables under `gpu_partitions`, trace.py) and a
+    Scheduler running `policy`'s profile with tie seed `seed` (plus DefaultPreemption with `preemption`)."""
+    state = ClusterState.from_nodes(cluster_nodes(nodes, gpu_partitions))
     profile = policy_profile(policy, seed, target.to_specs())
     if preemption:
         profile["plugins"] = [*profile["plugins"], {"name": "DefaultPreemption"}]
@@ -165,6 +168,7 @@ def run_fill(
     progress: Progress | None = None,
     preemption: bool = False,
     priorities: tuple[float, ...] = (),
+    gpu_partitions: str | None = None,
 ) -> FillRun:
     """Run the fill protocol for one policy and seed through the real Scheduler.
 
@@ -177,7 +181,7 @@ def run_fill(
     target = target or metrics.target_workload(pods)
     arrivals = inflate(pods, inflation, capacity, np.random.default_rng(seed))
     started = time.perf_counter()
-    scheduler, state = make_scheduler(nodes, policy, seed, target, preemption=preemption)
+    scheduler, state = make_scheduler(nodes, policy, seed, target, preemption=preemption, gpu_partitions=gpu_partitions)
     classes = _priority_classes(len(arrivals), priorities, seed)
     evicted: dict[int, int] = {p: 0 for p in range(len(priorities))}
     held_by: dict[str, int] = {}

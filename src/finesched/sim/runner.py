@@ -34,7 +34,7 @@ OnProgress = Callable[[float], None]
 class RunSpec:
     """One run: which protocol, trace files, policy and seed, and the protocol's knob."""
 
-    mode: str  # "fill" | "replay"
+    mode: str  # "fill" | "replay" | "mig" (sim/mig.py: one MIG mode of `sim fill --mig`)
     nodes: str
     pods: str
     policy: str
@@ -43,6 +43,12 @@ class RunSpec:
     time_scale: float = 1.0
     preemption: bool = False
     priorities: tuple[float, ...] = ()
+    #: `sim fill --mig`: share of GPU nodes in MIG mode, the product, and this run's mode.
+    mig_share: float = 0.0
+    mig_product: str = "A100-80GB"
+    mig_mode: str = ""
+    #: `sim fill --gpu-partitions`: give every GPU node a partition table under this policy.
+    gpu_partitions: str = ""
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -82,6 +88,14 @@ def _pods(path: str) -> PodTable:
 def execute(spec: RunSpec, progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     """Run one spec in this process; the result row plus what plots need."""
     nodes, pods = _nodes(spec.nodes), _pods(spec.pods)
+    if spec.mode == "mig":
+        from finesched.sim.mig import run_mig_fill
+
+        run = run_mig_fill(
+            nodes, pods, spec.policy, spec.seed, share=spec.mig_share, product=spec.mig_product,
+            mode=spec.mig_mode, inflation=spec.inflation,
+        )  # fmt: skip
+        return {"record": run.record()}
     target = metrics.target_workload(pods)
     if spec.mode == "fill":
         run = run_fill(
@@ -94,6 +108,7 @@ def execute(spec: RunSpec, progress: Callable[[int, int], None] | None = None) -
             progress=progress,
             preemption=spec.preemption,
             priorities=spec.priorities,
+            gpu_partitions=spec.gpu_partitions or None,
         )
         xs = list(range(CURVE_MAX + 1))
         curves = {

@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
@@ -46,6 +47,10 @@ from finesched.model.resources import (
 from finesched.model.workload import DeviceHint, DeviceJointAllocate, DeviceLabelSelector
 from finesched.quantity import QuantityError, format_quantity, parse_quantity
 from finesched.sched.framework import Code
+
+if TYPE_CHECKING:
+    from finesched.model.gpu_partitions import GPUPartitionSpec
+    from finesched.plugins.deviceshare.mig import MIGRequest
 
 BoolArray = npt.NDArray[np.bool_]
 Int64Array = npt.NDArray[np.int64]
@@ -124,10 +129,13 @@ class JointSpec:
 
 @dataclass(frozen=True, slots=True)
 class DeviceRequest:
-    """A workload's normalized device request: one TypeRequest per type ({} = nothing to do)."""
+    """A workload's normalized device request: one TypeRequest per type ({} = nothing to do), MIG
+    instances (mig.py) and the gpu-partition-spec (partitions.py)."""
 
     types: dict[str, TypeRequest] = field(default_factory=dict)
     joint: JointSpec | None = None
+    mig: MIGRequest | None = None
+    partition: GPUPartitionSpec | None = None
 
 
 def device_resource(name: str, device_types: Collection[str] = ()) -> tuple[str, str] | None:
