@@ -23,6 +23,9 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from finesched.commands.client import CaOption, InsecureOption
+from finesched.commands.serve import TlsCertOption, TlsKeyOption
+
 out = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
 
@@ -85,6 +88,8 @@ def agent_cmd(
     watch: Annotated[float, typer.Option("--watch", min=0.1, help="Seconds between binding checks.")] = 1.0,
     label: Annotated[list[str] | None, typer.Option("--label", help="Node label KEY=VALUE (repeatable).")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only warnings and errors.")] = False,
+    ca: CaOption = None,
+    insecure: InsecureOption = False,
     logs_port: Annotated[
         int,
         typer.Option("--logs-port", min=0, max=65535, help="Port the control plane reads workload logs on (0: any)."),
@@ -102,7 +107,9 @@ def agent_cmd(
     ] = "static",
 ) -> None:
     """Run this machine's node agent: register, report resources, run bound workloads pinned."""
+    from finesched.agent.client import AgentClient
     from finesched.agent.loop import Agent, AgentConfig
+    from finesched.tls import TransportError
 
     simulated = parse_fake_gpus(fake_gpus)
     labels = {}
@@ -118,7 +125,11 @@ def agent_cmd(
                          logs_port=logs_port, logs_host=logs_address, fake_gpus=simulated,
                          mig_mode=mig_mode)  # fmt: skip
     try:
-        agent = Agent(config)
+        client = AgentClient(server, token, ca=ca, insecure=insecure)
+    except TransportError as exc:  # a URL the token must not be sent to, an unreadable CA file
+        raise _fail(str(exc), 2) from None
+    try:
+        agent = Agent(config, client)
     except ValueError as exc:  # an unreadable state file
         raise _fail(str(exc)) from None
     _stop_on_signals(agent.stopping)
@@ -147,7 +158,9 @@ def _cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "finesched.cli", *args]
 
 
-def _wait_ready(url: str, server: subprocess.Popen[bytes], log: Path, timeout: float = 60.0) -> None:
+def _wait_ready(
+    url: str, server: subprocess.Popen[bytes], log: Path, timeout: float = 60.0, verify: object = True
+) -> None:
     """Until the server answers at all (401 without a token counts: it is up)."""
     import httpx
 
@@ -156,7 +169,7 @@ def _wait_ready(url: str, server: subprocess.Popen[bytes], log: Path, timeout: f
         if server.poll() is not None:
             raise _fail(f"the server exited with code {server.returncode}; see {log}")
         try:
-            if httpx.get(f"{url}/v1/nodes", timeout=2).status_code < 500:
+            if httpx.get(f"{url}/v1/nodes", timeout=2, verify=verify).status_code < 500:  # type: ignore[arg-type]
                 return
         except httpx.HTTPError:
             pass
@@ -188,28 +201,41 @@ def up_cmd(
     node_name: Annotated[str | None, typer.Option("--node-name", help="This machine's node name.")] = None,
     interval: Annotated[float, typer.Option("--interval", min=0.2, help="Seconds between agent reports.")] = 5.0,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Agent logs only warnings and errors.")] = False,
+    tls_cert: TlsCertOption = None,
+    tls_key: TlsKeyOption = None,
     fake_gpus: FakeGpusOption = None,
 ) -> None:
-    """Start a one-machine cluster: control plane + this machine's agent; print the URL and an admin token."""
+    """Start a one-machine cluster: control plane + this machine's agent; print the URL and an admin token.
+
+    With --tls-cert/--tls-key the server speaks HTTPS, and this machine's agent trusts exactly that
+    certificate; agents on other machines verify it with --ca."""
     import socket
 
+    from finesched.agent.client import AgentClient
     from finesched.agent.loop import Agent, AgentConfig
+    from finesched.tls import TransportError, pinned_context, server_tls
 
+    try:
+        tls = server_tls(tls_cert, tls_key)
+    except TransportError as exc:
+        raise _fail(str(exc), 2) from None
+    scheme, tls_args = ("https", ["--tls-cert", str(tls_cert), "--tls-key", str(tls_key)]) if tls else ("http", [])
+    verify = pinned_context(tls_cert) if tls and tls_cert is not None else None
     simulated = parse_fake_gpus(fake_gpus)
     data = (data or default_data()).resolve()
     data.mkdir(parents=True, exist_ok=True)
     db = f"sqlite:///{data / 'finesched.db'}"
-    url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
+    url = f"{scheme}://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
     name = node_name or socket.gethostname()
     _logging(not quiet)
     server_log = (data / "server.log").open("ab")
     server = subprocess.Popen(
-        _cli("serve", "--db", db, "--host", host, "--port", str(port), "--heartbeat", str(interval)),
+        _cli("serve", "--db", db, "--host", host, "--port", str(port), "--heartbeat", str(interval), *tls_args),
         stdout=server_log, stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
     agent = None
     try:
-        _wait_ready(url, server, data / "server.log")
+        _wait_ready(url, server, data / "server.log", verify=verify or True)
         admin = _token(db, "--role", "admin")
         write_secret(data / "admin.token", admin)
         agent_token = _token(db, "--role", "agent", "--node", name)
@@ -219,18 +245,22 @@ def up_cmd(
               "--token TOKEN (or FINESCHED_SERVER / FINESCHED_TOKEN)")  # fmt: skip
         if simulated is not None:
             print(f"node {name} has {simulated[0]} SIMULATED GPU(s) (--fake-gpus): no real GPU is used", flush=True)
+        joining = "--ca CA.pem (the CA of --tls-cert)" if tls else "--insecure (the token crosses the network in clear)"
         print(
             f"add a machine: finesched token create --db {db} --role agent --node NODE, then on that machine: "
-            f"finesched agent --server http://<this host>:{port} --token TOKEN --node-name NODE",
+            f"finesched agent --server {scheme}://<this host>:{port} --token TOKEN --node-name NODE {joining}",
             flush=True,
         )
         # the local agent serves logs to the local server: on the loopback interface only
         config = AgentConfig(url, agent_token, data / "agent", name, interval, stop_workloads_on_exit=True,
                              logs_port=0, logs_host="127.0.0.1", fake_gpus=simulated)  # fmt: skip
-        agent = Agent(config)
+        client = AgentClient(url, agent_token, verify=verify)  # with TLS: exactly the server's own certificate
+        agent = Agent(config, client)
         _stop_on_signals(agent.stopping)
         _run(agent)
     finally:
+        if agent is not None:  # its keep-alive connection would hold the server's TLS shutdown up
+            agent.client.close()
         server.send_signal(signal.SIGTERM)
         try:
             server.wait(timeout=15)

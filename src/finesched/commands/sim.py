@@ -6,7 +6,9 @@
   HTML report. With ``--mig SHARE`` it compares software sharing, static MIG and dynamic MIG on a
   cluster where that share of the GPU nodes are MIG nodes (sim/mig.py).
 * ``sim replay``: pods arrive and leave by their trace timestamps (``--time-scale`` compresses
-  arrivals), waiting in the scheduler's DRF queue; reports utilization and queueing delay.
+  arrivals), waiting in the scheduler's DRF queue; reports utilization and queueing delay. Like
+  ``fill``, ``--priorities`` gives pods seeded priority classes and ``--preemption`` lets a waiting
+  pod evict lower-priority running ones (the victims queue again); evictions per class are reported.
 
 Errors are one line on stderr: exit 1 for unusable input files or ``--out`` directory, 2 for bad
 options. Inputs and the ``--out`` directory are checked before the first run starts.
@@ -20,6 +22,7 @@ import platform
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from statistics import fmean
 from typing import Annotated, Any
@@ -49,6 +52,13 @@ sim_app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+#: `fill` and `replay` alike: a pod that fits nowhere may evict lower-priority ones, and seeded priority classes.
+PreemptionFlag = Annotated[
+    bool, typer.Option("--preemption", help="A pod that fits nowhere may evict lower-priority running pods.")
+]
+PriorityMix = Annotated[
+    str, typer.Option("--priorities", help="Priority mix: weights of classes 0,1,... (e.g. 60,30,10).")
+]
 out = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
 
@@ -174,12 +184,8 @@ def fill(
     lp: Annotated[
         bool | None, typer.Option("--lp-bound/--no-lp-bound", help="Compute the LP upper bound (default: with --out).")
     ] = None,
-    preemption: Annotated[
-        bool, typer.Option("--preemption", help="An arrival that fits nowhere may evict lower-priority pods.")
-    ] = False,
-    priorities: Annotated[
-        str, typer.Option("--priorities", help="Priority mix: weights of classes 0,1,... (e.g. 60,30,10).")
-    ] = "",
+    preemption: PreemptionFlag = False,
+    priorities: PriorityMix = "",
     mig: Annotated[
         float | None,
         typer.Option("--mig", help="Share (0-1] of GPU nodes in MIG mode: compare share, static and dynamic MIG."),
@@ -420,24 +426,39 @@ def replay(
     jobs: Annotated[int, typer.Option("--jobs", "-j", help="Parallel worker processes.")] = 1,
     out_dir: Annotated[Path | None, typer.Option("--out", help="Write CSV, JSON, PNG and HTML here.")] = None,
     output: Annotated[str, typer.Option("--output", "-o", help="table, wide or json.")] = "table",
+    preemption: PreemptionFlag = False,
+    priorities: PriorityMix = "",
 ) -> None:
     """Replay pods by their timestamps (arrive, run, leave; waiting pods queue with DRF by QoS class)."""
     try:
         if time_scale <= 0:
             raise _Fail(f"--time-scale must be > 0, got {time_scale}", 2)
+        mix = _priority_mix(priorities)
         names, seed_list = _runs_wanted(output, jobs, policy, seeds)
         node_path, pod_path = _preflight(nodes, pods, need_times=True)
         _prepare_out(out_dir)
         from finesched.sim.report import replay_summary, write_replay
         from finesched.sim.runner import RunSpec
 
-        specs = [RunSpec("replay", node_path, pod_path, p, s, time_scale=time_scale) for p in names for s in seed_list]
+        specs = [
+            RunSpec("replay", node_path, pod_path, p, s, time_scale=time_scale, preemption=preemption, priorities=mix)
+            for p in names
+            for s in seed_list
+        ]
         started = time.perf_counter()
         runs = _run_with_progress(specs, jobs, "sim replay")
         wall = time.perf_counter() - started
         records = [r["record"] for r in runs]
         if out_dir is not None:
-            meta = _meta("finesched sim replay", node_path, pod_path, time_scale=time_scale, wall_s=round(wall, 1))
+            meta = _meta(
+                "finesched sim replay",
+                node_path,
+                pod_path,
+                time_scale=time_scale,
+                preemption=preemption,
+                priorities=list(mix),
+                wall_s=round(wall, 1),
+            )
             written = write_replay(out_dir, runs, meta)
             err.print(f"wrote {', '.join(str(p) for p in written)}", soft_wrap=True)
     except _Fail as exc:
@@ -476,3 +497,32 @@ def replay(
         )
     print_table(out, table, wide=output == "wide")
     _reasons_table(records, "unplaced_reasons", "Why pods were never placed: pods per reason (mean over seeds)")
+    if mix:
+        _replay_priority_table(records)
+
+
+def _replay_priority_table(records: list[dict[str, Any]]) -> None:
+    """Per policy, means over seeds: evictions by the victims' class, and per class the mean queueing
+    delay, pods never placed and evicted pods that never ran to their end."""
+    table = Table(title="Replay by priority class (class 0 / 1 / ...): evictions, delay and lost pods")
+    for column in ("policy", "evictions", "evicted by class", "delay mean s", "unplaced", "evicted, unfinished"):
+        table.add_column(column)
+    for policy in dict.fromkeys(r["policy"] for r in records):
+        rows = [r for r in records if r["policy"] == policy]
+        classes = sorted({k for r in rows for k in r["by_priority"]}, key=int)
+        table.add_row(
+            policy,
+            f"{fmean([r['evictions'] for r in rows]):.0f}",
+            _class_means(rows, classes, lambda r, k: r["evicted_by_priority"].get(k, 0)),
+            _class_means(rows, classes, lambda r, k: r["by_priority"][k]["delay_s"]["mean"], 2),
+            _class_means(rows, classes, lambda r, k: r["by_priority"][k]["unplaced"]),
+            _class_means(rows, classes, lambda r, k: r["by_priority"][k]["evicted_unfinished"]),
+        )
+    out.print(table)
+
+
+def _class_means(
+    rows: list[dict[str, Any]], classes: list[str], get: Callable[[dict[str, Any], str], float], digits: int = 0
+) -> str:
+    """``a / b / c``: per class, the mean over `rows` of `get(row, class)`."""
+    return " / ".join(f"{fmean([get(r, k) for r in rows]):.{digits}f}" for k in classes)

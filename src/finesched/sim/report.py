@@ -262,6 +262,8 @@ def replay_summary(records: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, 
             "unplaced": round(float(np.mean([r["unplaced"] for r in rows])), 1),
             "unplaced_reasons": mean_reasons(rows, "unplaced_reasons"),
         }
+        if all("evictions" in r for r in rows):  # runs with a priority mix
+            out[policy]["evictions"] = round(float(np.mean([r["evictions"] for r in rows])), 1)
     return out
 
 

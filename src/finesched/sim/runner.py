@@ -20,8 +20,9 @@ from typing import Any
 import numpy as np
 
 from finesched.sim import metrics
-from finesched.sim.experiment import inflate, run_fill, run_replay
+from finesched.sim.experiment import inflate, run_fill
 from finesched.sim.lp_bound import lp_bound
+from finesched.sim.replay import run_replay
 from finesched.sim.trace import NodeTable, PodTable, load_nodes, load_pods
 
 #: Curves are binned at every integer percent of arrived demand up to this.
@@ -97,18 +98,15 @@ def execute(spec: RunSpec, progress: Callable[[int, int], None] | None = None) -
         )  # fmt: skip
         return {"record": run.record()}
     target = metrics.target_workload(pods)
+    common: dict[str, Any] = {
+        "target": target,
+        "progress": progress,
+        "preemption": spec.preemption,
+        "priorities": spec.priorities,
+    }
     if spec.mode == "fill":
         run = run_fill(
-            nodes,
-            pods,
-            spec.policy,
-            spec.seed,
-            spec.inflation,
-            target=target,
-            progress=progress,
-            preemption=spec.preemption,
-            priorities=spec.priorities,
-            gpu_partitions=spec.gpu_partitions or None,
+            nodes, pods, spec.policy, spec.seed, spec.inflation, gpu_partitions=spec.gpu_partitions or None, **common
         )
         xs = list(range(CURVE_MAX + 1))
         curves = {
@@ -118,7 +116,7 @@ def execute(spec: RunSpec, progress: Callable[[int, int], None] | None = None) -
             "frag_ratio": list(metrics.bin_at(run.arrived, run.frag_ratio, xs).values()),
         }
         return {"record": run.record(), "curves": curves}
-    replay = run_replay(nodes, pods, spec.policy, spec.seed, spec.time_scale, target=target, progress=progress)
+    replay = run_replay(nodes, pods, spec.policy, spec.seed, spec.time_scale, **common)
     # The plot shows the arrival window (and a little after): long-running pods leave much later.
     shown = replay.times <= replay.last_arrival * 1.1 + 1.0
     times, alloc, queued = replay.times[shown], replay.alloc[shown], replay.queued[shown]

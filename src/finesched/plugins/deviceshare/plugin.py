@@ -17,8 +17,9 @@ tables in state/gpu_partitions.py) join each point through their own module. ``n
 names belong to this plugin once a node has a MIG GPU (before that they stay scalar resources, as
 a device plugin's advertised counts).
 
-Card-level strategy: the workload's deviceAllocateStrategy, else the node's (policies or label
-`STRATEGY_LABEL`), else this plugin's ``strategy`` arg (default LeastAllocated).
+Card-level strategy (S0.5), first set wins: the workload's deviceAllocateStrategy, the node's
+(policies or label `STRATEGY_LABEL`), this plugin's ``strategy`` arg — MostAllocated in the
+built-in ``binpack`` profile, LeastAllocated (the default) in ``default``, ``spread`` and ``buckets``.
 """
 
 from __future__ import annotations
@@ -320,7 +321,7 @@ class DeviceShare:
     def _explain(self, cycle: CycleState, nodes: NodeBatch, mask: BoolArray) -> Explanation:
         accounts, n = self._acc(), nodes.n
         rows = slice(0, nodes.state.n) if nodes.index is None else nodes.index
-        out: dict[str, tuple[BoolArray, Code]] = {}
+        out: dict[str, tuple[BoolArray, Code | BoolArray]] = {}
         per_type_ok = np.ones(n, dtype=bool)
         for tr, rule in cycle.read(_RULES).items:
             acc = accounts.types.get(tr.type)
