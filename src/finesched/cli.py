@@ -147,6 +147,10 @@ def plan(
         str | None, typer.Option("--server", help="Plan FILES' workloads on this control plane's live state instead.")
     ] = None,
     token: Annotated[str, typer.Option("--token", envvar="FINESCHED_TOKEN", help="Bearer token (--server).")] = "",
+    ca: Annotated[Path | None, typer.Option("--ca", envvar="FINESCHED_CA", help="Server CA file (--server).")] = None,
+    insecure: Annotated[
+        bool, typer.Option("--insecure", envvar="FINESCHED_INSECURE", help="Token over plain HTTP (--server).")
+    ] = False,
 ) -> None:
     """Schedule the workloads of FILES onto their nodes (queue, priority, DRF) and show every decision.
 
@@ -164,7 +168,7 @@ def plan(
         problem = server_plan_problem(manifests, [flag for flag, given in offline.items() if given])
         if problem is not None:
             raise fail(*problem)
-        plan_on_server(manifests, server, token, output, out)
+        plan_on_server(manifests, server, token, output, out, ca=ca, insecure=insecure)
         return
     try:
         groups = [load_or_exit([f]).workloads for f in files] if waves else None

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -245,12 +246,16 @@ def server_plan_problem(manifests: Manifests, offline_flags: Sequence[str]) -> t
     return None
 
 
-def plan_on_server(manifests: Manifests, server: str, token: str, output: str, console: Console) -> None:
+def plan_on_server(
+    manifests: Manifests, server: str, token: str, output: str, console: Console, *, ca: Path | None = None,
+    insecure: bool = False,
+) -> None:  # fmt: skip
     """POST the workloads of `manifests` to `server`'s /v1/plan and show the answer (nothing is stored there)."""
     from finesched.commands.client import Client
     from finesched.model.manifest import to_manifest
 
-    answer = Client(server, token).call("POST", "/v1/plan", json=[to_manifest(w) for w in manifests.workloads])
+    client = Client(server, token, ca=ca, insecure=insecure)
+    answer = client.call("POST", "/v1/plan", json=[to_manifest(w) for w in manifests.workloads])
     if output in ("json", "yaml"):
         text = json.dumps(answer, indent=2) if output == "json" else yaml.safe_dump(answer, sort_keys=False)
         console.print(text, markup=False, highlight=False, soft_wrap=True)
