@@ -10,7 +10,8 @@ from typer.testing import CliRunner
 
 from conftest import NODE_HEADER, POD_HEADER, write
 from finesched.commands.sim import sim_app
-from finesched.sim.experiment import run_fill, run_replay
+from finesched.sim.experiment import run_fill
+from finesched.sim.replay import run_replay
 from finesched.sim.report import fill_summary, mean_reasons
 from finesched.sim.trace import load_nodes, load_pods
 
