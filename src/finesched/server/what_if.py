@@ -2,7 +2,7 @@
 
 The copy (the *fork*) is a `ClusterState` of this module's own, brought to the live state by
 `ClusterState.restore(live.snapshot())` for every dry run: the snapshot is taken under the loop's
-lock (copies of the arrays and the per-node accounts: 0.1–0.2 s at 10,000 nodes with 20,000
+lock (copies of the arrays and the per-node accounts: 60–140 ms at 10,000 nodes with 20,000
 bindings, BENCHMARKS.md) and reused while the live state has not changed since; the restore and
 the scheduling run outside the lock, so the scheduling loop waits only for the snapshot. A fresh
 `Scheduler` with the leader's profile and tenants then submits the workloads and runs its queue,
