@@ -265,11 +265,12 @@ def test_single_only_hints_are_the_single_node_hints(available, extra, request):
 def test_render_node_reports_shows_zones_pools_and_pinned_workloads():
     from rich.console import Console
 
-    from finesched.plugins.resource_status import render_node_reports
+    from finesched.commands.plan import node_reports_table
+    from finesched.plugins.resource_status import node_report
 
     s = scheduler(node(policy="SingleNUMANode"))
     s.schedule_one(lse("a", 4, memory="8Gi"))
     console = Console(record=True, width=200)
-    console.print(render_node_reports(s.state))
+    console.print(node_reports_table([node_report(s.state, n) for n in s.state.names]))
     text = console.export_text()
-    assert "node-0" in text and "24Gi/32Gi" in text and "default/a=0-1,8-9" in text and "2-3,10-11" in text
+    assert "24Gi/32Gi" in text and "default/a 0-1,8-9" in text and "2-3,10-11" in text

@@ -13,7 +13,6 @@ from typing import Annotated
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 from finesched import __version__
 from finesched.codec import MAX_BITS, CodecError, decode, encode
@@ -55,20 +54,17 @@ def version() -> None:
 @app.command()
 def validate(files: Annotated[list[Path], typer.Argument(help="Manifest files (YAML or JSON).")]) -> None:
     """Check manifest files; print every problem (exit 1) or a summary of what they hold."""
+    from finesched.commands.tables import simple_table
+
     manifests = load_or_exit(files)
-    table = Table(title=f"{len(manifests)} valid objects in {len(files)} file(s)")
-    for column in ("kind", "name", "summary"):
-        table.add_column(column)
-    for tenant in manifests.tenants:
-        table.add_row("Tenant", tenant.name, f"weight {tenant.weight:g}")
-    for node in manifests.nodes:
-        table.add_row("Node", node.name, _node_summary(node))
+    rows = [("Tenant", tenant.name, f"weight {tenant.weight:g}") for tenant in manifests.tenants]
+    rows += [("Node", node.name, _node_summary(node)) for node in manifests.nodes]
     for w in manifests.workloads:
         asks = ", ".join(f"{k}={v}" for k, v in w.requests.to_quantities().items()) or "nothing"
-        table.add_row("Workload", w.key, f"{w.qos}, asks {asks}")
-    for job in manifests.jobs:
-        table.add_row("Job", f"{job.namespace}/{job.name}", f"{job.mode}, {len(job.tasks)} tasks")
-    out.print(table)
+        rows.append(("Workload", w.key, f"{w.qos}, asks {asks}"))
+    rows += [("Job", f"{job.namespace}/{job.name}", f"{job.mode}, {len(job.tasks)} tasks") for job in manifests.jobs]
+    title = f"{len(manifests)} valid objects in {len(files)} file(s)"
+    out.print(simple_table(title, ["kind", "name", "summary"], [tuple(map(escape, row)) for row in rows]))
 
 
 def _node_summary(node: object) -> str:
@@ -137,7 +133,7 @@ def plan(
     profile: Annotated[
         str, typer.Option("--profile", "-p", help="Built-in profile name or a profile YAML file.")
     ] = "default",
-    output: Annotated[str, typer.Option("--output", "-o", help="table, json or yaml.")] = "table",
+    output: Annotated[str, typer.Option("--output", "-o", help="table, wide, json or yaml.")] = "table",
     show_nodes: Annotated[
         bool, typer.Option("--show-nodes", help="Also show each node's NUMA zones, CPU allocations and pools.")
     ] = False,
@@ -147,14 +143,33 @@ def plan(
     waves: Annotated[
         bool, typer.Option("--waves", help="Each FILE's workloads arrive after the previous FILE's are scheduled.")
     ] = False,
+    server: Annotated[
+        str | None, typer.Option("--server", help="Plan FILES' workloads on this control plane's live state instead.")
+    ] = None,
+    token: Annotated[str, typer.Option("--token", envvar="FINESCHED_TOKEN", help="Bearer token (--server).")] = "",
+    ca: Annotated[Path | None, typer.Option("--ca", envvar="FINESCHED_CA", help="Server CA file (--server).")] = None,
+    insecure: Annotated[
+        bool, typer.Option("--insecure", envvar="FINESCHED_INSECURE", help="Token over plain HTTP (--server).")
+    ] = False,
 ) -> None:
-    """Schedule the workloads of FILES onto their nodes (queue, priority, DRF) and show every decision."""
-    from finesched.commands.plan import OUTPUTS, render, run_plan
+    """Schedule the workloads of FILES onto their nodes (queue, priority, DRF) and show every decision.
+
+    With --server, the workloads are planned by the control plane on a copy of its live state (where
+    they would go now; nothing is stored there); the server's own profile and tenants apply."""
+    from finesched.commands.plan import OUTPUTS, plan_on_server, render, run_plan, server_plan_problem
     from finesched.sched.profile import resolve_profile
 
     if output not in OUTPUTS:
         raise fail(f"--output must be one of {', '.join(OUTPUTS)}, got {output!r}", code=2)
     manifests = load_or_exit(files)
+    if server is not None:
+        offline = {"--profile": profile != "default", "--show-nodes": show_nodes, "--no-preemption": no_preemption,
+                   "--waves": waves}  # fmt: skip
+        problem = server_plan_problem(manifests, [flag for flag, given in offline.items() if given])
+        if problem is not None:
+            raise fail(*problem)
+        plan_on_server(manifests, server, token, output, out, ca=ca, insecure=insecure)
+        return
     try:
         groups = [load_or_exit([f]).workloads for f in files] if waves else None
         outcome = run_plan(manifests, resolve_profile(profile), preemption=not no_preemption, waves=groups)
@@ -163,6 +178,9 @@ def plan(
             err.print(f"[bold red]error:[/] {escape(str(detail))}", soft_wrap=True)
         raise typer.Exit(1) from None
     render(outcome, manifests, output, out, show_nodes=show_nodes)
+    if not manifests.nodes:
+        err.print("note: FILES hold no Node, so nothing could be placed; to plan on a running control plane's "
+                  "nodes, add --server URL", soft_wrap=True)  # fmt: skip
 
 
 def _add_sim() -> None:

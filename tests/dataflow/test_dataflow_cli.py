@@ -126,7 +126,7 @@ def test_a_file_without_one_job_is_refused() -> None:
 
 def test_bad_output_is_a_usage_error() -> None:
     result = runner.invoke(app, ["job", "plan", str(JOBS / "batch-shuffle.yaml"), "-o", "xml"])
-    assert result.exit_code == 2 and "--output must be one of table, json" in result.stderr
+    assert result.exit_code == 2 and "--output must be one of table, wide, json" in result.stderr
 
 
 # submit -----------------------------------------------------------------------------------------------

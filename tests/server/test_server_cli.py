@@ -51,7 +51,9 @@ def test_client_commands(api: Api, tmp_path: Path) -> None:
     (item,) = json.loads(listed.stdout)
     assert item["status"]["phase"] == "Bound" and item["status"]["binding"]["node"] == "n1"
     table = run("get", "workloads", *common)
-    assert "Bound" in table.stdout and item["status"]["binding"]["cpuset"] in table.stdout
+    assert "Bound" in table.stdout and "team-a/db" in table.stdout
+    wide = run("get", "workloads", "-o", "wide", *common)  # the binding's details: -o wide
+    assert item["status"]["binding"]["cpuset"] in wide.stdout and "team-a" in wide.stdout
     described = run("describe", "workload", "team-a/db", *common)
     assert described.returncode == 0
     assert "Cpuset:" in described.stdout and "Submitted" in described.stdout and "Bound" in described.stdout

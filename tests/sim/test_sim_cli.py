@@ -31,7 +31,8 @@ def test_fill_json_shape(tiny_trace: tuple[Path, Path]) -> None:
     assert set(data) == {"results", "summary"}
     assert [(r["policy"], r["seed"]) for r in data["results"]] == [("FGD", 1), ("FGD", 2), (BEST, 1), (BEST, 2)]
     row = data["results"][0]
-    assert set(row) == {"policy", "seed", "alloc", "unallocated_130", "frag_amount", "failed", "wall_s"}
+    keys = {"policy", "seed", "alloc", "unallocated_130", "frag_amount", "failed", "failed_reasons", "wall_s"}
+    assert set(row) == keys
     assert set(row["alloc"]) == {"90", "95", "100", "110", "120", "130"}
     assert set(data["summary"]) == {"FGD", BEST}
     assert set(data["summary"]["FGD"]) == {"mean_130", "std_130"}
@@ -89,7 +90,7 @@ def test_replay_json(tiny_trace: tuple[Path, Path], tmp_path: Path) -> None:
         pytest.param(["--policy", "Tetris"], 2, "unknown policy 'Tetris'; valid: Random, DotProd", id="unknown-policy"),
         pytest.param(["--seeds", "9-3"], 2, "error: --seeds: bad seed range '9-3'", id="bad-seeds"),
         pytest.param(["--seeds", "1-5,5x"], 2, "error: --seeds: bad seed range '5x': use N", id="bad-seed-element"),
-        pytest.param(["-o", "yaml"], 2, "--output must be one of table, json", id="bad-output"),
+        pytest.param(["-o", "yaml"], 2, "--output must be one of table, wide, json", id="bad-output"),
         pytest.param(["--jobs", "0"], 2, "--jobs must be >= 1", id="bad-jobs"),
         pytest.param(["--inflation", "-1"], 2, "--inflation must be in (0, 10]", id="bad-inflation"),
         pytest.param(["--nodes", "/nonexistent.csv"], 1, "--nodes file not found", id="missing-file"),

@@ -22,6 +22,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from finesched.commands.node_view import render_node
+from finesched.commands.tables import TABLE_OUTPUTS, Columns, col, print_table, simple_table
 from finesched.errors import ValidationError
 from finesched.model.manifest import load_manifests, to_manifest
 from finesched.tls import TransportError, client_options
@@ -41,10 +42,10 @@ InsecureOption = Annotated[
     bool,
     typer.Option("--insecure", envvar="FINESCHED_INSECURE", help="Allow the token over plain HTTP to another host."),
 ]
-OutputOption = Annotated[str, typer.Option("-o", "--output", help="table, json or yaml.")]
+OutputOption = Annotated[str, typer.Option("-o", "--output", help="table, wide, json or yaml.")]
 NamespaceOption = Annotated[str, typer.Option("-n", "--namespace", help="Workload namespace.")]
 DEFAULT_SERVER = "http://127.0.0.1:8080"
-OUTPUTS = ("table", "json", "yaml")
+OUTPUTS = ("table", "wide", "json", "yaml")
 
 
 class Client:
@@ -139,15 +140,11 @@ def submit(
     for job in manifests.jobs:
         answer = client.call("POST", "/v1/jobs", json=to_manifest(job))
         results.append({"kind": "Job", "name": answer["job"], "status": answer["status"]})
-    if output != "table":
+    if output not in TABLE_OUTPUTS:
         _dump(results, output)
         return
-    table = Table(title=f"{len(results)} object(s) submitted")
-    for column in ("kind", "name", "status"):
-        table.add_column(column)
-    for row in results:
-        table.add_row(row["kind"], row["name"], row["status"])
-    out.print(table)
+    rows = [(row["kind"], escape(row["name"]), row["status"]) for row in results]
+    print_table(out, simple_table(f"{len(results)} object(s) submitted", ["kind", "name", "status"], rows))
 
 
 def get(
@@ -175,22 +172,28 @@ def get(
     if kind == "jobs" and namespace:
         params = {"namespace": namespace}
     items = Client(server, token, ca=ca, insecure=insecure).call("GET", f"/v1/{kind}", params=params)["items"]
-    if output != "table":
+    if output not in TABLE_OUTPUTS:
         _dump(items, output)
         return
-    out.print(_TABLES[kind](items))
+    print_table(out, _TABLES[kind](items, output == "wide"), wide=output == "wide")
 
 
-def _workloads_table(items: list[dict[str, Any]]) -> Table:
-    table = Table(title=f"{len(items)} workload(s)")
-    for column in ("namespace", "name", "tenant", "phase", "node", "cpuset", "devices", "reason"):
-        table.add_column(column, overflow="fold")
+WORKLOAD_COLUMNS = Columns(
+    col("workload"), col("tenant", wide=True), col("phase", keep=True), col("node"), col("cpuset", wide=True),
+    col("devices", wide=True), col("reason"),
+)  # fmt: skip
+
+
+def _workloads_table(items: list[dict[str, Any]], wide: bool) -> Table:
+    table = WORKLOAD_COLUMNS.table(f"{len(items)} workload(s)", wide=wide)
     for item in items:
         status = item["status"]
         binding = status.get("binding") or {}
-        table.add_row(item["metadata"]["namespace"], item["metadata"]["name"], status["tenant"], status["phase"],
-                      status.get("node") or "", binding.get("cpuset", ""), _devices_text(binding.get("devices") or {}),
-                      status.get("reason") or "")  # fmt: skip
+        key = f"{item['metadata']['namespace']}/{item['metadata']['name']}"
+        WORKLOAD_COLUMNS.add_row(table, escape(key), escape(status["tenant"]), status["phase"],
+                                 escape(status.get("node") or ""), binding.get("cpuset", ""),
+                                 escape(_devices_text(binding.get("devices") or {})),
+                                 escape(status.get("reason") or ""), wide=wide)  # fmt: skip
     return table
 
 
@@ -203,35 +206,38 @@ def _devices_text(devices: dict[str, list[dict[str, Any]]]) -> str:
     return " ".join(parts)
 
 
-def _nodes_table(items: list[dict[str, Any]]) -> Table:
-    table = Table(title=f"{len(items)} node(s)")
-    for column in ("name", "ready", "cordoned", "heartbeat", "allocatable", "workloads"):
-        table.add_column(column, overflow="fold")
+NODE_COLUMNS = Columns(
+    col("name"), col("status", keep=True), col("workloads", right=True, keep=True), col("heartbeat", wide=True),
+    col("allocatable"),
+)  # fmt: skip
+
+
+def _nodes_table(items: list[dict[str, Any]], wide: bool) -> Table:
+    table = NODE_COLUMNS.table(f"{len(items)} node(s)", wide=wide)
     for item in items:
         status = item["status"]
         allocation = status.get("allocation") or {}
-        table.add_row(item["metadata"]["name"], str(status["ready"]), str(status["cordoned"]),
-                      status.get("heartbeat") or "-",
-                      ", ".join(f"{k}={v}" for k, v in item["spec"].get("allocatable", {}).items()),
-                      str(len(allocation.get("workloads", []))))  # fmt: skip
+        state = ("Ready" if status["ready"] else "NotReady") + (",cordoned" if status["cordoned"] else "")
+        NODE_COLUMNS.add_row(table, escape(item["metadata"]["name"]), state,
+                             str(len(allocation.get("workloads", []))), status.get("heartbeat") or "-",
+                             escape(", ".join(f"{k}={v}" for k, v in item["spec"].get("allocatable", {}).items())),
+                             wide=wide)  # fmt: skip
     return table
 
 
-def _tenants_table(items: list[dict[str, Any]]) -> Table:
-    table = Table(title=f"{len(items)} tenant(s)")
-    for column in ("name", "weight", "quota"):
-        table.add_column(column)
+def _tenants_table(items: list[dict[str, Any]], wide: bool) -> Table:
+    rows = []
     for item in items:
         spec = item["spec"]
         quota = ", ".join(f"{k}={v}" for k, v in (spec.get("quota") or {}).items())
-        table.add_row(item["metadata"]["name"], str(spec.get("weight", 1.0)), quota or "-")
-    return table
+        rows.append((escape(item["metadata"]["name"]), str(spec.get("weight", 1.0)), escape(quota) or "-"))
+    return simple_table(f"{len(items)} tenant(s)", ["name", col("weight", right=True), "quota"], rows)
 
 
-def _jobs_table(items: list[dict[str, Any]]) -> Table:
+def _jobs_table(items: list[dict[str, Any]], wide: bool) -> Table:
     from finesched.commands.job_views import jobs_table
 
-    return jobs_table(items)
+    return jobs_table(items, wide)
 
 
 _TABLES = {"workloads": _workloads_table, "nodes": _nodes_table, "tenants": _tenants_table, "jobs": _jobs_table}
@@ -257,10 +263,10 @@ def describe(
         client = Client(server, token, ca=ca, insecure=insecure)
         node = client.call("GET", f"/v1/nodes/{name}")
         node_events = client.call("GET", "/v1/events", params={"kind": "Node", "object": name})["items"]
-        if output != "table":
+        if output not in TABLE_OUTPUTS:
             _dump({**node, "events": node_events}, output)
         else:
-            render_node(out, node, node_events)
+            render_node(out, node, node_events, output == "wide")
         return
     namespace, _, name = name.rpartition("/") if "/" in name else (namespace, "/", name)
     client = Client(server, token, ca=ca, insecure=insecure)
@@ -269,7 +275,7 @@ def describe(
         return
     item = client.call("GET", f"/v1/workloads/{namespace}/{name}")
     events = client.call("GET", "/v1/events", params={"kind": "Workload", "object": f"{namespace}/{name}"})["items"]
-    if output != "table":
+    if output not in TABLE_OUTPUTS:
         _dump({**item, "events": events}, output)
         return
     status = item["status"]
@@ -286,22 +292,18 @@ def describe(
     info = status.get("info") or {}
     if info:
         out.print("Applied:  " + escape(", ".join(f"{k}={v}" for k, v in info.items())))
-    table = Table(title="events")
-    for column in ("time", "reason", "message"):
-        table.add_column(column, overflow="fold")
-    for event in events:
-        table.add_row(event["time"], event["reason"], event["message"])
-    out.print(table)
+    rows = [(e["time"], escape(e["reason"]), escape(e["message"])) for e in events]
+    print_table(out, simple_table("events", ["time", "reason", "message"], rows), wide=output == "wide")
 
 
 def _describe_job(path: str, client: Client, output: str) -> None:
     from finesched.commands.job_views import print_job
 
     item = client.call("GET", path)
-    if output != "table":
+    if output not in TABLE_OUTPUTS:
         _dump(item, output)
         return
-    print_job(out, item)
+    print_job(out, item, output == "wide")
 
 
 def delete(
@@ -368,7 +370,7 @@ def watch(
                 if not line.startswith("data: "):
                     continue
                 event = json.loads(line[len("data: ") :])
-                if output == "table":
+                if output in TABLE_OUTPUTS:
                     out.print(f"{event['id']:>7} {event['time']} {event['kind']:<8} {escape(event['object'])} "
                               f"{escape(event['reason'])} {escape(event['message'])}", soft_wrap=True)  # fmt: skip
                 else:

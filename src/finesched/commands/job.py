@@ -26,6 +26,7 @@ from rich.table import Table
 
 from finesched.commands.client import CaOption, InsecureOption
 from finesched.commands.devices import format_grants
+from finesched.commands.tables import Columns, col, print_table
 from finesched.dataflow import CompiledJob, compile_job, gang_workloads
 from finesched.dataflow.commands import command_problems
 from finesched.dataflow.report import compiled_record, slot_records
@@ -45,7 +46,7 @@ job_app = typer.Typer(
 )
 out = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
-OUTPUTS = ("table", "json")
+OUTPUTS = ("table", "wide", "json")
 TIMEOUT_SECONDS = 30.0
 
 
@@ -96,7 +97,7 @@ def plan_cmd(
     cluster: Annotated[
         list[Path] | None, typer.Option("--cluster", "-c", help="Node (and Tenant) manifests: also place the gang.")
     ] = None,
-    output: Annotated[str, typer.Option("--output", "-o", help="table or json.")] = "table",
+    output: Annotated[str, typer.Option("--output", "-o", help="table, wide or json.")] = "table",
     profile: Annotated[str, typer.Option("--profile", "-p", help="Scheduler profile, with --cluster.")] = "default",
     sources: SourcesOption = None,
     weighted: WeightsOption = None,
@@ -114,12 +115,13 @@ def plan_cmd(
             record["placement"] = placement
         out.print(json.dumps(record, indent=2), markup=False, highlight=False, soft_wrap=True)
         return
-    for table in _tables(compiled):
-        out.print(table)
+    wide = output == "wide"
+    for table in _tables(compiled, wide):
+        print_table(out, table, wide=wide)
     for warning in compiled.warnings:
         err.print(f"[yellow]warning:[/] {escape(warning)}", soft_wrap=True)
     if placement is not None:
-        out.print(_placement_table(placement))
+        print_table(out, _placement_table(placement, wide), wide=wide)
 
 
 def _place(job: Job, compiled: CompiledJob, files: list[Path], profile: str) -> dict[str, Any]:
@@ -147,7 +149,17 @@ def _bytes(value: int) -> str:
     return format_quantity(value, "bytes") if value else "0"
 
 
-def _tables(compiled: CompiledJob) -> list[Table]:
+GROUP_COLUMNS = Columns(
+    col("group"), col("tasks"), col("slots", right=True), col("cpu", right=True), col("memory", right=True),
+    col("of which", wide=True), col("gpu / extended", wide=True),
+)  # fmt: skip
+PARTIAL_COLUMNS = Columns(col("group"), col("slot"), col("tasks"), col("cpu"), col("memory"), col("quotas", wide=True))
+PLACEMENT_COLUMNS = Columns(
+    col("slot"), col("group"), col("node"), col("cpuset", wide=True), col("devices"), col("quotas")
+)
+
+
+def _tables(compiled: CompiledJob, wide: bool = False) -> list[Table]:
     job = compiled.job
     groups_of_region = {
         k: sorted({compiled.group_of_task[t] for t in region}) for k, region in enumerate(compiled.regions)
@@ -163,9 +175,7 @@ def _tables(compiled: CompiledJob) -> list[Table]:
     for k, region in enumerate(compiled.regions):
         regions.add_row(str(k), ", ".join(t for t in order if t in region), ", ".join(groups_of_region[k]))
     kind = "declared specs + network" if compiled.specified else "default slot (specs unknown)"
-    groups = Table(title=f"Slot sharing groups: one slot per parallel pipeline, profile = {kind}")
-    for column in ("group", "tasks", "slots", "cpu", "memory", "of which", "gpu / extended"):
-        groups.add_column(column, justify="right" if column in ("slots", "cpu", "memory") else "left", overflow="fold")
+    groups = GROUP_COLUMNS.table(f"Slot sharing groups: one slot per parallel pipeline, profile = {kind}", wide=wide)
     for name, tasks in compiled.groups.items():
         p = compiled.profiles[name]
         parts = zip(
@@ -176,7 +186,8 @@ def _tables(compiled: CompiledJob) -> list[Table]:
         breakdown = ", ".join(f"{label} {_bytes(v)}" for label, v in parts if v)
         extra = ", ".join([f"gpu {p.gpu}"] * bool(p.gpu) + [f"{k} {v}" for k, v in p.extended])
         row = (name, ", ".join(t for t in order if t in tasks), str(compiled.group_slots[name]))
-        groups.add_row(*row, format_quantity(p.cpu, "cpu"), _bytes(p.memory), breakdown, extra)
+        GROUP_COLUMNS.add_row(groups, *row, format_quantity(p.cpu, "cpu"), _bytes(p.memory), breakdown, extra,
+                              wide=wide)  # fmt: skip
     how = "weight / Σ weights" if compiled.weighted_fractions else "1/n of the users"
     rule = "op managed / group managed" if compiled.specified else how
     fractions = Table(title=f"Managed-memory fractions ({rule}, rounded down) and quotas in one slot")
@@ -196,33 +207,28 @@ def _tables(compiled: CompiledJob) -> list[Table]:
         if len(compiled.slot_tasks(group, index)) < len(compiled.groups[group])
     ]
     if compiled.trim_partial_pipelines and compiled.specified and partial:
-        slots = Table(title="Partial pipelines: slots that hold fewer tasks than their group ask for those only")
-        for column in ("group", "slot", "tasks", "cpu", "memory", "quotas"):
-            slots.add_column(column, overflow="fold")
+        title = "Partial pipelines: slots that hold fewer tasks than their group ask for those only"
+        slots = PARTIAL_COLUMNS.table(title, wide=wide)
         for group, index in partial:
             p = compiled.slot_profile(group, index)
             quotas = ", ".join(f"{op}={_bytes(v)}" for op, v in compiled.slot_quotas(group, index).items() if v)
             row = (group, str(index), ", ".join(compiled.slot_tasks(group, index)), format_quantity(p.cpu, "cpu"))
-            slots.add_row(*row, _bytes(p.memory), quotas)
+            PARTIAL_COLUMNS.add_row(slots, *row, _bytes(p.memory), quotas, wide=wide)
         tables.append(slots)
     return tables
 
 
-def _placement_table(placement: dict[str, Any]) -> Table:
+def _placement_table(placement: dict[str, Any], wide: bool = False) -> Table:
     status = placement["status"]
     style = "green" if status == "Bound" else "red"
     reason = f": {placement['reason']}" if placement["reason"] else ""
-    table = Table(title=f"Gang placement: [{style}]{status}[/]{escape(reason)}")
-    for column in ("slot", "group", "node", "cpuset", "devices", "quotas"):
-        table.add_column(column, overflow="fold")
+    table = PLACEMENT_COLUMNS.table(f"Gang placement: [{style}]{status}[/]{escape(reason)}", wide=wide)
     for slot in placement["slots"]:
-        binding = slot["binding"]
+        binding = slot["binding"] or {"node": "-", "cpuset": "", "devices": {}}
         quotas = ", ".join(f"{op}={_bytes(v)}" for op, v in slot["quotas"].items() if v)
-        if binding is None:
-            table.add_row(slot["workload"], slot["group"], "-", "", "", quotas)
-            continue
         devices = _devices_text(binding["devices"])
-        table.add_row(slot["workload"], slot["group"], binding["node"], binding["cpuset"], devices, quotas)
+        PLACEMENT_COLUMNS.add_row(table, slot["workload"], slot["group"], binding["node"], binding["cpuset"], devices,
+                                  quotas, wide=wide)  # fmt: skip
     return table
 
 
@@ -244,7 +250,7 @@ def submit_cmd(
     token: Annotated[
         str | None, typer.Option("--token", "-t", envvar="FINESCHED_TOKEN", help="Bearer token.", show_default=False)
     ] = None,
-    output: Annotated[str, typer.Option("--output", "-o", help="table or json.")] = "table",
+    output: Annotated[str, typer.Option("--output", "-o", help="table, wide or json.")] = "table",
     ca: CaOption = None,
     insecure: InsecureOption = False,
 ) -> None:
@@ -278,9 +284,9 @@ def submit_cmd(
         out.print(json.dumps(answer, indent=2), markup=False, highlight=False, soft_wrap=True)
         return
     placement = {"status": answer.get("status", "?"), "reason": answer.get("reason") or "", "slots": slots}
-    table = _placement_table(placement)
+    table = _placement_table(placement, output == "wide")
     table.title = f"Job {answer.get('job', job.name)}: {table.title}"
-    out.print(table)
+    print_table(out, table, wide=output == "wide")
 
 
 def _error_text(response: httpx.Response) -> str:

@@ -8,6 +8,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from finesched.commands.tables import Columns, col, print_table
+
 #: Slot phases in the order a job's counts are shown.
 PHASE_ORDER = ("Pending", "Bound", "Running", "Succeeded", "Failed", "Rejected")
 
@@ -17,10 +19,18 @@ def _counts(phases: dict[str, Any]) -> str:
     return ", ".join(shown) or "-"
 
 
-def jobs_table(items: list[dict[str, Any]]) -> Table:
-    table = Table(title=f"{len(items)} job(s)")
-    for column in ("namespace", "name", "phase", "slots", "regions", "restarts", "reason"):
-        table.add_column(column, overflow="fold")
+JOB_COLUMNS = Columns(
+    col("job"), col("phase", keep=True), col("slots"), col("regions", wide=True), col("restarts", keep=True),
+    col("reason"),
+)  # fmt: skip
+REGION_COLUMNS = Columns(col("region"), col("tasks"), col("slot"), col("phase", keep=True), col("node"),
+                         col("restarts", right=True))  # fmt: skip
+EVENT_COLUMNS = Columns(col("time (UTC)", keep=True), col("object"), col("reason"), col("count", right=True),
+                        col("message"))  # fmt: skip
+
+
+def jobs_table(items: list[dict[str, Any]], wide: bool = False) -> Table:
+    table = JOB_COLUMNS.table(f"{len(items)} job(s)", wide=wide)
     for item in items:
         status = item["status"]
         slots = status["slots"]
@@ -29,12 +39,13 @@ def jobs_table(items: list[dict[str, Any]]) -> Table:
         region_text = f"{len(regions)}" + (f" ({restarting} restarting)" if restarting else "")
         restarts = f"{status['failures']}/{status['backoffLimit']}"
         meta = item["metadata"]
-        table.add_row(meta["namespace"], meta["name"], status["phase"], f"{slots['total']}: {_counts(slots)}",
-                      region_text, restarts, status.get("reason") or "")  # fmt: skip
+        JOB_COLUMNS.add_row(table, escape(f"{meta['namespace']}/{meta['name']}"), status["phase"],
+                            f"{slots['total']}: {_counts(slots)}", region_text, restarts,
+                            escape(status.get("reason") or ""), wide=wide)  # fmt: skip
     return table
 
 
-def print_job(out: Console, item: dict[str, Any]) -> None:
+def print_job(out: Console, item: dict[str, Any], wide: bool = False) -> None:
     """`describe job`: phase, policy, each failover region with its tasks, slots and restarts, events."""
     meta, status = item["metadata"], item["status"]
     out.print(f"[bold]Job[/] {escape(meta['namespace'])}/{escape(meta['name'])}  tenant {escape(status['tenant'])}")
@@ -43,21 +54,19 @@ def print_job(out: Console, item: dict[str, Any]) -> None:
     out.print(f"Mode:     {item['spec'].get('mode', 'streaming')}   slots: {status['slots']['total']} "
               f"({_counts(status['slots'])})")  # fmt: skip
     out.print(f"Restarts: {status['failures']} of {status['backoffLimit']} (restartPolicy {status['restartPolicy']})")
-    table = Table(title="failover regions (a failed slot restarts its region only)")
-    for column in ("region", "tasks", "slot", "phase", "node", "restarts"):
-        table.add_column(column, overflow="fold")
+    table = REGION_COLUMNS.table("failover regions (a failed slot restarts its region only)", wide=wide)
     for region in status["regions"]:
         label = f"{region['index']}" + (" (restarting)" if region["restarting"] else "")
         tasks = ", ".join(region["tasks"])
         for i, slot in enumerate(region["slots"]):
             first = i == 0
-            table.add_row(label if first else "", tasks if first else "", slot["workload"], slot["phase"],
-                          slot.get("node") or "-", str(region["restarts"]) if first else "")  # fmt: skip
-    out.print(table)
-    events = Table(title="events (the job's and its slots')")
-    for column in ("time (UTC)", "object", "reason", "count", "message"):
-        events.add_column(column, overflow="fold")
+            REGION_COLUMNS.add_row(table, label if first else "", escape(tasks) if first else "",
+                                   escape(slot["workload"]), slot["phase"], escape(slot.get("node") or "-"),
+                                   str(region["restarts"]) if first else "", wide=wide)  # fmt: skip
+    print_table(out, table, wide=wide)
+    events = EVENT_COLUMNS.table("events (the job's and its slots')", wide=wide)
     for event in item.get("events", []):
         when = event["time"][11:19]  # hh:mm:ss of the last occurrence (UTC)
-        events.add_row(when, event["object"], event["reason"], str(event.get("count", 1)), event["message"])
-    out.print(events)
+        EVENT_COLUMNS.add_row(events, when, escape(event["object"]), escape(event["reason"]),
+                              str(event.get("count", 1)), escape(event["message"]), wide=wide)  # fmt: skip
+    print_table(out, events, wide=wide)

@@ -13,12 +13,16 @@ from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
+
+from finesched.commands.tables import Columns, col, print_table, simple_table
 
 SIMULATED_LABEL = "finesched.io/simulated"
+DEVICE_COLUMNS = Columns(col("type"), col("minor", right=True), col("uuid", wide=True), col("healthy", keep=True),
+                         col("numa", right=True), col("resources"), col("note"))  # fmt: skip
+PLACED_COLUMNS = Columns(col("workload"), col("QoS", keep=True), col("runs in"), col("CPUs"))
 
 
-def render_node(out: Console, item: dict[str, Any], events: list[dict[str, Any]]) -> None:
+def render_node(out: Console, item: dict[str, Any], events: list[dict[str, Any]], wide: bool = False) -> None:
     meta, spec, status = item["metadata"], item["spec"], item["status"]
     report = status.get("report") or {}
     discovery = report.get("discovery") or {}
@@ -41,50 +45,40 @@ def render_node(out: Console, item: dict[str, Any], events: list[dict[str, Any]]
     if discovery.get("logs"):
         out.print(f"Logs served: {escape(str(discovery['logs'].get('url')))}")
     out.print("Enforcement: " + escape(str(discovery.get("cgroup") or "not reported")))
-    _devices(out, spec.get("devices") or [], report.get("health") or {})
-    _pools(out, report)
-    table = Table(title="events")
-    for column in ("time", "reason", "message"):
-        table.add_column(column, overflow="fold")
-    for event in events:
-        table.add_row(event["time"], event["reason"], escape(event["message"]))
-    out.print(table)
+    _devices(out, spec.get("devices") or [], report.get("health") or {}, wide)
+    _pools(out, report, wide)
+    rows = [(e["time"], escape(e["reason"]), escape(e["message"])) for e in events]
+    print_table(out, simple_table("events", ["time", "reason", "message"], rows), wide=wide)
 
 
-def _devices(out: Console, devices: list[dict[str, Any]], health: dict[str, Any]) -> None:
+def _devices(out: Console, devices: list[dict[str, Any]], health: dict[str, Any], wide: bool) -> None:
     if not devices:
         return
-    table = Table(title="devices")
-    for column in ("type", "minor", "uuid", "healthy", "numa", "resources", "note"):
-        table.add_column(column, overflow="fold")
+    table = DEVICE_COLUMNS.table("devices", wide=wide)
     for device in devices:
         reported = health.get(device["type"], {}).get(str(device["minor"]))
         healthy = device.get("health", True) if reported is None else reported
         note = "SIMULATED" if (device.get("labels") or {}).get(SIMULATED_LABEL) == "true" else ""
         resources = ", ".join(f"{k}={v}" for k, v in (device.get("resources") or {}).items())
-        table.add_row(device["type"], str(device["minor"]), device.get("uuid") or "-", str(healthy),
-                      str(device.get("numa", "-")), resources, note)  # fmt: skip
-    out.print(table)
+        uuid = escape(device.get("uuid") or "-")
+        DEVICE_COLUMNS.add_row(table, escape(device["type"]), str(device["minor"]), uuid, str(healthy),
+                               str(device.get("numa", "-")), escape(resources), note, wide=wide)  # fmt: skip
+    print_table(out, table, wide=wide)
 
 
-def _pools(out: Console, report: dict[str, Any]) -> None:
+def _pools(out: Console, report: dict[str, Any], wide: bool) -> None:
     shared = report.get("cpuSharedPools")
     if shared is None:
         out.print("CPU pools:   not reported by the agent yet")
         return
     be = {p["node"]: p["cpuset"] for p in report.get("beCPUSharedPools") or ()}
-    table = Table(title="CPU pools (as the agent applies them)")
-    for column in ("NUMA node", "socket", "shared pool (LS)", "BE pool"):
-        table.add_column(column)
-    for pool in shared:
-        table.add_row(str(pool["node"]), str(pool["socket"]), pool["cpuset"] or "-", be.get(pool["node"]) or "-")
-    out.print(table)
+    rows = [(str(p["node"]), str(p["socket"]), p["cpuset"] or "-", be.get(p["node"]) or "-") for p in shared]
+    headers = [col("NUMA node", right=True), col("socket", right=True), "shared pool (LS)", "BE pool"]
+    print_table(out, simple_table("CPU pools (as the agent applies them)", headers, rows), wide=wide)
     placed = report.get("workloadCPUs") or []
     if placed:
-        table = Table(title="workloads on this node's CPUs")
-        for column in ("workload", "QoS", "runs in", "CPUs"):
-            table.add_column(column, overflow="fold")
+        table = PLACED_COLUMNS.table("workloads on this node's CPUs", wide=wide)
         for w in placed:
-            table.add_row(escape(f"{w['namespace']}/{w['name']}"), w.get("qos") or "-", escape(w.get("pool") or "-"),
-                          w["cpuset"])  # fmt: skip
-        out.print(table)
+            PLACED_COLUMNS.add_row(table, escape(f"{w['namespace']}/{w['name']}"), w.get("qos") or "-",
+                                   escape(w.get("pool") or "-"), w["cpuset"], wide=wide)  # fmt: skip
+        print_table(out, table, wide=wide)

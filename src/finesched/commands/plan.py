@@ -1,16 +1,22 @@
-"""`finesched plan`: schedule manifests offline through the queue and show every decision.
+"""`finesched plan`: schedule manifests through the queue and show every decision, offline or against a server.
 
-The same Scheduler the server and the simulator use; nothing is written anywhere. Output is a
-rich table (or JSON/YAML for scripts) plus a summary: placed / waiting and the utilization of
-every resource afterwards. Preemptions (on in the default profile; `--no-preemption` turns them
-off) are listed with who was evicted for whom and why; an evicted workload's row says so.
+Offline (`finesched plan CLUSTER.yaml WORKLOADS.yaml`): the same Scheduler the server and the
+simulator use, on the nodes and tenants of the files; nothing is written anywhere. With
+`--server URL` the workloads of the files are planned by the control plane (`POST /v1/plan`) on a
+copy of its live state: where they would go now, nothing stored.
+
+Output is a table (or JSON/YAML for scripts, one shape for both: `finesched.sched.records`) plus a
+summary. Preemptions (on in the default profile; `--no-preemption` turns them off offline) are
+listed with who was evicted for whom and why; an evicted workload's row says so. Tables fit an
+80-column terminal (`commands/tables.py`); `-o wide` adds the tenant column and shortens nothing.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -19,18 +25,19 @@ from rich.markup import escape
 from rich.table import Table
 
 from finesched.commands.devices import format_grants
-from finesched.model.binding import Binding
+from finesched.commands.tables import Columns, col, print_table, simple_table
+from finesched.model.binding import Binding, DeviceGrant
 from finesched.model.manifest import Manifests
 from finesched.model.workload import Workload
-from finesched.plugins.resource_status import ANNOTATION_RESOURCE_STATUS, node_report, render_node_reports
-from finesched.sched.diagnosis import QuotaWait
+from finesched.plugins.resource_status import ANNOTATION_RESOURCE_STATUS, node_report
 from finesched.sched.framework import Preemption
 from finesched.sched.profile import Profile
+from finesched.sched.records import decision_records
 from finesched.sched.scheduler import Result, Scheduler
 from finesched.sched.tenant_usage import binding_amounts
 from finesched.state.cluster import ClusterState
 
-OUTPUTS = ("table", "json", "yaml")
+OUTPUTS = ("table", "wide", "json", "yaml")
 
 
 @dataclass
@@ -39,10 +46,6 @@ class PlanOutcome:
     scheduler: Scheduler
     results: list[Result]
     preemptions: list[Preemption] = field(default_factory=list)
-
-    def evicted_by(self) -> dict[str, Preemption]:
-        """Evicted workload -> the preemption that evicted it."""
-        return {key: p for p in self.preemptions for key in p.victim_keys}
 
 
 def run_plan(
@@ -68,56 +71,6 @@ def run_plan(
     return PlanOutcome(state, scheduler, results, scheduler.take_preemptions())
 
 
-def preemption_record(p: Preemption) -> dict[str, Any]:
-    """A plain-data view of one preemption: who was evicted for whom, where, and why."""
-    return {
-        "preemptor": p.preemptor,
-        "node": p.node,
-        "victims": [
-            {
-                "workload": v.workload,
-                "tenant": v.tenant,
-                "priority": v.priority,
-                "reason": p.reasons.get(v.workload, ""),
-            }
-            for v in p.victims
-        ],
-        "budgetViolations": p.violations,
-    }
-
-
-def result_record(result: Result, workloads: dict[str, Any]) -> dict[str, Any]:
-    """A plain-data view of one decision (for JSON/YAML output)."""
-    if isinstance(result, Binding):
-        record: dict[str, Any] = {
-            "workload": result.workload,
-            "tenant": result.tenant,
-            "node": result.node,
-            "score": result.score,
-        }
-        if result.devices:
-            record["devices"] = {
-                kind: [{"minor": g.minor, "resources": dict(g.resources)} for g in grants]
-                for kind, grants in result.devices.items()
-            }
-        if result.cpuset:
-            record["cpuset"] = str(result.cpuset)
-        if result.numa:
-            record["numa"] = [g.numa for g in result.numa]
-            record["numaResources"] = {str(g.numa): g.resources.to_quantities() for g in result.numa}
-        if result.annotations:  # Koordinator's resource-status (cpuset or cpuSharedPools) and device-allocated
-            record["annotations"] = dict(result.annotations)
-        return record
-    w = workloads.get(result.workload)
-    return {
-        "workload": result.workload,
-        "tenant": w.tenant if w is not None else None,
-        "node": None,
-        "waiting" if isinstance(result, QuotaWait) else "error": result.message,
-        "reasons": result.reasons,
-    }
-
-
 def utilization(state: ClusterState) -> dict[str, float]:
     """Fraction of each resource held by bindings, cluster-wide (resources with capacity only).
 
@@ -131,104 +84,184 @@ def utilization(state: ClusterState) -> dict[str, float]:
     return {name: held.get(name, 0) / total for name, total in state.totals().items() if total > 0}
 
 
-def summary(outcome: PlanOutcome) -> dict[str, Any]:
-    evicted = outcome.evicted_by()
-    placed = sum(isinstance(r, Binding) and r.workload not in evicted for r in outcome.results)
-    return {
-        "placed": placed,
-        "unschedulable": len(outcome.results) - placed - len(evicted),
-        "evicted": len(evicted),
-        "utilization": {k: round(v, 4) for k, v in utilization(outcome.state).items()},
-    }
+def outcome_doc(outcome: PlanOutcome, manifests: Manifests, *, show_nodes: bool = False) -> dict[str, Any]:
+    """The `-o json` document: results, summary (with utilization), preemptions, nodes (`--show-nodes`)."""
+    tenants = {w.key: w.tenant for w in manifests.workloads}
+    misses = outcome.scheduler.preemption_misses
+    doc = decision_records(outcome.results, outcome.preemptions, tenants, misses)
+    doc["summary"]["utilization"] = {k: round(v, 4) for k, v in utilization(outcome.state).items()}
+    if show_nodes:
+        doc["nodes"] = [node_report(outcome.state, name) for name in outcome.state.names]
+    return doc
 
 
 def render(
     outcome: PlanOutcome, manifests: Manifests, output: str, console: Console, *, show_nodes: bool = False
 ) -> None:
-    workloads = {w.key: w for w in manifests.workloads}
+    doc = outcome_doc(outcome, manifests, show_nodes=show_nodes)
     if output in ("json", "yaml"):
-        evicted = outcome.evicted_by()
-        records = []
-        for r in outcome.results:
-            record = result_record(r, workloads)
-            if r.workload in evicted:
-                record["evictedBy"] = evicted[r.workload].preemptor
-            elif not isinstance(r, Binding) and r.workload in outcome.scheduler.preemption_misses:
-                record["preemption"] = outcome.scheduler.preemption_misses[r.workload]
-            records.append(record)
-        doc: dict[str, Any] = {"results": records, "summary": summary(outcome)}
-        if outcome.preemptions:
-            doc["preemptions"] = [preemption_record(p) for p in outcome.preemptions]
-        if show_nodes:
-            doc["nodes"] = [node_report(outcome.state, name) for name in outcome.state.names]
         text = json.dumps(doc, indent=2) if output == "json" else yaml.safe_dump(doc, sort_keys=False)
         console.print(text, markup=False, highlight=False, soft_wrap=True)
         return
-    console.print(decision_table(outcome.results, workloads, outcome.evicted_by()))
-    if outcome.preemptions:
-        console.print(preemption_table(outcome.preemptions))
-    console.print(summary_table(outcome))
+    render_doc(doc, console, wide=output == "wide")
     if show_nodes:
-        console.print(render_node_reports(outcome.state))
+        print_table(console, node_reports_table(doc["nodes"], wide=output == "wide"), wide=output == "wide")
 
 
-def decision_table(
-    results: Sequence[Result], workloads: dict[str, Any], evicted: dict[str, Preemption] | None = None
-) -> Table:
-    table = Table(title="Scheduling decisions (in decision order)", show_lines=False)
-    for column in ("workload", "tenant", "node", "score", "placement / reason"):
-        table.add_column(column, overflow="fold")
-    evicted = evicted or {}
-    for result in results:
-        if isinstance(result, Binding) and result.workload in evicted:
-            p = evicted[result.workload]
-            why = f"evicted by {p.preemptor} ({p.reasons.get(result.workload, '')})"
-            table.add_row(result.workload, result.tenant, result.node, str(result.score), f"[magenta]{escape(why)}[/]")
-        elif isinstance(result, Binding):
-            cpuset = f"cpuset {result.cpuset}" if result.cpuset else ""
-            detail = "\n".join(filter(None, [cpuset, format_numa(result), format_grants(result)]))
-            table.add_row(result.workload, result.tenant, result.node, str(result.score), escape(detail))
+def render_doc(doc: Mapping[str, Any], console: Console, *, wide: bool = False, title: str = "") -> None:
+    """The decision table, the preemptions (if any) and the summary of a plan document."""
+    print_table(console, decision_table(doc["results"], wide=wide, title=title), wide=wide)
+    if doc.get("preemptions"):
+        print_table(console, preemption_table(doc["preemptions"], wide=wide), wide=wide)
+    print_table(console, summary_table(doc["summary"]), wide=wide)
+
+
+DECISION_COLUMNS = Columns(
+    col("workload"),
+    col("tenant", wide=True),
+    col("node"),
+    col("score", right=True, keep=True),
+    col("placement / reason"),
+)
+
+
+def decision_table(records: Sequence[Mapping[str, Any]], *, wide: bool = False, title: str = "") -> Table:
+    table = DECISION_COLUMNS.table(title or "Scheduling decisions (in decision order)", wide=wide)
+    for r in records:
+        score = "-" if r.get("score") is None else str(r["score"])
+        if r.get("evictedBy"):
+            why = f"evicted by {r['evictedBy']} ({r.get('evictionReason', '')})"
+            detail = f"[magenta]{escape(why)}[/]"
+        elif r.get("node"):
+            detail = escape(placement_text(r))
+            victims = r.get("preempts") or []
+            if victims:
+                names = "preempts " + ", ".join(v["workload"] or "a workload of another tenant" for v in victims)
+                detail += f"\n[magenta]{escape(names)}[/]"
         else:
-            w = workloads.get(result.workload)
-            style = "yellow" if isinstance(result, QuotaWait) else "red"
-            tenant = w.tenant if w is not None else ""
-            table.add_row(result.workload, tenant, "-", "-", f"[{style}]{escape(result.message)}[/]")
+            style = "yellow" if "waiting" in r else "red"
+            text = r.get("waiting") or r.get("error") or ""
+            if r.get("preemption"):
+                text += f" (preemption: {r['preemption']})"
+            detail = f"[{style}]{escape(text)}[/]"
+        DECISION_COLUMNS.add_row(
+            table, escape(r["workload"]), escape(r.get("tenant") or ""), escape(r.get("node") or "-"), score, detail,
+            wide=wide,
+        )  # fmt: skip
     return table
 
 
-def preemption_table(preemptions: Sequence[Preemption]) -> Table:
-    table = Table(title="Preemptions (in decision order)")
-    for column in ("preemptor", "node", "evicted", "why"):
-        table.add_column(column, overflow="fold")
-    for p in preemptions:
-        victims = "\n".join(f"{v.workload} (tenant {v.tenant}, priority {v.priority})" for v in p.victims)
-        reasons = "\n".join(p.reasons.get(v.workload, "") for v in p.victims)
-        if p.violations:
-            reasons += f"\nbreaks {p.violations} disruption budget(s)"
-        table.add_row(p.preemptor, p.node, escape(victims), escape(reasons))
-    return table
+def placement_text(record: Mapping[str, Any]) -> str:
+    """cpuset, NUMA grants and shared pools, devices of one placement record (one line each)."""
+    cpuset = f"cpuset {record['cpuset']}" if record.get("cpuset") else ""
+    grants = {
+        kind: [DeviceGrant(minor=g["minor"], resources=g["resources"]) for g in gs]
+        for kind, gs in (record.get("devices") or {}).items()
+    }
+    devices = format_grants(Binding(workload="-", node="-", devices=grants)) if grants else ""
+    return "\n".join(filter(None, [cpuset, format_numa(record), devices]))
 
 
-def format_numa(binding: Binding) -> str:
-    """``numa 0: cpu=2, memory=4Gi`` per NUMA node the binding takes from, and the NUMA shared
+def format_numa(record: Mapping[str, Any]) -> str:
+    """``numa 0: cpu=2, memory=4Gi`` per NUMA node the placement takes from, and the NUMA shared
     pools an LS workload is bound to (Koordinator's resource-status ``cpuSharedPools``)."""
     parts = []
-    for grant in binding.numa:
-        amounts = ", ".join(f"{k}={v}" for k, v in grant.resources.to_quantities().items())
-        parts.append(f"numa {grant.numa}: {amounts}")
-    status = json.loads(binding.annotations.get(ANNOTATION_RESOURCE_STATUS, "{}"))
+    for numa, amounts in (record.get("numaResources") or {}).items():
+        parts.append(f"numa {numa}: " + ", ".join(f"{k}={v}" for k, v in amounts.items()))
+    status = json.loads((record.get("annotations") or {}).get(ANNOTATION_RESOURCE_STATUS, "{}"))
     pools = status.get("cpuSharedPools") or []
     if pools:
         parts.append("shared pools: " + ", ".join(f"socket {p['socket']} numa {p['node']}" for p in pools))
     return "; ".join(parts)
 
 
-def summary_table(outcome: PlanOutcome) -> Table:
-    data = summary(outcome)
-    evicted = f", {data['evicted']} evicted" if data["evicted"] else ""
-    table = Table(title=f"Summary: {data['placed']} placed, {data['unschedulable']} not placed{evicted}")
-    table.add_column("resource")
-    table.add_column("utilization", justify="right")
-    for name, fraction in data["utilization"].items():
-        table.add_row(name, f"{100 * fraction:.1f} %")
+PREEMPTION_COLUMNS = Columns(col("preemptor"), col("node"), col("evicted"), col("why"))
+
+
+def preemption_table(preemptions: Sequence[Mapping[str, Any]], *, wide: bool = False) -> Table:
+    table = PREEMPTION_COLUMNS.table("Preemptions (in decision order)", wide=wide)
+    for p in preemptions:
+        victims = "\n".join(
+            f"{v['workload']} (tenant {v['tenant']}, priority {v['priority']})"
+            if v["workload"]
+            else f"a workload of another tenant (priority {v['priority']})"
+            for v in p["victims"]
+        )
+        reasons = "\n".join(v["reason"] for v in p["victims"])
+        if p.get("budgetViolations"):
+            reasons += f"\nbreaks {p['budgetViolations']} disruption budget(s)"
+        PREEMPTION_COLUMNS.add_row(table, escape(p["preemptor"]), escape(p["node"]), escape(victims), escape(reasons))
     return table
+
+
+def summary_table(summary: Mapping[str, Any]) -> Table | str:
+    """The summary line, with each resource's utilization when the plan knows it (offline)."""
+    evicted = f", {summary['evicted']} evicted" if summary.get("evicted") else ""
+    title = f"Summary: {summary['placed']} placed, {summary['unschedulable']} not placed{evicted}"
+    rows = [(name, f"{100 * fraction:.1f} %") for name, fraction in (summary.get("utilization") or {}).items()]
+    if not rows:
+        return title
+    return simple_table(title, [col("resource"), col("utilization", right=True)], rows)
+
+
+NODE_COLUMNS = Columns(
+    col("node"),
+    col("numa", right=True, keep=True),
+    col("cpu", right=True, keep=True),
+    col("memory", right=True, keep=True),
+    col("shared pool"),
+    col("BE pool", wide=True),
+    col("pinned"),
+)
+
+
+def node_reports_table(reports: Sequence[Mapping[str, Any]], *, wide: bool = False) -> Table:
+    """The nodes' NUMA zones, pools and pinned workloads (``finesched plan --show-nodes``)."""
+    title = "Nodes: NUMA zones (cpu and memory free/allocatable), CPU pools, pinned workloads"
+    table = NODE_COLUMNS.table(title, wide=wide)
+    for report in reports:
+        pinned = "\n".join(f"{p['namespace']}/{p['name']} {p['cpuset']}" for p in report["podCPUAllocs"]) or "-"
+        shared = {p["node"]: p["cpuset"] for p in report.get("cpuSharedPools", ())}
+        be = {p["node"]: p["cpuset"] for p in report.get("beCPUSharedPools", ())}
+        zones = report["zones"] or [{"name": "-", "resources": []}]
+        for k, zone in enumerate(zones):
+            res = {r["name"]: f"{r['available']}/{r['allocatable']}" for r in zone["resources"]}
+            nid = int(zone["name"][5:]) if zone["name"].startswith("node-") else -1
+            NODE_COLUMNS.add_row(
+                table, report["name"] if k == 0 else "", str(nid) if nid >= 0 else "-", res.get("cpu", "-"),
+                res.get("memory", "-"),
+                shared.get(nid, "-"), be.get(nid, "-"), escape(pinned) if k == 0 else "", wide=wide,
+            )  # fmt: skip
+    return table
+
+
+def server_plan_problem(manifests: Manifests, offline_flags: Sequence[str]) -> tuple[str, int] | None:
+    """Why `plan --server` cannot run with these files and flags: (message, exit code), or None."""
+    if offline_flags:
+        return f"{', '.join(offline_flags)}: only for an offline plan, not with --server", 2
+    others = [f"{type(o).__name__} {o.name}" for o in (*manifests.nodes, *manifests.tenants, *manifests.jobs)]
+    if others or not manifests.workloads:
+        what = f"not {', '.join(others)}" if others else "none given"
+        return f"--server plans Workloads against the server's own nodes and tenants ({what})", 1
+    return None
+
+
+def plan_on_server(
+    manifests: Manifests, server: str, token: str, output: str, console: Console, *, ca: Path | None = None,
+    insecure: bool = False,
+) -> None:  # fmt: skip
+    """POST the workloads of `manifests` to `server`'s /v1/plan and show the answer (nothing is stored there)."""
+    from finesched.commands.client import Client
+    from finesched.model.manifest import to_manifest
+
+    client = Client(server, token, ca=ca, insecure=insecure)
+    answer = client.call("POST", "/v1/plan", json=[to_manifest(w) for w in manifests.workloads])
+    if output in ("json", "yaml"):
+        text = json.dumps(answer, indent=2) if output == "json" else yaml.safe_dump(answer, sort_keys=False)
+        console.print(text, markup=False, highlight=False, soft_wrap=True)
+        return
+    cluster = answer.get("cluster", {})
+    title = f"Where they would go now on {server} ({cluster.get('nodes', '?')} nodes; nothing stored)"
+    render_doc(answer, console, wide=output == "wide", title=title)
+    if cluster.get("pending"):
+        console.print(f"{cluster['pending']} workload(s) already waiting there were not planned with these.")

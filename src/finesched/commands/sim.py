@@ -33,6 +33,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+from finesched.commands.tables import Columns, col, print_table, simple_table
 from finesched.sim import metrics
 from finesched.sim.policies import BASELINES, BEST, POLICIES, resolve_policy
 from finesched.sim.trace import TraceError
@@ -42,7 +43,7 @@ _REPO_DATA = Path(__file__).resolve().parents[3] / _DATA
 DATA_DIR = _REPO_DATA if _REPO_DATA.is_dir() else _DATA
 DEFAULT_NODES = DATA_DIR / "openb_node_list_gpu_node.csv"
 DEFAULT_PODS = DATA_DIR / "openb_pod_list_default.csv"
-OUTPUTS = ("table", "json")
+OUTPUTS = ("table", "wide", "json")
 
 sim_app = typer.Typer(
     name="sim",
@@ -179,7 +180,7 @@ def fill(
     seeds: Annotated[str, typer.Option("--seeds", help="Seeds: N, N-M or a comma list.")] = "42-51",
     jobs: Annotated[int, typer.Option("--jobs", "-j", help="Parallel worker processes.")] = 1,
     out_dir: Annotated[Path | None, typer.Option("--out", help="Write CSV, JSON, PNG and HTML here.")] = None,
-    output: Annotated[str, typer.Option("--output", "-o", help="table or json.")] = "table",
+    output: Annotated[str, typer.Option("--output", "-o", help="table, wide or json.")] = "table",
     lp: Annotated[
         bool | None, typer.Option("--lp-bound/--no-lp-bound", help="Compute the LP upper bound (default: with --out).")
     ] = None,
@@ -256,7 +257,8 @@ def fill(
             payload["lp_bound"] = bound
         out.print_json(json.dumps(payload))
         return
-    _fill_table(records, bound, wall, jobs)
+    _fill_table(records, bound, wall, jobs, wide=output == "wide")
+    _reasons_table(records, "failed_reasons", "Why pods failed: pods held back by each reason (mean over seeds)")
     if mix:
         _priority_table(records)
 
@@ -319,7 +321,7 @@ def _mig_fill(
                 p, mode, f"{s['alloc_100']:.2f}", f"{s['alloc_end']:.2f}", f"{s['held_end']:.2f}",
                 f"{s['frag_end']:.2f}", f"{s['failed']:.0f}", f"{s['on_mig']:.0f}",
             )  # fmt: skip
-    _print_table(table)
+    print_table(out, table)
 
 
 def _priority_mix(text: str) -> tuple[float, ...]:
@@ -335,6 +337,19 @@ def _priority_mix(text: str) -> tuple[float, ...]:
     return weights
 
 
+def _reasons_table(records: list[dict[str, Any]], key: str, title: str) -> None:
+    """Why pods failed (or were never placed), per policy: each reason and the mean pods it kept out."""
+    from finesched.sim.report import mean_reasons
+
+    rows = [
+        (policy, reason, f"{count:g}")
+        for policy in dict.fromkeys(r["policy"] for r in records)
+        for reason, count in mean_reasons([r for r in records if r["policy"] == policy], key).items()
+    ]
+    if rows:
+        out.print(simple_table(title, [col("policy"), col("reason"), col("pods", right=True)], rows))
+
+
 def _priority_table(records: list[dict[str, Any]]) -> None:
     """Evictions and final GPU allocation per priority class, mean over seeds, per policy."""
     table = Table(title="Preemption by priority class: evictions (victims' class) and final GPU allocation %")
@@ -346,7 +361,7 @@ def _priority_table(records: list[dict[str, Any]]) -> None:
         evicted = " / ".join(f"{fmean([r['evicted_by_priority'].get(k, 0) for r in rows]):.0f}" for k in classes)
         alloc = " / ".join(f"{fmean([r['alloc_by_priority'][k] for r in rows]):.2f}" for k in classes)
         table.add_row(policy, f"{fmean([r['evictions'] for r in rows]):.0f}", evicted, alloc)
-    _print_table(table)
+    out.print(table)
 
 
 def _seeds(text: str) -> list[int]:
@@ -356,22 +371,30 @@ def _seeds(text: str) -> list[int]:
 
 
 def _fill_table(
-    records: list[dict[str, Any]], bound: dict[str, dict[str, float]] | None, wall: float, jobs: int
+    records: list[dict[str, Any]], bound: dict[str, dict[str, float]] | None, wall: float, jobs: int, *, wide: bool
 ) -> None:
+    """The allocation table: in 80 columns the rate at 100 % and 130 % arrived, and at 130 % the spread,
+    the published mean, the fragmentation ratio and failed pods; `-o wide` adds every report point,
+    unallocated, fragmentation amount and wall time."""
     from finesched.sim.report import fill_summary
 
     summary = fill_summary(records)
     points = metrics.REPORT_POINTS
-    table = Table(title=f"GPU allocation rate (%) by arrived demand: mean over seeds ({wall:.1f} s, {jobs} job(s))")
-    table.add_column("policy")
-    table.add_column("seeds", justify="right")
-    for p in points:
-        table.add_column(f"@{p}", justify="right")
-    for column in ("± std @130", "published @130", "unalloc @130", "frag @130", "frag ratio @130", "failed", "wall s"):
-        table.add_column(column, justify="right")
+    extra = ("± std", "paper", "unalloc", "frag", "frag ratio", "failed", "wall s")
+    narrow = {"@100", "@130", "± std", "paper", "frag ratio", "failed"}
+    columns = Columns(
+        col("policy", keep=True), col("seeds", right=True),
+        *(col(c, right=True, wide=c not in narrow) for c in (*(f"@{p}" for p in points), *extra)),
+    )  # fmt: skip
+    title = (
+        f"GPU allocation rate (%) by arrived demand, mean over seeds ({wall:.1f} s); the columns after @130 "
+        "are at 130 % (paper: the published mean)"
+    )
+    table = columns.table(title, wide=wide)
     for policy, s in summary.items():
         published = s.get("published_130")
-        table.add_row(
+        columns.add_row(
+            table,
             policy,
             str(s["seeds"]),
             *(f"{s[f'mean_{p}']:.2f}" for p in points),
@@ -382,17 +405,13 @@ def _fill_table(
             f"{s['frag_ratio_130']:.2f}",
             f"{s['failed_mean']:.0f}",
             f"{s['wall_s_mean']:.1f}",
+            wide=wide,
         )
     if bound:
         values = [[v[str(p)] for v in bound.values() if str(p) in v] for p in points]
         cells = [f"{sum(v) / len(v):.2f}" if v else "" for v in values]
-        table.add_row("LP bound", str(len(bound)), *cells, *[""] * 7, style="dim")
-    _print_table(table)
-
-
-def _print_table(table: Table) -> None:
-    """Print a wide table whole: a terminal wraps it to its width; pipes and files get 160 columns."""
-    (out if out.is_terminal else Console(highlight=False, width=160)).print(table)
+        columns.add_row(table, "LP bound", str(len(bound)), *cells, *[""] * 7, style="dim", wide=wide)
+    print_table(out, table, wide=wide)
 
 
 @sim_app.command()
@@ -406,7 +425,7 @@ def replay(
     seeds: Annotated[str, typer.Option("--seeds", help="Tie-break seeds: N, N-M or a comma list.")] = "42",
     jobs: Annotated[int, typer.Option("--jobs", "-j", help="Parallel worker processes.")] = 1,
     out_dir: Annotated[Path | None, typer.Option("--out", help="Write CSV, JSON, PNG and HTML here.")] = None,
-    output: Annotated[str, typer.Option("--output", "-o", help="table or json.")] = "table",
+    output: Annotated[str, typer.Option("--output", "-o", help="table, wide or json.")] = "table",
     preemption: PreemptionFlag = False,
     priorities: PriorityMix = "",
 ) -> None:
@@ -476,7 +495,8 @@ def replay(
             f"{s['delay_max_s']:.1f}",
             f"{s['unplaced']:.0f}",
         )
-    _print_table(table)
+    print_table(out, table, wide=output == "wide")
+    _reasons_table(records, "unplaced_reasons", "Why pods were never placed: pods per reason (mean over seeds)")
     if mix:
         _replay_priority_table(records)
 
@@ -498,7 +518,7 @@ def _replay_priority_table(records: list[dict[str, Any]]) -> None:
             _class_means(rows, classes, lambda r, k: r["by_priority"][k]["unplaced"]),
             _class_means(rows, classes, lambda r, k: r["by_priority"][k]["evicted_unfinished"]),
         )
-    _print_table(table)
+    out.print(table)
 
 
 def _class_means(

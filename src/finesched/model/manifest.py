@@ -218,7 +218,11 @@ def read_documents(path: str | Path) -> list[object]:
     except UnicodeDecodeError as exc:
         message = f"is not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start})"
         raise ValidationError([ErrorDetail("", message, where=str(path))]) from None
-    kind = "JSON" if path.suffix.lower() == ".json" else "YAML"
+    return parse_documents(text, "JSON" if path.suffix.lower() == ".json" else "YAML", where=str(path))
+
+
+def parse_documents(text: str, kind: str = "YAML", *, where: str = "") -> list[object]:
+    """The documents of YAML (multi-document) or JSON (object or array) text; repeated keys are errors."""
     try:
         if kind == "JSON":
             data = json.loads(text, object_pairs_hook=_unique_json_object)
@@ -226,7 +230,7 @@ def read_documents(path: str | Path) -> list[object]:
         return [doc for doc in yaml.load_all(text, Loader=_UniqueKeyLoader) if doc is not None]
     except (yaml.YAMLError, ValueError) as exc:  # JSONDecodeError is a ValueError
         message = f"is not valid {kind}: {_syntax_problem(exc)}"
-        raise ValidationError([ErrorDetail("", message, where=str(path))]) from None
+        raise ValidationError([ErrorDetail("", message, where=where)]) from None
 
 
 def load_manifests(*paths: str | Path) -> Manifests:

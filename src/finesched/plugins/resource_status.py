@@ -7,7 +7,7 @@
 * `node_report`: a NodeResourceTopology-like view of one node as plain data (zones
   ``node-<id>`` with capacity / allocatable / available, the kubelet policy, cpu topology,
   pod CPU allocations, shared and BE pools; PROTOCOLS.md sections 2 and 3), for the API.
-* `render_node_reports`: the same for people (``finesched plan --show-nodes``), as a rich table.
+  (``finesched plan --show-nodes`` renders it as a table: `finesched.commands.plan.node_reports_table`.)
 """
 
 from __future__ import annotations
@@ -169,31 +169,3 @@ def _resource(name: str, capacity: int, allocatable: int, available: int) -> dic
         "allocatable": format_quantity(allocatable, kind),
         "available": format_quantity(available, kind),
     }
-
-
-def render_node_reports(state: ClusterState, names: Iterable[str] | None = None) -> Any:
-    """A rich Table of the nodes' NUMA zones, pools and pinned workloads (``finesched plan --show-nodes``)."""
-    from rich.table import Table
-
-    table = Table(title="nodes: NUMA zones, CPU pools and pinned workloads")
-    for column in ("node", "zone", "cpu avail/alloc", "memory avail/alloc", "shared pool", "BE pool", "pinned"):
-        table.add_column(column)
-    for name in names if names is not None else state.names:
-        report = node_report(state, name)
-        pinned = ", ".join(f"{p['namespace']}/{p['name']}={p['cpuset']}" for p in report["podCPUAllocs"]) or "-"
-        shared = {p["node"]: p["cpuset"] for p in report.get("cpuSharedPools", ())}
-        be = {p["node"]: p["cpuset"] for p in report.get("beCPUSharedPools", ())}
-        zones = report["zones"] or [{"name": "-", "resources": []}]
-        for k, zone in enumerate(zones):
-            res = {r["name"]: f"{r['available']}/{r['allocatable']}" for r in zone["resources"]}
-            nid = int(zone["name"][5:]) if zone["name"].startswith("node-") else -1
-            table.add_row(
-                name if k == 0 else "",
-                zone["name"],
-                res.get(CPU, "-"),
-                res.get(MEMORY, "-"),
-                shared.get(nid, "-"),
-                be.get(nid, "-"),
-                pinned if k == 0 else "",
-            )
-    return table

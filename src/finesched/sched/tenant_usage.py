@@ -41,6 +41,10 @@ class TenantUsage:
         """The amounts `tenant`'s bindings hold (empty when it holds nothing)."""
         return self._usage.get(tenant, {})
 
+    def tenants(self) -> list[str]:
+        """The tenants that hold anything now."""
+        return [tenant for tenant, amounts in self._usage.items() if any(amounts.values())]
+
     # NodeExtra: node changes do not move tenant usage ------------------------------------------------
     def resize(self, capacity: int) -> None:
         pass

@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse, Response
 from sqlalchemy.exc import OperationalError
 
 from finesched import __version__
-from finesched.server import jobs, logs, offers, routes_nodes, routes_tenants, routes_workloads
+from finesched.server import console, jobs, logs, offers, routes_nodes, routes_plan, routes_tenants, routes_workloads
 from finesched.server.auth import TokenCache
 from finesched.server.context import MAX_BODY_BYTES, Ctx, ServerContext
 from finesched.server.lease import LostLease
@@ -173,6 +173,6 @@ def create_app(store: Store, config: LoopConfig | None = None, *, max_body_bytes
     def metrics_endpoint() -> Response:
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
 
-    for module in (routes_nodes, routes_workloads, routes_tenants, offers, jobs, logs):
+    for module in (routes_nodes, routes_workloads, routes_tenants, offers, jobs, logs, routes_plan, console):
         app.include_router(module.router)
     return app

@@ -147,6 +147,24 @@ class Store:
         with self.read() as conn:
             return [as_dict(r) for r in conn.execute(select(t.nodes).order_by(t.nodes.c.name))]  # type: ignore[misc]
 
+    def node_summary(self, limit: int = 100) -> tuple[int, int, int, list[tuple[str, bool, bool]]]:
+        """(nodes, Ready, cordoned, the first `limit` NotReady or cordoned nodes by name as (name,
+        ready, cordoned)): counted by the database, for the console's overview."""
+        counts = select(func.count(), func.count().filter(t.nodes.c.ready), func.count().filter(t.nodes.c.cordoned))
+        flagged = select(t.nodes.c.name, t.nodes.c.ready, t.nodes.c.cordoned).where(
+            or_(t.nodes.c.cordoned, t.nodes.c.ready.is_(False))
+        )
+        with self.read() as conn:
+            total, ready, cordoned = conn.execute(counts.select_from(t.nodes)).one()
+            rows = conn.execute(flagged.order_by(t.nodes.c.name).limit(limit))
+            return int(total), int(ready), int(cordoned), [(n, bool(r), bool(c)) for n, r, c in rows]
+
+    def node_flags(self) -> list[tuple[str, bool, bool, datetime | None]]:
+        """(name, ready, cordoned, last heartbeat) of every node, by name: the spec-less read the console needs."""
+        query = select(t.nodes.c.name, t.nodes.c.ready, t.nodes.c.cordoned, t.nodes.c.heartbeat)
+        with self.read() as conn:
+            return [(n, bool(r), bool(c), aware(h)) for n, r, c, h in conn.execute(query.order_by(t.nodes.c.name))]
+
     def set_node_flags(self, name: str, reason: str, message: str = "", **flags: Any) -> dict[str, Any]:
         """Set cordoned / ready / heartbeat / report on a node (one event, `reason`)."""
         with self.write() as conn:

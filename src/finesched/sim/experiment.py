@@ -15,8 +15,9 @@ paper's artifact; results agree in distribution, not bit for bit.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -92,6 +93,9 @@ class FillRun:
     failed: int
     wall_s: float
     trace: str = ""
+    #: Why the failed pods fit nowhere, as the scheduler's reason counts: each failed pod is counted
+    #: once under every reason its nodes gave (`reasons_of`), so a reason's count is the pods it held back.
+    failed_reasons: dict[str, int] = field(default_factory=dict)
     #: With a priority mix (`run_fill(priorities=...)`): evictions by the victims' priority class,
     #: and the final GPU allocation (% of capacity) held by each class.
     evicted: dict[int, int] | None = None
@@ -117,6 +121,7 @@ class FillRun:
             "frag_amount": {str(x): _round(v) for x, v in frag.items()},
             "frag_ratio": {str(x): _round(v) for x, v in ratio.items()},
             "failed": self.failed,
+            "failed_reasons": dict(sorted(self.failed_reasons.items(), key=lambda kv: (-kv[1], kv[0]))),
             "wall_s": round(self.wall_s, 3),
             **self._priority_fields(),
         }
@@ -133,6 +138,12 @@ class FillRun:
 
 def _round(value: float) -> float | None:
     return None if value != value else round(value, 4)
+
+
+def reasons_of(error: FitError) -> list[str]:
+    """The reasons a FitError counts nodes under ("insufficient cpu", "node(s) didn't match node
+    affinity", ...), or its message when it counts none (e.g. a gang that could not be placed)."""
+    return list(error.reasons) or [error.message]
 
 
 def make_scheduler(
@@ -184,6 +195,7 @@ def run_fill(
     frag, ratio = np.zeros(n), np.zeros(n)
     request = arrivals.gpu_request_milli.tolist()
     total_arrived = total_used = failed = 0
+    failed_reasons: Counter[str] = Counter()
     for i in range(n):
         total_arrived += request[i]
         workload = factory.make(arrivals, i)
@@ -193,10 +205,11 @@ def run_fill(
             scheduler.schedule_one(workload)
             total_used += request[i]
             held_by[workload.key] = request[i]
-        except FitError:
+        except FitError as exc:
             p, _ = scheduler.find_preemption(workload) if preemption else (None, "")
             if p is None:
                 failed += 1
+                failed_reasons.update(reasons_of(exc))
             else:
                 scheduler.apply_preemption(p)
                 for victim in p.victims:
@@ -223,6 +236,7 @@ def run_fill(
         failed=failed,
         wall_s=time.perf_counter() - started,
         trace=pods.source,
+        failed_reasons=dict(failed_reasons),
         evicted=evicted if classes is not None else None,
         alloc_by_priority=_alloc_by_priority(state, held_by, len(priorities), capacity)
         if classes is not None

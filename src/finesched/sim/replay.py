@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import heapq
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,9 +29,10 @@ import numpy.typing as npt
 from finesched.model.binding import Binding
 from finesched.model.workload import Workload
 from finesched.plugins.fragmentation import TargetWorkload
+from finesched.sched.diagnosis import FitError
 from finesched.sched.scheduler import Scheduler
 from finesched.sim import metrics
-from finesched.sim.experiment import Progress, make_scheduler, priority_classes
+from finesched.sim.experiment import Progress, make_scheduler, priority_classes, reasons_of
 from finesched.sim.policies import resolve_policy
 from finesched.sim.trace import NodeTable, PodTable, WorkloadFactory
 
@@ -60,6 +62,9 @@ class ReplayRun:
     #: (first placements) and the pods never placed or evicted and never placed again.
     evicted: dict[int, int] | None = None
     by_priority: dict[int, dict[str, Any]] | None = None
+    #: Why the pods never placed still waited at the end: their last FitError's `reasons_of`, counted
+    #: like `FillRun.failed_reasons` (each pod once under every reason).
+    unplaced_reasons: dict[str, int] = field(default_factory=dict)
 
     def mean_alloc(self, start: float, end: float) -> float:
         """Time-weighted mean GPU allocation (%) over [start, end] (the step function of `alloc`)."""
@@ -85,6 +90,7 @@ class ReplayRun:
             "placed": len(self.delays),
             "waited": int((self.delays > 0).sum()),
             "unplaced": self.unplaced,
+            "unplaced_reasons": dict(sorted(self.unplaced_reasons.items(), key=lambda kv: (-kv[1], kv[0]))),
             "wall_s": round(self.wall_s, 3),
         }
         if self.evicted is None or self.by_priority is None:
@@ -114,6 +120,7 @@ class _Replay:
         self.delays = np.full(len(pods), np.nan)
         self.evicted = np.zeros(len(pods), dtype=np.int64)  # times each pod was evicted
         self.done = np.zeros(len(pods), dtype=bool)  # ran to its end
+        self.last_error: dict[str, FitError] = {}  # waiting pod -> why it did not fit last time
 
     def workload(self, i: int) -> Workload:
         workload = self.factory.make(self.pods, i)
@@ -137,7 +144,10 @@ class _Replay:
     def run(self, now: float, arrival: FloatArray) -> None:
         """One `Scheduler.run` at `now`: place, account evictions, submit the victims again."""
         for result in self.scheduler.run():
+            if isinstance(result, FitError):
+                self.last_error[result.workload] = result
             if isinstance(result, Binding):
+                self.last_error.pop(result.workload, None)
                 i = self.keys[result.workload]
                 if np.isnan(self.delays[i]):
                     self.delays[i] = now - arrival[i]
@@ -245,4 +255,5 @@ def run_replay(
         last_arrival=float(arrival.max()),
         evicted=evicted,
         by_priority=by_priority,
+        unplaced_reasons=dict(Counter(reason for e in loop.last_error.values() for reason in reasons_of(e))),
     )

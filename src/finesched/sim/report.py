@@ -71,6 +71,7 @@ def fill_summary(records: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, An
             ratio, _ = metrics.mean_std([_frag_ratio(r, point) for r in rows])
             entry[f"frag_ratio_{point}"] = round(ratio, 4)
         entry["failed_mean"] = round(float(np.mean([r["failed"] for r in rows])), 1)
+        entry["failed_reasons"] = mean_reasons(rows, "failed_reasons")
         entry["wall_s_mean"] = round(float(np.mean([r["wall_s"] for r in rows])), 3)
         if policy in published:
             entry["published_130"] = published[policy]
@@ -78,13 +79,24 @@ def fill_summary(records: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, An
     return out
 
 
+def mean_reasons(rows: Sequence[Mapping[str, Any]], key: str) -> dict[str, float]:
+    """Per reason, the mean over the rows (seeds) of how many pods it held back, most first: why pods
+    failed, as the scheduler counts reasons (a pod under each of its reasons; rows without `key`: none)."""
+    totals: dict[str, int] = {}
+    for row in rows:
+        for reason, count in (row.get(key) or {}).items():
+            totals[reason] = totals.get(reason, 0) + int(count)
+    means = {reason: round(total / max(len(rows), 1), 1) for reason, total in totals.items()}
+    return dict(sorted(means.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
 def json_view(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """The `-o json` shape: results rows and {policy: {mean_130, std_130}}."""
-    keys = ("policy", "seed", "alloc", "unallocated_130", "frag_amount", "failed", "wall_s")
+    """The `-o json` shape: results rows (with why pods failed) and {policy: {mean_130, std_130}}."""
+    keys = ("policy", "seed", "alloc", "unallocated_130", "frag_amount", "failed", "failed_reasons", "wall_s")
     extra = ("evictions", "evicted_by_priority", "alloc_by_priority")  # runs with a priority mix only
     summary = fill_summary(records)
     return {
-        "results": [{k: r[k] for k in (*keys, *(e for e in extra if e in r))} for r in records],
+        "results": [{k: r.get(k, {}) for k in (*keys, *(e for e in extra if e in r))} for r in records],
         "summary": {p: {"mean_130": s["mean_130"], "std_130": s["std_130"]} for p, s in summary.items()},
     }
 
@@ -190,7 +202,8 @@ def _meta_html(meta: Mapping[str, Any]) -> str:
 
 _STYLE = (
     "<style>body{font-family:sans-serif;max-width:1200px;margin:auto}table{border-collapse:collapse;margin:1em 0}"
-    "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}th{background:#f4f4f4}</style>"
+    "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}th{background:#f4f4f4}"
+    "td.reason{text-align:left}</style>"
 )
 
 
@@ -223,10 +236,11 @@ def _fill_html(
             "<h2>LP upper bound</h2><p>Offline relaxation over the pods arrived up to each demand point "
             f"(mean over {len(lp)} seeds; sim/lp_bound.py).</p><table><tr>{head}</tr><tr>{cells}</tr></table>"
         )
+    why = reasons_html(summary, "failed_reasons", "Why pods failed: pods held back by each reason (mean over seeds)")
     return (
         f"<!doctype html><html><head><meta charset='utf-8'><title>finesched sim fill</title>{_STYLE}</head><body>"
         f"<h1>Fill protocol: allocation rate by arrived GPU demand</h1>{_meta_html(meta)}"
-        f"<h2>Mean over seeds</h2>{table}{lp_html}<h2>Plots</h2>{''.join(_img(p) for p in images)}"
+        f"<h2>Mean over seeds</h2>{table}{why}{lp_html}<h2>Plots</h2>{''.join(_img(p) for p in images)}"
         "<p>Trace: Alibaba cluster-trace-gpu-v2023 (Weng et al., USENIX ATC 2023, FGD).</p></body></html>\n"
     )
 
@@ -246,10 +260,23 @@ def replay_summary(records: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, 
             "waited": round(float(np.mean([r.get("waited", 0) for r in rows])), 1),
             "queue_peak": round(float(np.mean([r["queue_peak"] for r in rows])), 1),
             "unplaced": round(float(np.mean([r["unplaced"] for r in rows])), 1),
+            "unplaced_reasons": mean_reasons(rows, "unplaced_reasons"),
         }
         if all("evictions" in r for r in rows):  # runs with a priority mix
             out[policy]["evictions"] = round(float(np.mean([r["evictions"] for r in rows])), 1)
     return out
+
+
+def reasons_html(summary: Mapping[str, Mapping[str, Any]], key: str, title: str) -> str:
+    """An HTML table of policy, reason and pods (empty when no pod of any policy failed)."""
+    rows = "".join(
+        f"<tr><th>{html.escape(policy)}</th><td class='reason'>{html.escape(reason)}</td><td>{count:g}</td></tr>"
+        for policy, s in summary.items()
+        for reason, count in (s.get(key) or {}).items()
+    )
+    if not rows:
+        return ""
+    return f"<h2>{html.escape(title)}</h2><table><tr><th>policy</th><th>reason</th><th>pods</th></tr>{rows}</table>"
 
 
 def write_replay(out: Path, runs: Sequence[Result], meta: Mapping[str, Any]) -> list[Path]:
@@ -295,15 +322,18 @@ def write_replay(out: Path, runs: Sequence[Result], meta: Mapping[str, Any]) -> 
     fig.savefig(paths[3], dpi=110)
     plt.close(fig)
     rows = "".join(
-        f"<tr><th>{html.escape(p)}</th>" + "".join(f"<td>{v}</td>" for v in s.values()) + "</tr>"
+        f"<tr><th>{html.escape(p)}</th>"
+        + "".join(f"<td>{v}</td>" for k, v in s.items() if k != "unplaced_reasons")
+        + "</tr>"
         for p, s in summary.items()
     )
     first = next(iter(summary.values()), {})
-    head = "".join(f"<th>{html.escape(k)}</th>" for k in first)
+    head = "".join(f"<th>{html.escape(k)}</th>" for k in first if k != "unplaced_reasons")
+    why = reasons_html(summary, "unplaced_reasons", "Why pods were never placed: pods per reason (mean over seeds)")
     paths[4].write_text(
         f"<!doctype html><html><head><meta charset='utf-8'><title>finesched sim replay</title>{_STYLE}</head><body>"
         f"<h1>Replay: utilization and queueing delay</h1>{_meta_html(meta)}"
-        f"<table><tr><th>policy</th>{head}</tr>{rows}</table>{_img(paths[2])}{_img(paths[3])}</body></html>\n",
+        f"<table><tr><th>policy</th>{head}</tr>{rows}</table>{why}{_img(paths[2])}{_img(paths[3])}</body></html>\n",
         encoding="utf-8",
     )
     return paths

@@ -424,6 +424,13 @@ class ClusterState:
             observer.refresh(i)
 
     @property
+    def version(self) -> tuple[int, int, int, int, int]:
+        """Changes whenever anything a snapshot holds changes (amounts, nodes, bindings, commits), so
+        a snapshot taken at one version still equals the state while it reads the same."""
+        return (self.change_position, self.capacity_version, self.nodes_version, len(self.bindings),
+                len(self._committed))  # fmt: skip
+
+    @property
     def change_position(self) -> int:
         """The absolute position of the next change-log entry."""
         return self.change_base + self._log_len

@@ -1,0 +1,159 @@
+// Building the page: elements from data (text only: nothing the server sends is parsed as HTML),
+// tables, amounts for people, and one stable colour per workload.
+
+const SVG_NS = "http://www.w3.org/2000/svg";
+
+// h("a", {href: "/ui", class: "x"}, "text", child, ...): an element with attributes and children.
+export function h(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  setAttrs(node, attrs);
+  append(node, children);
+  return node;
+}
+
+// An SVG element (same call shape as h).
+export function s(tag, attrs = {}, ...children) {
+  const node = document.createElementNS(SVG_NS, tag);
+  setAttrs(node, attrs);
+  append(node, children);
+  return node;
+}
+
+function setAttrs(node, attrs) {
+  for (const [key, value] of Object.entries(attrs || {})) {
+    if (value === undefined || value === null || value === false) continue;
+    if (key.startsWith("on") && typeof value === "function") node.addEventListener(key.slice(2), value);
+    else if (key === "style") node.style.cssText = String(value); // CSSOM: allowed where inline styles are not
+    else node.setAttribute(key, value === true ? "" : String(value));
+  }
+}
+
+function append(node, children) {
+  for (const child of children.flat(Infinity)) {
+    if (child === undefined || child === null || child === false) continue;
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+}
+
+// A table: headers, then rows of cells (strings or elements); `empty` when there are no rows.
+export function table(headers, rows, { empty = "none", cls = "" } = {}) {
+  if (!rows.length) return h("p", { class: "muted" }, empty);
+  return h(
+    "table",
+    { class: `grid ${cls}` },
+    h("thead", {}, h("tr", {}, headers.map((title) => h("th", {}, title)))),
+    h("tbody", {}, rows.map((cells) => (cells instanceof Node ? cells : h("tr", {}, cells.map((c) => h("td", {}, c)))))),
+  );
+}
+
+export function section(title, ...children) {
+  return h("section", { class: "card" }, h("h2", {}, title), ...children);
+}
+
+// A horizontal usage bar: `fraction` in [0, 1].
+export function meter(fraction, label = "") {
+  const pct = Math.max(0, Math.min(1, fraction || 0)) * 100;
+  const tone = pct >= 90 ? "hot" : pct >= 70 ? "warm" : "ok";
+  return h(
+    "span",
+    { class: "meter", title: label || `${pct.toFixed(1)} %` },
+    h("span", { class: `fill ${tone}`, style: `width:${pct.toFixed(1)}%` }),
+  );
+}
+
+// A count or amount with thousands separators and at most one decimal: 21126.05 -> "21,126.1".
+export function number(value) {
+  return Number(value || 0).toLocaleString("en", { maximumFractionDigits: 1 });
+}
+
+export function pct(fraction, digits = 1) {
+  return `${(100 * (fraction || 0)).toFixed(digits)} %`;
+}
+
+const BINARY = ["", "Ki", "Mi", "Gi", "Ti", "Pi"];
+
+// Bytes as Kubernetes writes them when exact ("16Gi"), else one decimal ("1.5Gi").
+export function bytes(value) {
+  let v = Number(value) || 0;
+  let unit = 0;
+  while (Math.abs(v) >= 1024 && unit < BINARY.length - 1) {
+    v /= 1024;
+    unit += 1;
+  }
+  return `${Number.isInteger(v) ? v : v.toFixed(1)}${BINARY[unit]}`;
+}
+
+// A device dimension's amount for people: bytes for gpu-memory, percent of one device otherwise.
+// (The /v1 binding views write quantities as text, "4Gi": shown as they are.)
+export function deviceAmount(dim, value) {
+  if (typeof value === "string") return dim === "gpu-memory" || /[a-zA-Z]/.test(value) ? value : `${value}%`;
+  return dim === "gpu-memory" ? bytes(value) : `${value}%`;
+}
+
+// One device grant as the CLI writes it: "gpu 0: 50% core, 20Gi", "rdma 1: 100%".
+export function grantText(kind, minor, resources) {
+  const r = resources || {};
+  let shown;
+  if (kind === "gpu") {
+    shown = [];
+    if (r["gpu-core"] !== undefined) shown.push(`${deviceAmount("gpu-core", r["gpu-core"])} core`);
+    if (r["gpu-memory"] !== undefined) shown.push(deviceAmount("gpu-memory", r["gpu-memory"]));
+    else if (r["gpu-memory-ratio"] !== undefined) shown.push(`${deviceAmount("gpu-memory-ratio", r["gpu-memory-ratio"])} memory`);
+  } else {
+    shown = Object.entries(r).map(([dim, v]) => (dim === kind ? deviceAmount(dim, v) : `${dim} ${v}`));
+  }
+  return `${kind} ${minor}: ${shown.join(", ")}`;
+}
+
+// One colour per workload, the same on every page and every refresh (hashed into the hue circle).
+export function colorFor(key) {
+  if (!key) return "#9aa3ad";
+  let hash = 2166136261;
+  for (let i = 0; i < key.length; i += 1) hash = Math.imul(hash ^ key.charCodeAt(i), 16777619);
+  const hue = (hash >>> 0) % 360;
+  return `hsl(${hue}, 62%, 52%)`;
+}
+
+export function link(href, text) {
+  return h("a", { href }, text);
+}
+
+export function workloadLink(key) {
+  return key ? link(`/ui/workloads/${key}`, key) : h("span", { class: "muted" }, "another tenant's workload");
+}
+
+export function nodeLink(name) {
+  return name ? link(`/ui/nodes/${encodeURIComponent(name)}`, name) : "-";
+}
+
+export function phaseBadge(phase) {
+  return h("span", { class: `badge phase-${String(phase || "").toLowerCase()}` }, phase || "-");
+}
+
+// The server's error detail as lines: "body.0.spec.requests.cpu: "abc" is not a quantity".
+export function errorLines(error) {
+  const detail = error && error.detail !== undefined ? error.detail : String(error);
+  if (!Array.isArray(detail)) return [String(detail)];
+  return detail.map((d) => {
+    const where = (d.loc || []).join(".");
+    const value = d.input !== undefined ? ` ${JSON.stringify(d.input)}` : "";
+    return `${where}:${value} ${d.msg}`;
+  });
+}
+
+export function errorBox(error) {
+  return h("div", { class: "error", role: "alert" }, errorLines(error).map((line) => h("div", {}, line)));
+}
+
+export function keyValues(entries) {
+  return h(
+    "dl",
+    { class: "kv" },
+    entries.filter(Boolean).map(([k, v]) => [h("dt", {}, k), h("dd", {}, v === undefined || v === null ? "-" : v)]),
+  );
+}
+
+export function amounts(map) {
+  const entries = Object.entries(map || {});
+  return entries.length ? entries.map(([k, v]) => `${k}=${v}`).join(", ") : "-";
+}

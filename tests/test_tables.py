@@ -1,0 +1,97 @@
+"""CLI tables in an 80-column terminal: no line longer, no word ever broken in two (words wrap whole or
+are shortened with "…"), and `-o wide` shows every word in full."""
+
+from __future__ import annotations
+
+import io
+import re
+from collections.abc import Iterable
+from pathlib import Path
+
+from hypothesis import given
+from hypothesis import strategies as st
+from rich.cells import cell_len
+from rich.console import Console
+from typer.testing import CliRunner
+
+from finesched.cli import app
+from finesched.commands.tables import Columns, col, print_table
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+BOX = re.compile(r"[\u2500-\u257f]")  # box-drawing characters: borders, not words
+runner = CliRunner()
+
+
+def words(text: str) -> list[str]:
+    return [w for line in text.splitlines() for w in BOX.sub(" ", line).split()]
+
+
+def assert_readable(narrow: str, wide: str, width: int = 80) -> None:
+    """Every line fits `width`; every word of `narrow` is a word of `wide`, or a prefix of one ending in "…"."""
+    for line in narrow.splitlines():
+        assert cell_len(line) <= width, f"{cell_len(line)} columns: {line!r}"
+    whole = set(words(wide))
+    for word in words(narrow):
+        if word in whole:
+            continue
+        assert word.endswith("…") and any(w.startswith(word[:-1]) for w in whole), f"broken word {word!r}"
+    assert "…" not in wide
+
+
+def render(width: int, values: list[list[str]], headers: list[str], wide: bool) -> str:
+    columns = Columns(*(col(h, wide=i == 1) for i, h in enumerate(headers)))
+    table = columns.table("a title that is long enough to wrap in a narrow terminal somewhere", wide=wide)
+    for row in values:
+        columns.add_row(table, *row, wide=wide)
+    console = Console(width=width, file=io.StringIO(), color_system=None)
+    print_table(console, table, wide=wide)
+    return console.file.getvalue()  # type: ignore[attr-defined]
+
+
+WORD = st.text(alphabet="abcdefghij-/0123456789", min_size=1, max_size=40)
+CELL = st.lists(WORD, min_size=0, max_size=6).map(" ".join)
+
+
+@given(
+    width=st.integers(40, 120),
+    rows=st.lists(st.lists(CELL, min_size=4, max_size=4), min_size=1, max_size=5),
+)
+def test_no_word_is_ever_broken(width: int, rows: list[list[str]]) -> None:
+    headers = ["workload", "tenant", "node", "placement / reason"]
+    narrow, wide = render(width, rows, headers, False), render(width, rows, headers, True)
+    assert_readable(narrow, wide, width)
+    for row in rows:  # wide shows every value, the wide-only column included, unshortened
+        for value in row:
+            assert all(w in words(wide) for w in value.split())
+
+
+def invoke(*args: str, columns: int = 80) -> str:
+    result = runner.invoke(app, list(args), env={"COLUMNS": str(columns)})
+    assert result.exit_code == 0, result.output
+    return result.stdout
+
+
+def narrow_and_wide(*args: str) -> None:
+    narrow = invoke(*args)
+    wide = invoke(*args, "-o", "wide", columns=80)
+    assert_readable(narrow, wide)
+
+
+def paths(*names: str) -> Iterable[str]:
+    return [str(EXAMPLES / name) for name in names]
+
+
+def test_plan_tables_fit_80_columns() -> None:
+    narrow_and_wide("plan", *paths("cluster.yaml", "workloads.yaml"), "--show-nodes")
+    narrow_and_wide("plan", "--waves", *paths("preemption-batch.yaml", "preemption-serving.yaml"))
+    # the tenant column is there with -o wide only
+    assert "tenant" not in invoke("plan", *paths("cluster.yaml", "workloads.yaml")).split("\n", 3)[2]
+    assert "tenant" in invoke("plan", *paths("cluster.yaml", "workloads.yaml"), "-o", "wide")
+
+
+def test_validate_and_job_tables_fit_80_columns() -> None:
+    narrow = invoke("validate", *paths("cluster.yaml", "workloads.yaml"))
+    assert_readable(narrow, invoke("validate", *paths("cluster.yaml", "workloads.yaml"), columns=400))
+    job = paths("jobs/gpu-inference.yaml")
+    narrow_and_wide("job", "plan", *job, "--cluster", *paths("cluster.yaml"))
+    narrow_and_wide("job", "plan", *paths("jobs/named-groups.yaml"))
