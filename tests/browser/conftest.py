@@ -37,7 +37,10 @@ def browser() -> Iterator[object]:
         if os.environ.get("FINESCHED_REQUIRE_BROWSER") == "1":
             pytest.fail(f"FINESCHED_REQUIRE_BROWSER=1 but {why}")
         pytest.skip(why)
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is a dev extra: pip install -e .[dev]")
+    if os.environ.get("FINESCHED_REQUIRE_BROWSER") == "1":
+        from playwright import sync_api  # required: a missing dev extra is a failure, not a skip
+    else:
+        sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is a dev extra: pip install -e .[dev]")
     with sync_api.sync_playwright() as playwright:
         chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
         yield chromium

@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sim_traces import POD_HEADER, write
 from typer.testing import CliRunner
 
-from conftest import POD_HEADER, write
 from finesched.commands.sim import DEFAULT_NODES, DEFAULT_PODS, parse_policies, sim_app
 from finesched.sim.policies import BASELINES, BEST
 

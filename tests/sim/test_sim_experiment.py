@@ -6,8 +6,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from sim_traces import NODE_HEADER, POD_HEADER, write
 
-from conftest import NODE_HEADER, POD_HEADER, write
 from finesched.sim.experiment import inflate, run_fill
 from finesched.sim.lp_bound import lp_bound
 from finesched.sim.replay import run_replay

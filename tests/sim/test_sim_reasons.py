@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from sim_traces import NODE_HEADER, POD_HEADER, write
 from typer.testing import CliRunner
 
-from conftest import NODE_HEADER, POD_HEADER, write
 from finesched.commands.sim import sim_app
 from finesched.sim.experiment import run_fill
 from finesched.sim.replay import run_replay

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from sim_traces import NODE_HEADER, POD_HEADER, write
 
-from conftest import NODE_HEADER, POD_HEADER, write
 from finesched.sim.trace import (
     GPU_MODEL_LABEL,
     TraceError,
