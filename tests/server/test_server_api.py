@@ -196,6 +196,7 @@ def test_health_readiness_metrics_openapi(api: Api) -> None:
     assert 'finesched_decisions_total{result="bound"} 1.0' in text
     assert "finesched_submit_to_bound_seconds_bucket" in text
     assert 'finesched_allocated{resource="cpu"} 1000.0' in text
+    assert 'finesched_allocated{resource="gpu-core"} 25.0' in text  # a device dimension, summed over cards
     assert 'finesched_device_used_ratio{dimension="gpu-core",minor="0",node="g1",type="gpu"} 0.25' in text
     spec = plain.get("/openapi.json").json()
     assert {"/v1/nodes", "/v1/workloads", "/v1/workloads/{namespace}/{name}", "/v1/offers"} <= set(spec["paths"])

@@ -116,9 +116,14 @@ class _ClusterCollector(Collector):
 def cluster_figures(state: ClusterState, queue_depth: int) -> dict[str, Any]:
     """What the scrape-time gauges show: queue depth, (used, total) per resource, and the used share
     of every device dimension by (node, type, minor, dimension)."""
-    resources = {name: (int(state.used_of(name).sum()), total) for name, total in state.totals().items()}
+    accounts = attach_device_accounts(state)
+    device_used = accounts.used()  # device dimensions are not scalar columns of the state
+    resources = {
+        name: (device_used[name] if name in device_used else int(state.used_of(name).sum()), total)
+        for name, total in state.totals().items()
+    }
     devices: dict[tuple[str, str, int, str], float] = {}
-    for kind, acc in attach_device_accounts(state).types.items():
+    for kind, acc in accounts.types.items():
         for i in range(state.n):
             for d in range(int(acc.count[i])):
                 for k, dim in enumerate(acc.dims):

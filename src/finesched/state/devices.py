@@ -375,6 +375,14 @@ class DeviceAccounts:
                 out[name] = out.get(name, 0) + int(acc.htotal[k].sum())
         return out
 
+    def used(self) -> dict[str, int]:
+        """Cluster amount held per device dimension, by bindings and foreign allocations alike."""
+        out: dict[str, int] = {}
+        for acc in self.types.values():
+            for k, name in enumerate(acc.dims):
+                out[name] = out.get(name, 0) + int((acc.total[k] - acc.free[k]).sum())
+        return out
+
     def fit_counts(self, kind: str, key: Hashable, evaluate: FitEvaluator, n: int) -> tuple[Int64Array, BoolArray]:
         """Per node, how many devices of `kind` fit one instance of a request ([n]), and where ([n, D]).
 
