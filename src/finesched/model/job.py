@@ -15,9 +15,12 @@ from typing import Literal
 from pydantic import Field, PositiveInt, model_validator
 
 from finesched.model.base import FrozenDict, FrozenStrDict, Loc, Model, raise_problems
+from finesched.model.names import NamespaceName, ObjectName
 from finesched.model.resources import ByteQuantity, CountQuantity, CPUQuantity, ResourceVector
 
 MiB = 2**20
+#: Flink's upper bound for a job's max parallelism (KeyGroupRangeAssignment.UPPER_BOUND_MAX_PARALLELISM).
+MAX_PARALLELISM = 2**15
 
 
 class _ResourceFields(Model):
@@ -97,7 +100,8 @@ class Task(Model):
 
     id: str = Field(min_length=1)
     parallelism: int = 1  # checked in Job so the error names the task
-    slot_sharing_group: str | None = Field(default=None, min_length=1)
+    #: Part of its slots' workload names (``<job>-<group>-<index>``), hence a DNS-1123 label.
+    slot_sharing_group: NamespaceName | None = None
     # Emptiness is checked in Job: a tuple's min_length would also fire after an item's own error.
     operators: tuple[Operator, ...]
 
@@ -114,8 +118,8 @@ class Job(Model):
     `weighted_fractions` unset means true when any operator declares a weight;
     `trim_partial_pipelines` asks for a slot holding fewer tasks than its group to request only them."""
 
-    name: str = Field(min_length=1)
-    namespace: str = Field(default="default", min_length=1)
+    name: ObjectName
+    namespace: NamespaceName = "default"
     labels: FrozenStrDict = Field(default_factory=FrozenDict)
     mode: Literal["streaming", "batch"] = "streaming"
     all_sources_in_same_region: bool | None = None
@@ -148,8 +152,9 @@ class Job(Model):
             if task.id in ids:
                 problems.append((("tasks", i, "id"), "duplicate task id", task.id))
             ids.add(task.id)
-            if task.parallelism < 1:
-                rule = f"task {task.id}: parallelism must be >= 1"
+            if not 1 <= task.parallelism <= MAX_PARALLELISM:
+                bound = ">= 1" if task.parallelism < 1 else f"<= {MAX_PARALLELISM}"
+                rule = f"task {task.id}: parallelism must be {bound}"
                 problems.append((("tasks", i, "parallelism"), rule, task.parallelism))
             for j, op in enumerate(task.operators):
                 if op.id in operator_ids:

@@ -46,9 +46,17 @@ class Manifests:
     workloads: list[Workload] = field(default_factory=list)
     tenants: list[Tenant] = field(default_factory=list)
     jobs: list[Job] = field(default_factory=list)
+    #: Where each object was read ("file doc N"), by (kind, key); filled by `load_manifests`.
+    origins: dict[tuple[str, str], str] = field(default_factory=dict, repr=False, compare=False)
 
-    def add(self, obj: Object) -> None:
+    def add(self, obj: Object, where: str = "") -> None:
         {Node: self.nodes, Workload: self.workloads, Tenant: self.tenants, Job: self.jobs}[type(obj)].append(obj)
+        if where:
+            self.origins[(type(obj).__name__, object_key(obj))] = where
+
+    def where(self, obj: Object) -> str:
+        """The file and document `obj` was read from ("" when it was not read from a file)."""
+        return self.origins.get((type(obj).__name__, object_key(obj)), "")
 
     def __iter__(self) -> typing.Iterator[Object]:
         yield from self.tenants
@@ -231,6 +239,15 @@ def read_documents(path: str | Path) -> list[object]:
 
 def load_manifests(*paths: str | Path) -> Manifests:
     """Load and validate every document of every file; all or nothing (see the module docstring)."""
+    manifests, errors = read_manifests(*paths)
+    if errors:
+        raise ValidationError(errors)
+    return manifests
+
+
+def read_manifests(*paths: str | Path) -> tuple[Manifests, list[ErrorDetail]]:
+    """Every valid document of every file, and every problem of the others (what `load_manifests`
+    refuses as a whole; `finesched validate` also checks the valid ones further)."""
     manifests = Manifests()
     errors: list[ErrorDetail] = []
     seen: dict[tuple[str, str], str] = {}
@@ -248,17 +265,15 @@ def load_manifests(*paths: str | Path) -> Manifests:
                 errors += exc.errors
                 obj = None
             # Every document claims its name, an invalid one too, so a duplicate is reported either way.
-            key = _document_key(doc) if obj is None else (type(obj).__name__, _object_key(obj))
+            key = _document_key(doc) if obj is None else (type(obj).__name__, object_key(obj))
             if key is not None and key in seen:
                 errors.append(ErrorDetail("metadata.name", f"duplicate {key[0]} (first in {seen[key]})", key[1], where))
                 continue
             if key is not None:
                 seen[key] = where
             if obj is not None:
-                manifests.add(obj)
-    if errors:
-        raise ValidationError(errors)
-    return manifests
+                manifests.add(obj, where)
+    return manifests, errors
 
 
 def _document_key(doc: object) -> tuple[str, str] | None:
@@ -274,7 +289,8 @@ def _document_key(doc: object) -> tuple[str, str] | None:
     return kind, name
 
 
-def _object_key(obj: Object) -> str:
+def object_key(obj: Object) -> str:
+    """What names `obj` among the objects of its kind: ``namespace/name`` or the name."""
     return f"{obj.namespace}/{obj.name}" if isinstance(obj, Workload | Job) else obj.name
 
 

@@ -18,6 +18,7 @@ from typing import Literal
 from pydantic import AfterValidator, Field, PositiveInt, model_validator
 
 from finesched.model.base import FrozenDict, FrozenStrDict, Loc, Model, raise_problems
+from finesched.model.names import NamespaceName, ObjectName
 from finesched.model.resources import CPU, MEMORY, ResourceVector
 
 QoS = Literal["LSE", "LSR", "LS", "BE"]
@@ -27,6 +28,9 @@ CPUExclusivePolicy = Literal["None", "PCPULevel", "NUMANodeLevel"]
 NUMATopologyPolicy = Literal["None", "BestEffort", "Restricted", "SingleNUMANode"]
 DeviceAllocateStrategy = Literal["LeastAllocated", "MostAllocated"]
 JointScope = Literal["SamePCIe", "SameNUMA"]
+#: Priorities are 32-bit integers, as Kubernetes' PriorityClass values are.
+MAX_INT32 = 2**31 - 1
+MIN_PRIORITY, MAX_PRIORITY = -(2**31), MAX_INT32
 
 
 class ResourceSpec(Model):
@@ -180,7 +184,7 @@ class Gang(Model):
     """All-or-nothing group: `min_member` workloads of the gang are placed together or none is."""
 
     name: str = Field(min_length=1)
-    min_member: PositiveInt = 1
+    min_member: PositiveInt = Field(default=1, le=MAX_INT32)
 
 
 PreemptionPolicy = Literal["PreemptLowerPriority", "Never"]
@@ -194,7 +198,7 @@ class DisruptionBudget(Model):
     prefers victims that leave every group at or above `min_available` (plugins/preemption.py).
     """
 
-    min_available: int = Field(ge=0)
+    min_available: int = Field(ge=0, le=MAX_INT32)
     selector: FrozenStrDict = Field(default_factory=FrozenDict)
 
 
@@ -205,12 +209,13 @@ class Workload(Model):
     victim). `disruption_budget`: see DisruptionBudget.
     """
 
-    name: str = Field(min_length=1)
-    namespace: str = Field(default="default", min_length=1)
+    name: ObjectName
+    namespace: NamespaceName = "default"
     labels: FrozenStrDict = Field(default_factory=FrozenDict)
     annotations: FrozenStrDict = Field(default_factory=FrozenDict)
+    #: The tenant charged; default: the tenant that owns the namespace (the namespace's own name).
     tenant: str = ""
-    priority: int = 0
+    priority: int = Field(default=0, ge=MIN_PRIORITY, le=MAX_PRIORITY)
     qos: QoS | None = None
     requests: ResourceVector = Field(default_factory=ResourceVector)
     limits: ResourceVector = Field(default_factory=ResourceVector)

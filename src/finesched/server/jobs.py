@@ -12,6 +12,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, HTTPException
 
+from finesched.admission import admit_job
 from finesched.errors import ValidationError
 from finesched.model.job import Job
 from finesched.sched.diagnosis import FitError
@@ -29,19 +30,19 @@ JobBody = Annotated[dict[str, Any], Body(description="A Job manifest (dataflow j
 
 @router.post("", status_code=201)
 def submit_job(body: JobBody, ctx: Ctx, caller: Caller) -> dict[str, Any]:
-    from finesched.dataflow import QUOTAS_ANNOTATION, CompileError, compile_job, gang_workloads
+    from finesched.dataflow import QUOTAS_ANNOTATION, CompileError
     from finesched.dataflow.gang import GROUP_LABEL
 
     caller.require(ADMIN, TENANT)
     job: Job = parse_kind(body, "Job")
+    world = ctx.world()
+    ctx.check_namespace(caller, job.namespace, world)
     try:
-        workloads = gang_workloads(job, compile_job(job))
+        workloads = admit_job(job, world)
     except CompileError as exc:
         raise InputError([{"loc": ["body", "spec"], "msg": str(exc)}]) from None
     except ValidationError as exc:
         raise invalid(exc, ("body",)) from None
-    if caller.role == TENANT and any(w.tenant != caller.tenant for w in workloads):
-        raise HTTPException(403, f"job {job.namespace}/{job.name} belongs to another tenant than {caller.tenant}")
     job_key = f"{job.namespace}/{job.name}"
     taken = ctx.store.existing_workloads([w.key for w in workloads])
     if taken:

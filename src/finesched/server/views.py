@@ -18,10 +18,13 @@ from finesched.server.cluster_view import binding_view
 
 
 class InputError(Exception):
-    """Bad input from a client: FastAPI-style details, each with `loc` and `msg` (HTTP 422)."""
+    """Bad input from a client: FastAPI-style details, each with `loc`, `msg` and `type` (HTTP 422).
+
+    `type` is "value_error" unless given: FastAPI's own 422 body (`HTTPValidationError`, which the
+    OpenAPI schema documents for every operation) requires it."""
 
     def __init__(self, details: list[dict[str, Any]], status: int = 422):
-        self.details = details
+        self.details = [{**d, "type": d.get("type", "value_error")} for d in details]
         self.status = status
         super().__init__("; ".join(d["msg"] for d in details))
 
@@ -30,7 +33,7 @@ def detail_of(error: ErrorDetail, prefix: tuple[str | int, ...] = ("body",)) -> 
     loc: list[str | int] = list(prefix)
     for part in error.path.replace("[", ".").replace("]", "").split("."):
         if part:
-            loc.append(int(part) if part.isdigit() else part)
+            loc.append(int(part) if part.isascii() and part.isdigit() else part)
     out: dict[str, Any] = {"loc": loc, "msg": error.message}
     if error.value is not _MISSING:
         out["input"] = error.value if isinstance(error.value, str | int | float | bool | None) else repr(error.value)
@@ -42,7 +45,8 @@ def invalid(exc: ValidationError, prefix: tuple[str | int, ...] = ("body",)) -> 
 
 
 def parse_kind(doc: Any, kind: str, prefix: tuple[str | int, ...] = ("body",)) -> Any:
-    """Validate one manifest of `kind`; InputError (422) naming every bad field otherwise."""
+    """Validate one manifest of `kind` (the shape and the models' own rules; `admission` checks the
+    rest against the stored objects); InputError (422) naming every bad field otherwise."""
     if not isinstance(doc, Mapping):
         raise InputError([{"loc": list(prefix), "msg": f"a {kind} manifest is a JSON object"}])
     if doc.get("kind") != kind:
@@ -89,7 +93,16 @@ def workload_view(row: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def node_view(row: Mapping[str, Any], usage: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def conditions(set_aside: str | None) -> list[dict[str, str]]:
+    """Kubernetes-style conditions: `SetAside` when the scheduler left the object out, and why."""
+    if not set_aside:
+        return []
+    return [{"type": "SetAside", "status": "True", "reason": "SchedulerCannotUse", "message": set_aside}]
+
+
+def node_view(
+    row: Mapping[str, Any], usage: Mapping[str, Any] | None = None, set_aside: str | None = None
+) -> dict[str, Any]:
     doc = row["spec"]
     status: dict[str, Any] = {
         "ready": bool(row["ready"]),
@@ -97,6 +110,7 @@ def node_view(row: Mapping[str, Any], usage: Mapping[str, Any] | None = None) ->
         "heartbeat": _time(row.get("heartbeat")),
         "report": row.get("report"),
         "version": row["version"],
+        "conditions": conditions(set_aside),
     }
     if usage is not None:
         status["allocation"] = usage
@@ -116,9 +130,10 @@ def binding_row_view(row: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def tenant_view(row: Mapping[str, Any]) -> dict[str, Any]:
+def tenant_view(row: Mapping[str, Any], set_aside: str | None = None) -> dict[str, Any]:
     doc = row["spec"]
-    return {"metadata": doc.get("metadata", {}), "spec": doc.get("spec", {}), "status": {"version": row["version"]}}
+    status = {"version": row["version"], "conditions": conditions(set_aside)}
+    return {"metadata": doc.get("metadata", {}), "spec": doc.get("spec", {}), "status": status}
 
 
 def event_view(row: Mapping[str, Any]) -> dict[str, Any]:
