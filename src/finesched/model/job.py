@@ -103,7 +103,7 @@ class Task(Model):
     #: Part of its slots' workload names (``<job>-<group>-<index>``), hence a DNS-1123 label.
     slot_sharing_group: NamespaceName | None = None
     # Emptiness is checked in Job: a tuple's min_length would also fire after an item's own error.
-    operators: tuple[Operator, ...]
+    operators: tuple[Operator, ...] = Field(json_schema_extra={"minItems": 1})
 
 
 class Edge(Model):
@@ -127,7 +127,7 @@ class Job(Model):
     trim_partial_pipelines: bool = False
     default_slot: SlotProfile = Field(default_factory=SlotProfile)
     network: NetworkMemory = Field(default_factory=NetworkMemory)
-    tasks: tuple[Task, ...]
+    tasks: tuple[Task, ...] = Field(json_schema_extra={"minItems": 1})  # checked in `_problems`, with the rest
     edges: tuple[Edge, ...] = ()
 
     @model_validator(mode="after")

@@ -84,13 +84,35 @@ def parse_manifest(doc: object, *, where: str = "") -> Object:
     known_metadata = {k: v for k, v in metadata.items() if k in METADATA_FIELDS[kind]}
     model = KINDS[kind]
     try:
-        obj = model.model_validate({**known_metadata, **spec})
+        obj = model.model_validate_json(_as_json({**known_metadata, **spec}), strict=True)
+    except _NotJSON as exc:
+        rule = "is not JSON data (a string, number, boolean, list or mapping)"
+        errors.append(ErrorDetail(exc.path, rule, where=where))
     except pydantic.ValidationError as exc:
         reported = {e.path for e in errors}
         errors += [d for d in (_detail(model, kind, e, where) for e in exc.errors()) if d.path not in reported]
     if errors:
         raise ValidationError(errors)
     return obj
+
+
+class _NotJSON(ValueError):
+    def __init__(self, path: str):
+        self.path = path
+
+
+def _as_json(data: Mapping[str, Any]) -> str:
+    """The fields as JSON text: manifests are validated as JSON is, strictly (a boolean is true or
+    false, not 0; a count is 4, not "4"), so YAML, JSON and the API's schema accept the same."""
+    try:
+        return json.dumps(data, allow_nan=True)
+    except (TypeError, ValueError):
+        for key, value in data.items():  # name the field that holds what JSON cannot (a YAML date)
+            try:
+                json.dumps(value)
+            except (TypeError, ValueError):
+                raise _NotJSON(f"spec.{key}") from None
+        raise _NotJSON("spec") from None
 
 
 def _envelope_problems(doc: Mapping[str, Any]) -> list[tuple[str, str, Any]]:

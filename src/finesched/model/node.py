@@ -108,8 +108,12 @@ class CPUTopology(Model):
     @model_validator(mode="before")
     @classmethod
     def _expand_builder(cls, data: object) -> object:
+        # What this returns is validated as Python data, strictly when the manifest is (a list is
+        # then not a tuple): the CPU list is handed on as the tuple the field holds.
         if isinstance(data, dict) and "cpus" not in data and data:
-            return {"cpus": _build_cpus(data)}  # unknown builder fields are named by _TopologyShape
+            return {"cpus": tuple(_build_cpus(data))}  # unknown builder fields are named by _TopologyShape
+        if isinstance(data, dict) and isinstance(data.get("cpus"), list):
+            return {**data, "cpus": tuple(data["cpus"])}
         return data
 
     @field_validator("cpus")

@@ -21,10 +21,8 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.responses import JSONResponse, Response
-from fastapi.routing import APIRoute
 from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.routing import Match, Route
 
 from finesched import __version__
 from finesched.server import jobs, offers, openapi, routes_nodes, routes_tenants, routes_workloads
@@ -241,14 +239,9 @@ def create_app(store: Store, config: LoopConfig | None = None, *, max_body_bytes
 
 
 def _method_not_allowed(app: FastAPI, request: Request) -> Response:
-    """405 with every method the path has in `Allow` (Starlette names only the first route's); an
-    OPTIONS request is answered 204 with the same header."""
-    allowed: set[str] = set()
-    for route in app.router.routes:
-        match, _ = route.matches(request.scope)
-        if match != Match.NONE and isinstance(route, Route | APIRoute) and route.methods:
-            allowed |= route.methods
-    allow = ", ".join(sorted(allowed | {"OPTIONS"}))
+    """405 with every method the path has in `Allow`, as the OpenAPI document lists them (Starlette
+    names only the first matching route's); an OPTIONS request is answered 204 with the same header."""
+    allow = ", ".join(openapi.methods_of(app, request.url.path))
     if request.method == "OPTIONS":
         return Response(status_code=204, headers={"Allow": allow})
     return JSONResponse({"detail": "Method Not Allowed"}, 405, headers={"Allow": allow})

@@ -16,6 +16,7 @@ the document is first asked for:
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -23,6 +24,8 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from finesched.model.manifest import API_VERSION, KINDS, METADATA_FIELDS
+from finesched.model.node import KUBELET_CPU_OPTIONS
+from finesched.model.resources import NAME_PATTERN
 from finesched.server.context import MAX_ITEMS_PER_REQUEST
 
 REF = "#/components/schemas/"
@@ -63,10 +66,10 @@ MANIFEST_BODIES: dict[tuple[str, str], tuple[str, bool]] = {
     ("put", "/v1/tenants/{name}"): ("Tenant", False),
     ("post", "/v1/jobs"): ("Job", False),
 }
-QUANTITY_PATTERN = r"^[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+|[numkMGTPE]|[KMGTPE]i)?$"
+QUANTITY_PATTERN = r"^\+?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+|[numkMGTPE]|[KMGTPE]i)?$"
 QUANTITY = {
-    "anyOf": [{"type": "string", "pattern": QUANTITY_PATTERN}, {"type": "number"}],
-    "description": 'A Kubernetes quantity ("500m", "16Gi", 4)',
+    "anyOf": [{"type": "string", "pattern": QUANTITY_PATTERN}, {"type": "number", "minimum": 0}],
+    "description": 'A Kubernetes quantity ("500m", "16Gi", 4), not negative',
 }
 
 
@@ -81,6 +84,18 @@ def install(app: FastAPI) -> None:
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
+
+
+def methods_of(app: FastAPI, path: str) -> list[str]:
+    """The methods the document lists for `path` (a concrete path), with HEAD beside GET and OPTIONS."""
+    methods = {"OPTIONS"}
+    for template, item in app.openapi()["paths"].items():
+        pattern = "^" + re.sub(r"\\{[^}]+\\}", "[^/]+", re.escape(template)) + "$"
+        if re.match(pattern, path):
+            methods |= {m.upper() for m in item}
+    if "GET" in methods:
+        methods.add("HEAD")
+    return sorted(methods)
 
 
 def complete(schema: dict[str, Any]) -> None:
@@ -157,7 +172,7 @@ def _manifest_schemas() -> dict[str, Any]:
                     "apiVersion": {"type": "string", "enum": [API_VERSION]},
                     "kind": {"type": "string", "enum": [kind]},
                     "metadata": _object({n: properties[n] for n in meta}, [n for n in meta if n in required]),
-                    "spec": {"$ref": f"{REF}{kind}Spec"},
+                    "spec": {"anyOf": [{"$ref": f"{REF}{kind}Spec"}, {"type": "null"}]},
                 },
                 ["apiVersion", "kind", "metadata"] + (["spec"] if spec_schema.get("required") else []),
             ),
@@ -180,6 +195,9 @@ def _fix(schemas: dict[str, Any]) -> None:
     """What the models accept beyond what pydantic's schema says: quantities also as numbers (YAML's
     ``cpu: 0.5``), and a CPU topology either listed or built from its shape."""
     _walk(schemas, _quantities)
+    options = schemas["KubeletPolicy"]["properties"]["options"]
+    options["propertyNames"] = {"enum": sorted(KUBELET_CPU_OPTIONS)}
+    options["additionalProperties"] = {"anyOf": [{"type": "boolean"}, {"type": "string", "enum": ["true", "false"]}]}
     topology = schemas.get("CPUTopology")
     if topology is not None:
         builder = _object(
@@ -200,14 +218,17 @@ def _fix(schemas: dict[str, Any]) -> None:
 
 
 def _quantities(node: dict[str, Any]) -> None:
-    """A mapping of names to ``string | integer`` (a ResourceVector) takes quantities."""
+    """A mapping of names to ``string | integer`` (a ResourceVector) takes resource names to
+    quantities, or is null (no amounts)."""
     extra = node.get("additionalProperties")
     if isinstance(extra, dict) and extra.get("anyOf") == [{"type": "string"}, {"type": "integer"}]:
         node["additionalProperties"] = QUANTITY
-        node["propertyNames"] = {"minLength": 1, "maxLength": 253}
-    if node.get("anyOf") == [{"type": "string"}, {"type": "integer"}]:
-        node.pop("anyOf")
-        node.update(QUANTITY)
+        node["propertyNames"] = {"pattern": NAME_PATTERN}
+        node["type"] = ["object", "null"]
+    options = node.get("anyOf")
+    if isinstance(options, list) and options[:2] == [{"type": "string"}, {"type": "integer"}]:
+        node["anyOf"] = QUANTITY["anyOf"] + options[2:]  # a quantity field (or null when optional)
+        node["description"] = QUANTITY["description"]
 
 
 def _walk(node: Any, visit: Callable[[dict[str, Any]], None]) -> None:

@@ -15,13 +15,14 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from finesched.codec import MAX_BITS, CodecError, decode
 from finesched.model.node import Node, device_totals
+from finesched.server.views import Integer
 
 
 class EncodedDim(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    k: int = Field(ge=0)
-    count: int = Field(ge=1, le=4096)
-    bits: int = Field(ge=1, le=MAX_BITS)
+    k: Integer = Field(ge=0)
+    count: Integer = Field(ge=1, le=4096)
+    bits: Integer = Field(ge=1, le=MAX_BITS)
 
 
 class NodeReport(BaseModel):

@@ -58,8 +58,8 @@ def list_nodes(ctx: Ctx, caller: Caller) -> dict[str, Any]:
     return {"items": [_view(ctx, r, _allocation(ctx, r["name"])) for r in ctx.store.list_nodes()]}
 
 
-# `{name:path}`: a node stored by an older version under a name with a "/" can still be read and deleted.
-@router.get("/{name:path}")
+# `{name:legacy}` (views.LegacyName): a node stored under a name refused today can still be read and deleted.
+@router.get("/{name:legacy}")
 def get_node(name: str, ctx: Ctx, caller: Caller) -> dict[str, Any]:
     caller.require_node(name)
     return _view(ctx, _row(ctx, name), _allocation(ctx, name))
@@ -137,7 +137,7 @@ def _set_flag(ctx: ServerContext, name: str, reason: str, **flags: Any) -> dict[
     return _view(ctx, row)
 
 
-@router.delete("/{name:path}")
+@router.delete("/{name:legacy}")
 def delete_node(name: str, ctx: Ctx, caller: Caller) -> dict[str, Any]:
     """Remove the node; its workloads are requeued."""
     caller.require(ADMIN)

@@ -89,8 +89,8 @@ def patch_tenant(name: str, body: PatchBody, ctx: Ctx, caller: Caller) -> dict[s
     return _tenant_view(ctx, ctx.store.get_tenant(name))
 
 
-# `{name:path}`: a tenant stored by an older version under a name with a "/" can still be read and deleted.
-@router.delete("/tenants/{name:path}")
+# `{name:legacy}` (views.LegacyName): a tenant stored under a name refused today can still be read and deleted.
+@router.delete("/tenants/{name:legacy}")
 def delete_tenant(name: str, ctx: Ctx, caller: Caller) -> dict[str, Any]:
     """Delete a tenant; refused (409) while a workload, a child tenant or an open offer refers to it."""
     caller.require(ADMIN)
@@ -193,7 +193,7 @@ def tenant_usage(name: str, ctx: Ctx, caller: Caller) -> dict[str, Any]:
     }
 
 
-@router.get("/tenants/{name:path}")
+@router.get("/tenants/{name:legacy}")
 def get_tenant(name: str, ctx: Ctx, caller: Caller) -> dict[str, Any]:
     caller.require_tenant(name)
     return _tenant_view(ctx, _tenant_row(ctx, name))

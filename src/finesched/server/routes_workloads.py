@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from fastapi import APIRouter, Body, HTTPException, Query
 from pydantic import BaseModel, ConfigDict, Field
@@ -14,9 +14,11 @@ from finesched.model.workload import Workload
 from finesched.server.auth import ADMIN, AGENT, TENANT, Identity
 from finesched.server.context import MAX_ITEMS_PER_REQUEST, Caller, Ctx, ServerContext
 from finesched.server.store import FAILED, HOLDING, PENDING, PHASES, RUNNING, SUCCEEDED, Conflict, NotFound
-from finesched.server.views import InputError, binding_row_view, canonical, invalid, parse_kind, workload_view
+from finesched.server.views import InputError, Integer, binding_row_view, canonical, invalid, parse_kind, workload_view
 
 router = APIRouter(prefix="/v1", tags=["workloads"])
+Phase = Literal["Pending", "Bound", "Running", "Succeeded", "Failed", "Rejected"]
+assert get_args(Phase) == PHASES
 
 ManifestBody = Annotated[dict[str, Any] | list[dict[str, Any]], Body(description="A Workload manifest or a list")]
 
@@ -27,7 +29,7 @@ class StatusReport(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
     phase: Literal["Running", "Succeeded", "Failed"]
     reason: str = Field(default="", max_length=4096)
-    exit_code: int | None = Field(default=None, alias="exitCode")
+    exit_code: Integer | None = Field(default=None, alias="exitCode")
     info: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -100,14 +102,12 @@ def list_workloads(
     caller: Caller,
     namespace: str | None = None,
     tenant: str | None = None,
-    phase: Annotated[str | None, Query(description=f"one of {', '.join(PHASES)}")] = None,
+    phase: Annotated[Phase | None, Query(description=f"one of {', '.join(PHASES)}")] = None,
     node: str | None = None,
     job: str | None = None,
 ) -> dict[str, Any]:
     """Workloads, oldest first; a tenant token sees those of its tenant's namespaces, an agent token
     those bound to its node."""
-    if phase is not None and phase not in PHASES:
-        raise InputError([{"loc": ["query", "phase"], "msg": f"must be one of {', '.join(PHASES)}", "input": phase}])
     namespaces: tuple[str | None, ...] = (namespace,)
     if caller.role == TENANT:
         if tenant not in (None, caller.tenant):
@@ -139,13 +139,13 @@ def _visible_workload(ctx: ServerContext, caller: Identity, namespace: str, name
     return row
 
 
-# `{name:path}`: a workload stored by an older version under a name with a "/" can still be read and deleted.
-@router.get("/workloads/{namespace}/{name:path}")
+# `{name:legacy}` (views.LegacyName): a workload stored under a name refused today can still be read and deleted.
+@router.get("/workloads/{namespace}/{name:legacy}")
 def get_workload(namespace: str, name: str, ctx: Ctx, caller: Caller) -> dict[str, Any]:
     return workload_view(_visible_workload(ctx, caller, namespace, name))
 
 
-@router.delete("/workloads/{namespace}/{name:path}")
+@router.delete("/workloads/{namespace}/{name:legacy}")
 def delete_workload(namespace: str, name: str, ctx: Ctx, caller: Caller) -> dict[str, Any]:
     """Delete a workload; its binding is released (the node agent stops its process)."""
     caller.require(ADMIN, TENANT)

@@ -9,12 +9,42 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import BeforeValidator
+from starlette.convertors import Convertor, register_url_convertor
 
 from finesched.errors import _MISSING, ErrorDetail, ValidationError
 from finesched.model.binding import Binding
 from finesched.model.manifest import parse_manifest, to_manifest
 from finesched.server.cluster_view import binding_view
+
+
+class LegacyName(Convertor[str]):
+    """A path segment for reading and deleting by name (`{name:legacy}`): any text, "/" and line
+    breaks included, so an object stored by an older version under a name today's rules refuse can
+    still be read and deleted. Writes name their objects in the body, where the rules apply."""
+
+    regex = "(?s:.+)"
+
+    def convert(self, value: str) -> str:
+        return value
+
+    def to_string(self, value: str) -> str:
+        return value
+
+
+register_url_convertor("legacy", LegacyName())
+
+
+def _not_a_boolean(value: Any) -> Any:
+    if isinstance(value, bool):
+        raise ValueError("must be an integer, not a boolean")
+    return value
+
+
+#: An integer field of an API body: JSON's true and false are not 1 and 0 (as pydantic would read them).
+Integer = Annotated[int, BeforeValidator(_not_a_boolean)]
 
 
 class InputError(Exception):
