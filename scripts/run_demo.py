@@ -132,6 +132,11 @@ def main() -> int:
             time.sleep(0.2)
         node = client.get("/v1/nodes").json()["items"][0]
         print(f"node {node['metadata']['name']}: {json.dumps(node['spec'].get('allocatable'))}", flush=True)
+        for tenant in (d for d in docs if d["kind"] == "Tenant"):  # the tenants own the namespaces
+            response = client.put(f"/v1/tenants/{tenant['metadata']['name']}", json=tenant)
+            if response.status_code >= 400:
+                raise SystemExit(f"tenant refused: {response.status_code} {response.text}")
+        docs = [d for d in docs if d["kind"] == "Workload"]
         response = client.post("/v1/workloads", json=docs)
         if response.status_code >= 400:
             raise SystemExit(f"submit refused: {response.status_code} {response.text}")

@@ -46,10 +46,10 @@ def load_or_exit(paths: list[Path]) -> Manifests:
         raise typer.Exit(1) from None
 
 
-def admit_or_exit(paths: list[Path]) -> Manifests:
+def admit_or_exit(paths: list[Path], *, warn: bool = True) -> Manifests:
     """Load manifests and apply the server's admission rules to them: every problem of every
-    document and exit 1, or the objects as the server stores them (with a warning for each
-    reference to what the files do not define)."""
+    document and exit 1, or the objects as the server stores them (with, when `warn`, a warning for
+    each reference to what the files do not define)."""
     from finesched.admission import admit_manifests
 
     manifests, errors = read_manifests(*paths)
@@ -61,7 +61,7 @@ def admit_or_exit(paths: list[Path]) -> Manifests:
         for detail in errors:
             err.print(f"[bold red]error:[/] {escape(str(detail))}", soft_wrap=True)
         raise typer.Exit(1) from None
-    for detail in warnings:
+    for detail in warnings if warn else ():
         err.print(f"[yellow]warning:[/] {escape(str(detail))} (these files only; the server checks its own)",
                   soft_wrap=True)  # fmt: skip
     return manifests

@@ -4,7 +4,8 @@
 * ``up``: a one-machine cluster: the control plane (``finesched serve``, SQLite under the data
   directory) as a child process, an admin token (printed, and written to ``<data>/admin.token``,
   mode 600), and this machine's agent in the foreground. Ctrl-C stops the workloads, the agent and
-  the server.
+  the server. The port is checked before anything is written; a data directory that already has
+  a valid admin token keeps it (``--new-admin-token`` makes another), and its agent keeps its own.
 * ``logs NAME``: print a workload's output, from the agent's data directory on this machine.
 """
 
@@ -105,7 +106,7 @@ def _wait_ready(url: str, server: subprocess.Popen[bytes], log: Path, timeout: f
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if server.poll() is not None:
-            raise _fail(f"the server exited with code {server.returncode}; see {log}")
+            raise _fail(f"the server exited with code {server.returncode}: {_last_error(log)} (see {log})")
         try:
             if httpx.get(f"{url}/v1/nodes", timeout=2).status_code < 500:
                 return
@@ -113,6 +114,56 @@ def _wait_ready(url: str, server: subprocess.Popen[bytes], log: Path, timeout: f
             pass
         time.sleep(0.2)
     raise _fail(f"the server did not answer at {url} within {timeout:.0f}s")
+
+
+def _last_error(log: Path) -> str:
+    """The server log's last line that says what went wrong (its last line otherwise)."""
+    lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+    for line in reversed(lines):
+        if "error" in line.lower() or line.startswith(("OSError", "ValueError")):
+            return line
+    return lines[-1] if lines else "no output"
+
+
+def check_port(host: str, port: int) -> str | None:
+    """Why the server could not listen on host:port (None: it can), asked before anything starts.
+    Bound as uvicorn binds (SO_REUSEADDR), so a port in TIME_WAIT is free and a listening one is not."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except OSError as exc:
+        return f"cannot resolve --host {host}: {exc}"
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            return f"cannot listen on {host}:{port}: {exc.strerror or exc}"
+    return None
+
+
+def _valid(url: str, token: str, path: str) -> bool:
+    """Whether the running server takes `token` for GET `path`."""
+    import httpx
+
+    try:
+        return httpx.get(f"{url}{path}", headers={"Authorization": f"Bearer {token}"}, timeout=10).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _kept_or_new(path: Path, url: str, check: str, db: str, *role: str, new: bool = False) -> tuple[str, bool]:
+    """The token kept in `path` when the server still takes it (and `new` is not asked), else a new
+    one written there (mode 600); and whether it was kept."""
+    if not new and path.is_file():
+        kept = path.read_text().strip()
+        if kept and _valid(url, kept, check):
+            return kept, True
+    token = _token(db, *role)
+    write_secret(path, token)
+    return token, False
 
 
 def _token(db: str, *role: str) -> str:
@@ -139,17 +190,26 @@ def up_cmd(
     node_name: Annotated[str | None, typer.Option("--node-name", help="This machine's node name.")] = None,
     interval: Annotated[float, typer.Option("--interval", min=0.2, help="Seconds between agent reports.")] = 5.0,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Agent logs only warnings and errors.")] = False,
+    new_admin_token: Annotated[
+        bool, typer.Option("--new-admin-token", help="Make a new admin token even if the data directory has one.")
+    ] = False,
 ) -> None:
     """Start a one-machine cluster: control plane + this machine's agent; print the URL and an admin token."""
     import socket
 
     from finesched.agent.loop import Agent, AgentConfig
+    from finesched.model.names import subdomain_problems
 
+    busy = check_port(host, port)
+    if busy is not None:  # before anything is written or started
+        raise _fail(f"{busy}; is finesched (or something else) already running there? Stop it or pass --port")
+    name = node_name or socket.gethostname().lower()  # as kubelet names a node after its host
+    if subdomain_problems(name):
+        raise _fail(f"node name {name!r}: {subdomain_problems(name)[0]}; pass --node-name", 2)
     data = (data or default_data()).resolve()
     data.mkdir(parents=True, exist_ok=True)
     db = f"sqlite:///{data / 'finesched.db'}"
     url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
-    name = node_name or socket.gethostname()
     _logging(not quiet)
     server_log = (data / "server.log").open("ab")
     server = subprocess.Popen(
@@ -159,11 +219,13 @@ def up_cmd(
     agent = None
     try:
         _wait_ready(url, server, data / "server.log")
-        admin = _token(db, "--role", "admin")
-        write_secret(data / "admin.token", admin)
-        agent_token = _token(db, "--role", "agent", "--node", name)
+        admin, kept = _kept_or_new(data / "admin.token", url, "/v1/nodes", db, "--role", "admin", new=new_admin_token)
+        agent_token, _ = _kept_or_new(
+            data / "agent.token", url, f"/v1/bindings?node={name}", db, "--role", "agent", "--node", name
+        )
         print(f"finesched is up: {url}  (node {name})")
-        print(f"admin token: {admin}  (also in {data / 'admin.token'})")
+        again = "kept from the last run; --new-admin-token makes another" if kept else "new"
+        print(f"admin token: {admin}  ({again}; also in {data / 'admin.token'})")
         print(f"server log: {data / 'server.log'}; a workload's output: finesched logs NAME --data {data}")
         print(
             f"add a machine: finesched token create --db {db} --role agent --node NODE, then on that machine: "

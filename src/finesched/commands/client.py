@@ -19,7 +19,6 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from finesched.errors import ValidationError
 from finesched.model.manifest import load_manifests, to_manifest
 
 out = Console(highlight=False)
@@ -76,6 +75,15 @@ def _fail_response(response: httpx.Response) -> NoReturn:
     raise typer.Exit(1)
 
 
+def _workload_key(name: str, namespace: str) -> tuple[str, str]:
+    """(namespace, name) of "NAME" or "NAMESPACE/NAME" (a namespace has no "/"; a name stored by an
+    older version may have one)."""
+    if "/" in name:
+        found, rest = name.split("/", 1)
+        return found, rest
+    return namespace, name
+
+
 def _check_output(output: str) -> None:
     if output not in OUTPUTS:
         _fail(f"-o {output!r}: use one of {', '.join(OUTPUTS)}", code=2)
@@ -96,14 +104,13 @@ def submit(
     token: TokenOption = "",
     output: OutputOption = "table",
 ) -> None:
-    """Send manifests to the server (validated here first): tenants, nodes, then workloads, then jobs."""
+    """Send manifests to the server (checked here first by the server's own rules, as `finesched
+    validate` does): tenants, nodes, then workloads, then jobs."""
+    from finesched.cli import admit_or_exit
+
     _check_output(output)
-    try:
-        manifests = load_manifests(*file)
-    except ValidationError as exc:
-        for detail in exc.errors:
-            err.print(f"[bold red]error:[/] {escape(str(detail))}", soft_wrap=True)
-        raise typer.Exit(1) from None
+    admit_or_exit(file, warn=False)  # exits 1 naming every problem; references are the server's to check
+    manifests = load_manifests(*file)  # sent as written: the server resolves what the files leave out
     client = Client(server, token)
     results: list[dict[str, Any]] = []
     for tenant in manifests.tenants:
@@ -178,28 +185,35 @@ def _devices_text(devices: dict[str, list[dict[str, Any]]]) -> str:
     return " ".join(parts)
 
 
+def _conditions_text(status: dict[str, Any]) -> str:
+    """An object's conditions, e.g. "SetAside: cannot be loaded: ..." ("" when it has none)."""
+    return "; ".join(f"{c['type']}: {c.get('message', '')}" for c in status.get("conditions") or ())
+
+
 def _nodes_table(items: list[dict[str, Any]]) -> Table:
     table = Table(title=f"{len(items)} node(s)")
-    for column in ("name", "ready", "cordoned", "heartbeat", "allocatable", "workloads"):
+    for column in ("name", "ready", "cordoned", "heartbeat", "allocatable", "workloads", "conditions"):
         table.add_column(column, overflow="fold")
     for item in items:
         status = item["status"]
         allocation = status.get("allocation") or {}
         table.add_row(item["metadata"]["name"], str(status["ready"]), str(status["cordoned"]),
                       status.get("heartbeat") or "-",
-                      ", ".join(f"{k}={v}" for k, v in item["spec"].get("allocatable", {}).items()),
-                      str(len(allocation.get("workloads", []))))  # fmt: skip
+                      ", ".join(f"{k}={v}" for k, v in (item["spec"].get("allocatable") or {}).items()),
+                      str(len(allocation.get("workloads", []))), _conditions_text(status))  # fmt: skip
     return table
 
 
 def _tenants_table(items: list[dict[str, Any]]) -> Table:
     table = Table(title=f"{len(items)} tenant(s)")
-    for column in ("name", "weight", "quota"):
-        table.add_column(column)
+    for column in ("name", "weight", "quota", "namespaces", "conditions"):
+        table.add_column(column, overflow="fold")
     for item in items:
-        spec = item["spec"]
+        spec = item["spec"] or {}
         quota = ", ".join(f"{k}={v}" for k, v in (spec.get("quota") or {}).items())
-        table.add_row(item["metadata"]["name"], str(spec.get("weight", 1.0)), quota or "-")
+        namespaces = ", ".join(spec.get("namespaces") or ())
+        table.add_row(item["metadata"]["name"], str(spec.get("weight", 1.0)), quota or "-", namespaces or "-",
+                      _conditions_text(item["status"]))  # fmt: skip
     return table
 
 
@@ -207,18 +221,24 @@ _TABLES = {"workloads": _workloads_table, "nodes": _nodes_table, "tenants": _ten
 
 
 def describe(
-    what: Annotated[str, typer.Argument(help="workload")],
-    name: Annotated[str, typer.Argument(help="NAME or NAMESPACE/NAME")],
+    what: Annotated[str, typer.Argument(help="workload, node or tenant")],
+    name: Annotated[str, typer.Argument(help="NAME (workloads: NAME or NAMESPACE/NAME)")],
     server: ServerOption = DEFAULT_SERVER,
     token: TokenOption = "",
     namespace: NamespaceOption = "default",
     output: OutputOption = "table",
 ) -> None:
-    """A workload's status, binding (node, cpuset, devices, NUMA), what its agent applied, and events."""
+    """A workload's status, binding (node, cpuset, devices, NUMA), what its agent applied, and events;
+    or a node's or tenant's spec, conditions (SetAside: why the scheduler leaves it out) and events."""
     _check_output(output)
-    if what not in ("workload", "workloads"):
-        _fail(f"describe {what!r}: only workloads can be described", code=2)
-    namespace, _, name = name.rpartition("/") if "/" in name else (namespace, "/", name)
+    kinds = {"workload": "Workload", "workloads": "Workload", "node": "Node", "nodes": "Node",
+             "tenant": "Tenant", "tenants": "Tenant"}  # fmt: skip
+    if what not in kinds:
+        _fail(f"describe {what!r}: use workload, node or tenant", code=2)
+    if kinds[what] != "Workload":
+        _describe_other(kinds[what], name, Client(server, token), output)
+        return
+    namespace, name = _workload_key(name, namespace)
     client = Client(server, token)
     item = client.call("GET", f"/v1/workloads/{namespace}/{name}")
     events = client.call("GET", "/v1/events", params={"kind": "Workload", "object": f"{namespace}/{name}"})["items"]
@@ -239,32 +259,59 @@ def describe(
     info = status.get("info") or {}
     if info:
         out.print("Applied:  " + escape(", ".join(f"{k}={v}" for k, v in info.items())))
+    out.print(_events_table(events))
+
+
+def _events_table(events: list[dict[str, Any]]) -> Table:
     table = Table(title="events")
     for column in ("time", "reason", "message"):
         table.add_column(column, overflow="fold")
     for event in events:
         table.add_row(event["time"], event["reason"], event["message"])
-    out.print(table)
+    return table
+
+
+def _describe_other(kind: str, name: str, client: Client, output: str) -> None:
+    """A node or a tenant: spec, status (conditions first) and its events."""
+    item = client.call("GET", f"/v1/{kind.lower()}s/{name}")
+    events = client.call("GET", "/v1/events", params={"kind": kind, "object": name})["items"]
+    if output != "table":
+        _dump({**item, "events": events}, output)
+        return
+    status = item["status"]
+    out.print(f"[bold]{kind}[/] {escape(name)}")
+    for condition in status.get("conditions") or ():
+        out.print(f"[bold red]{escape(condition['type'])}[/]: {escape(condition.get('message', ''))}")
+    shown = {k: v for k, v in status.items() if k not in ("conditions", "report", "allocation")}
+    out.print("Status:   " + escape(", ".join(f"{k}={v}" for k, v in shown.items())))
+    out.print("Spec:     " + escape(json.dumps(item.get("spec") or {}, sort_keys=True)), soft_wrap=True)
+    if status.get("allocation"):
+        out.print("Workloads: " + escape(", ".join(status["allocation"].get("workloads", [])) or "-"))
+    out.print(_events_table(events))
 
 
 def delete(
-    what: Annotated[str, typer.Argument(help="workload or node")],
+    what: Annotated[str, typer.Argument(help="workload, node or tenant")],
     name: Annotated[str, typer.Argument(help="NAME (workloads: NAME or NAMESPACE/NAME)")],
     server: ServerOption = DEFAULT_SERVER,
     token: TokenOption = "",
     namespace: NamespaceOption = "default",
 ) -> None:
-    """Delete a workload (its binding is released) or a node (its workloads are requeued)."""
+    """Delete a workload (its binding is released), a node (its workloads are requeued) or a tenant
+    (refused while workloads, child tenants or open offers refer to it)."""
     client = Client(server, token)
     if what in ("workload", "workloads"):
-        namespace, _, name = name.rpartition("/") if "/" in name else (namespace, "/", name)
+        namespace, name = _workload_key(name, namespace)
         client.call("DELETE", f"/v1/workloads/{namespace}/{name}")
         out.print(f"workload {escape(namespace)}/{escape(name)} deleted")
     elif what in ("node", "nodes"):
         answer = client.call("DELETE", f"/v1/nodes/{name}")
         out.print(f"node {escape(name)} deleted; requeued {len(answer['requeued'])} workload(s)")
+    elif what in ("tenant", "tenants"):
+        client.call("DELETE", f"/v1/tenants/{name}")
+        out.print(f"tenant {escape(name)} deleted")
     else:
-        _fail(f"delete {what!r}: use workload or node", code=2)
+        _fail(f"delete {what!r}: use workload, node or tenant", code=2)
 
 
 def cordon(
