@@ -18,7 +18,7 @@ from typing import Annotated, Any
 
 import pydantic
 from fastapi import APIRouter, Body, HTTPException
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import insert, select, update
 
 from finesched.admission import OFFER_NAMESPACE, admit_probe
@@ -48,7 +48,7 @@ class OfferRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
     tenant: ObjectName
-    demand: dict[str, StrictStr | StrictInt | StrictFloat] = Field(min_length=1)
+    demand: dict[str, Any] = Field(min_length=1)  # quantities: the schema says so (server/openapi.py)
     ttl_seconds: float = Field(default=30.0, gt=0, le=3600, allow_inf_nan=False, alias="ttlSeconds")
 
 

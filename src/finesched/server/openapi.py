@@ -110,6 +110,8 @@ def complete(schema: dict[str, Any]) -> None:
     schemas.update(_manifest_schemas())
     accept = schemas["AcceptRequest"]["properties"]["workloads"]
     accept["items"] = {"$ref": f"{REF}WorkloadManifest"}
+    demand = schemas["OfferRequest"]["properties"]["demand"]
+    demand.update(additionalProperties=QUANTITY, propertyNames={"pattern": NAME_PATTERN})
     components["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
     for path, item in schema["paths"].items():
         for method, op in item.items():
