@@ -21,7 +21,7 @@ from finesched.server.cluster_view import binding_view
 from finesched.server.context import Caller, Ctx
 from finesched.server.placement import commit_after_write, insert_bound, log_own
 from finesched.server.store import Conflict
-from finesched.server.views import InputError, canonical, invalid, parse_kind
+from finesched.server.views import InputError, canonical, invalid, namespace_of, parse_kind
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
@@ -34,9 +34,9 @@ def submit_job(body: JobBody, ctx: Ctx, caller: Caller) -> dict[str, Any]:
     from finesched.dataflow.gang import GROUP_LABEL
 
     caller.require(ADMIN, TENANT)
-    job: Job = parse_kind(body, "Job")
     world = ctx.world()
-    ctx.check_namespace(caller, job.namespace, world)
+    ctx.check_namespace(caller, namespace_of(body), world)
+    job: Job = parse_kind(body, "Job")
     try:
         workloads = admit_job(job, world)
     except CompileError as exc:

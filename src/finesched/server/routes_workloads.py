@@ -14,7 +14,16 @@ from finesched.model.workload import Workload
 from finesched.server.auth import ADMIN, AGENT, TENANT, Identity
 from finesched.server.context import MAX_ITEMS_PER_REQUEST, Caller, Ctx, ServerContext
 from finesched.server.store import FAILED, HOLDING, PENDING, PHASES, RUNNING, SUCCEEDED, Conflict, NotFound
-from finesched.server.views import InputError, Integer, binding_row_view, canonical, invalid, parse_kind, workload_view
+from finesched.server.views import (
+    InputError,
+    Integer,
+    binding_row_view,
+    canonical,
+    invalid,
+    namespace_of,
+    parse_kind,
+    workload_view,
+)
 
 router = APIRouter(prefix="/v1", tags=["workloads"])
 Phase = Literal["Pending", "Bound", "Running", "Succeeded", "Failed", "Rejected"]
@@ -46,6 +55,8 @@ def parse_workloads(body: Any, caller: Identity, ctx: ServerContext, world: Worl
         raise InputError([{"loc": ["body"], "msg": "no workloads given"}])
     if len(docs) > MAX_ITEMS_PER_REQUEST:
         raise InputError([{"loc": ["body"], "msg": f"at most {MAX_ITEMS_PER_REQUEST} workloads per request"}], 413)
+    for namespace in dict.fromkeys(map(namespace_of, docs)):  # who may write there, before what is written
+        ctx.check_namespace(caller, namespace, world)
     workloads, problems, seen = [], [], set()
     for i, doc in enumerate(docs):
         prefix: tuple[str | int, ...] = ("body", i) if isinstance(body, list) else ("body",)
@@ -60,8 +71,6 @@ def parse_workloads(body: Any, caller: Identity, ctx: ServerContext, world: Worl
         workloads.append(workload)
     if problems:
         raise InputError(problems)
-    for namespace in dict.fromkeys(w.namespace for w in workloads):
-        ctx.check_namespace(caller, namespace, world)
     admitted = []
     for i, workload in enumerate(workloads):
         prefix = ("body", i) if isinstance(body, list) else ("body",)

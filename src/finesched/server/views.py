@@ -88,6 +88,14 @@ def parse_kind(doc: Any, kind: str, prefix: tuple[str | int, ...] = ("body",)) -
         raise invalid(exc, prefix) from None
 
 
+def namespace_of(doc: Any) -> str:
+    """The namespace a manifest names, read before it is validated (so that who may write there is
+    decided first, as Kubernetes authorizes before it admits); "default" when it names none."""
+    metadata = doc.get("metadata") if isinstance(doc, Mapping) else None
+    namespace = metadata.get("namespace") if isinstance(metadata, Mapping) else None
+    return namespace if isinstance(namespace, str) and namespace else "default"
+
+
 def canonical(obj: Any) -> dict[str, Any]:
     return to_manifest(obj)
 
