@@ -35,24 +35,20 @@ SUBDOMAIN_RULE = (
 )
 
 
+def _problems(value: str, longest: int, pattern: re.Pattern[str], rule: str) -> list[str]:
+    """Kubernetes' two checks, both reported: the length, then the characters."""
+    problems = [f"must be no more than {longest} characters"] if len(value) > longest else []
+    return problems + ([] if pattern.match(value) else [rule])
+
+
 def label_problems(value: str) -> list[str]:
     """Why `value` is not a DNS-1123 label (empty: it is one)."""
-    problems = []
-    if len(value) > LABEL_MAX:
-        problems.append(f"must be no more than {LABEL_MAX} characters")
-    if not _LABEL.match(value):
-        problems.append(LABEL_RULE)
-    return problems
+    return _problems(value, LABEL_MAX, _LABEL, LABEL_RULE)
 
 
 def subdomain_problems(value: str) -> list[str]:
     """Why `value` is not a DNS-1123 subdomain (empty: it is one)."""
-    problems = []
-    if len(value) > SUBDOMAIN_MAX:
-        problems.append(f"must be no more than {SUBDOMAIN_MAX} characters")
-    if not _SUBDOMAIN.match(value):
-        problems.append(SUBDOMAIN_RULE)
-    return problems
+    return _problems(value, SUBDOMAIN_MAX, _SUBDOMAIN, SUBDOMAIN_RULE)
 
 
 def is_label(value: str) -> bool:

@@ -119,7 +119,7 @@ def delete_tenant(name: str, ctx: Ctx, caller: Caller) -> dict[str, Any]:
         if offer is not None:
             raise HTTPException(409, f"tenant {name} holds open offer {offer[0]}; decline it or let it expire")
         conn.execute(delete(t.tenants).where(t.tenants.c.name == name))
-        ctx.loop.own(Store.log(conn, [Event("Tenant", name, "Deleted")]))
+        Store.log(conn, [Event("Tenant", name, "Deleted")])
     ctx.loop.changed("Tenant", name)
     return {"deleted": name}
 
