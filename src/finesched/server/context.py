@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, HTTPException, Request
 
@@ -36,6 +36,8 @@ class ServerContext:
     max_body_bytes: int = MAX_BODY_BYTES
     _device_types: tuple[float, frozenset[str]] = (0.0, frozenset())
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    #: Parsed tenants by name, with the stored manifest they were parsed from (parsed again only when it changed).
+    _tenants: dict[str, tuple[Any, Tenant | None]] = field(default_factory=dict)
 
     def scheduler(self) -> Scheduler:
         """The leader's scheduler, or 503 on a replica that does not hold the lease."""
@@ -48,12 +50,25 @@ class ServerContext:
         """The stored objects admission needs: the tenants (those that parse; a tenant stored before
         today's rules is set aside, not trusted) and, with `devices`, the device types of the nodes."""
         tenants: dict[str, Tenant] = {}
-        for row in self.store.list_tenants():
-            try:
-                tenants[row["name"]] = tenant_from_row(row)
-            except ValidationError:
-                continue
+        rows = self.store.list_tenants()
+        with self._lock:
+            parsed = {row["name"]: self._parsed_tenant(row) for row in rows}
+            self._tenants = {name: self._tenants[name] for name in parsed}
+        for name, tenant in parsed.items():
+            if tenant is not None:
+                tenants[name] = tenant
         return World(tenants, self.device_types() if devices else frozenset())
+
+    def _parsed_tenant(self, row: dict[str, Any]) -> Tenant | None:
+        cached = self._tenants.get(row["name"])
+        if cached is not None and cached[0] == row["spec"]:
+            return cached[1]
+        try:
+            tenant: Tenant | None = tenant_from_row(row)
+        except ValidationError:
+            tenant = None
+        self._tenants[row["name"]] = (row["spec"], tenant)
+        return tenant
 
     def device_types(self) -> frozenset[str]:
         """The device types of the cluster's nodes: the leader's state, else the stored nodes (cached)."""

@@ -6,7 +6,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, HTTPException
 
-from finesched.admission import admit_node
+from finesched.admission import World, admit_node
 from finesched.errors import ValidationError
 from finesched.model.node import Node
 from finesched.server.auth import ADMIN, Identity
@@ -27,7 +27,7 @@ def _register(ctx: ServerContext, caller: Identity, body: dict[str, Any], *, nam
         raise InputError([{"loc": ["body", "metadata", "name"], "msg": f"must be {name!r} (the URL's name)"}])
     caller.require_node(node.name)
     try:
-        admit_node(node, ctx.world(devices=False))
+        admit_node(node, World())  # a node's rules are its own
     except ValidationError as exc:
         raise invalid(exc) from None
     try:
