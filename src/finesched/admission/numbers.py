@@ -12,10 +12,12 @@ be stored or answered as JSON.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
+from functools import cache
 
 from pydantic import BaseModel
 
+from finesched.model.base import FrozenDict
 from finesched.model.resources import ResourceVector, resource_kind
 from finesched.quantity import format_quantity
 
@@ -27,19 +29,22 @@ Problem = tuple[str, str, object]  # (field path, rule, value)
 
 def number_problems(obj: object, path: str = "") -> list[Problem]:
     """(path, rule, value) for every number of `obj` out of range; paths use the manifest's names."""
-    return list(_walk(obj, path))
+    found: list[Problem] = []
+    _walk(obj, path, found)
+    return found
 
 
-def _walk(obj: object, path: str) -> Iterator[Problem]:
-    if isinstance(obj, bool) or obj is None or isinstance(obj, str):
+def _walk(obj: object, path: str, found: list[Problem]) -> None:
+    # Cheap cases first: this runs on every workload of every submission.
+    if obj is None or isinstance(obj, str | bool | FrozenDict):
         return
     if isinstance(obj, int):
         if abs(obj) > MAX_SAFE_INTEGER:
-            yield path, f"must be between -{MAX_SAFE_INTEGER} and {MAX_SAFE_INTEGER} (2^53 - 1)", obj
+            found.append((path, f"must be between -{MAX_SAFE_INTEGER} and {MAX_SAFE_INTEGER} (2^53 - 1)", obj))
         return
     if isinstance(obj, float):
         if not math.isfinite(obj):
-            yield path, "must be a finite number", str(obj)
+            found.append((path, "must be a finite number", str(obj)))
         return
     if isinstance(obj, ResourceVector):
         for name, amount in obj.items():
@@ -47,19 +52,27 @@ def _walk(obj: object, path: str) -> Iterator[Problem]:
                 kind = resource_kind(name)
                 limit = format_quantity(MAX_SAFE_INTEGER, kind)
                 shown = format_quantity(amount, kind) if amount >= 0 else str(amount)
-                yield _join(path, name), f"is too large: at most {limit} (2^53 - 1 in its unit)", shown
+                found.append((_join(path, name), f"is too large: at most {limit} (2^53 - 1 in its unit)", shown))
         return
     if isinstance(obj, BaseModel):
-        for name, info in type(obj).model_fields.items():
-            yield from _walk(getattr(obj, name), _join(path, info.alias or name))
+        aliases = _aliases(type(obj))
+        for name, value in obj.__dict__.items():
+            if value is not None and not isinstance(value, str | bool):
+                _walk(value, _join(path, aliases.get(name, name)), found)
         return
     if isinstance(obj, Mapping):
         for key, value in obj.items():
-            yield from _walk(value, _join(path, str(key)))
+            _walk(value, _join(path, str(key)), found)
         return
     if isinstance(obj, tuple | list | frozenset | set):
         for i, value in enumerate(obj):
-            yield from _walk(value, f"{path}[{i}]")
+            _walk(value, f"{path}[{i}]", found)
+
+
+@cache
+def _aliases(model: type[BaseModel]) -> dict[str, str]:
+    """A model's field names as manifests spell them."""
+    return {name: info.alias or name for name, info in model.model_fields.items()}
 
 
 def _join(path: str, name: str) -> str:

@@ -274,9 +274,8 @@ class SchedulerLoop:
     def changed(self, kind: str, obj: str) -> None:
         """This process just changed `obj` in the store: apply it now, so the next request sees it
         (the feed applies it again later, which changes nothing)."""
-        reconcile = {"Node": self.reconcile_node, "Workload": self.reconcile_workload, "Tenant": self.reconcile_tenant}
         if self.scheduler is not None:
-            self._isolated(kind, obj, reconcile[kind])
+            self._isolated(kind, obj)
         self.wake()
 
     # Change feed -----------------------------------------------------------------------------------
@@ -291,15 +290,15 @@ class SchedulerLoop:
                     self._own_events.discard(event["id"])
                     continue
                 touched[(event["kind"], event["object"])] = None
-        reconcile = {"Node": self.reconcile_node, "Workload": self.reconcile_workload, "Tenant": self.reconcile_tenant}
         for kind, obj in touched:
-            if kind in reconcile:
-                self._isolated(kind, obj, reconcile[kind])
+            if kind in ("Node", "Workload", "Tenant"):
+                self._isolated(kind, obj)
 
-    def _isolated(self, kind: str, obj: str, reconcile: Callable[[str], None]) -> None:
+    def _isolated(self, kind: str, obj: str) -> None:
         """Apply one object's change; if that raises, set the object aside and go on with the others."""
+        reconcile = {"Node": self.reconcile_node, "Workload": self.reconcile_workload, "Tenant": self.reconcile_tenant}
         try:
-            reconcile(obj)
+            reconcile[kind](obj)
         except SQLAlchemyError:
             raise  # the store, not the object: the loop's own handling
         except Exception as exc:
