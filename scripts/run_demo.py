@@ -1,9 +1,12 @@
 """`make run`: a one-machine finesched cluster running real, pinned processes, then a clean stop.
 
-1. ``finesched up`` in the background (a fresh data directory, a free port on 127.0.0.1);
-2. submit ``examples/run-demo.yaml`` with the admin token ``up`` wrote;
-3. show each workload as it runs: phase, the cpuset the scheduler chose, the affinity the process
-   really has and what the agent did with cgroups; then each workload's output;
+1. ``finesched up --fake-gpus 2:16Gi`` in the background (a fresh data directory, a free port on
+   127.0.0.1; the node gets two simulated GPUs, so a GPU share can run on any machine);
+2. submit ``examples/run-demo.yaml`` (workloads, one of them half a GPU, and a dataflow Job) with
+   the admin token ``up`` wrote;
+3. show each workload and job slot as it runs: phase, the cpuset the scheduler chose, the affinity
+   the process really has and what the agent did with cgroups; then the job (`describe job`) and
+   each one's output, fetched through the server (`finesched logs`);
 4. stop ``up`` (workloads, agent, server) with SIGINT and wait for it.
 
 Usage: python scripts/run_demo.py [--manifest FILE] [--keep DIR]. Exit 0 when every workload
@@ -65,16 +68,44 @@ def row(w: dict[str, Any]) -> str:
     name = f"{w['metadata']['namespace']}/{w['metadata']['name']}"
     exit_code = f" exit={info['exitCode']}" if "exitCode" in info else ""
     return (
-        f"{name:<13} {status['phase']:<9} node={status.get('node') or binding.get('node') or '-'} "
+        f"{name:<25} {status['phase']:<9} node={status.get('node') or binding.get('node') or '-'} "
         f"cpuset={cpuset} affinity={info.get('affinity', '-')} pid={info.get('pid', '-')}{exit_code} cgroup: {cgroup}"
     )
 
 
+def cli(url: str, token: str, *args: str) -> None:
+    """Run `finesched ARGS` against the demo's server and print it as a shell session would."""
+    env = {**os.environ, "FINESCHED_SERVER": url, "FINESCHED_TOKEN": token, "COLUMNS": "120"}
+    shown = subprocess.run([*FINESCHED, *args], capture_output=True, text=True, env=env)
+    print(f"\n$ finesched {' '.join(args)}\n{(shown.stdout or shown.stderr).rstrip()}", flush=True)
+
+
 def describe(key: str, url: str, token: str) -> None:
     """`finesched describe` of a running workload: its binding and what the agent applied."""
-    env = {**os.environ, "FINESCHED_SERVER": url, "FINESCHED_TOKEN": token, "COLUMNS": "120"}
-    shown = subprocess.run([*FINESCHED, "describe", "workload", key], capture_output=True, text=True, env=env)
-    print(f"\n$ finesched describe workload {key}\n{(shown.stdout or shown.stderr).rstrip()}\n", flush=True)
+    cli(url, token, "describe", "workload", key)
+    print(flush=True)
+
+
+def submit(client: httpx.Client, docs: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
+    """PUT the Tenants (they own the namespaces), POST the Workloads (all at once) and each Job; (keys to
+    watch: workloads and job slots, job keys)."""
+    for tenant in (d for d in docs if d.get("kind") == "Tenant"):
+        response = client.put(f"/v1/tenants/{tenant['metadata']['name']}", json=tenant)
+        if response.status_code >= 400:
+            raise SystemExit(f"tenant refused: {response.status_code} {response.text}")
+    workloads = [d for d in docs if d.get("kind") == "Workload"]
+    keys = [f"{d['metadata'].get('namespace', 'default')}/{d['metadata']['name']}" for d in workloads]
+    response = client.post("/v1/workloads", json=workloads)
+    if response.status_code >= 400:
+        raise SystemExit(f"submit refused: {response.status_code} {response.text}")
+    jobs = []
+    for doc in (d for d in docs if d.get("kind") == "Job"):
+        answer = client.post("/v1/jobs", json=doc)
+        if answer.status_code >= 400:
+            raise SystemExit(f"job refused: {answer.status_code} {answer.text}")
+        jobs.append(answer.json()["job"])
+        keys += [slot["workload"] for slot in answer.json()["slots"]]
+    return keys, jobs
 
 
 def watch(
@@ -114,9 +145,10 @@ def main() -> int:
     if up_log is None:
         data.mkdir(parents=True)
         up_log = (data / "up.log").open("wb")
-    print(f"$ finesched up --data {data} --port {port}", flush=True)
+    print(f"$ finesched up --data {data} --port {port} --fake-gpus 2:16Gi", flush=True)
     up = subprocess.Popen(
-        [*FINESCHED, "up", "--data", str(data), "--port", str(port), "--interval", "1", "--quiet"],
+        [*FINESCHED, "up", "--data", str(data), "--port", str(port), "--interval", "1", "--quiet",
+         "--fake-gpus", "2:16Gi"],
         stdout=up_log, stderr=subprocess.STDOUT,
     )  # fmt: skip
     ok = False
@@ -132,21 +164,17 @@ def main() -> int:
             time.sleep(0.2)
         node = client.get("/v1/nodes").json()["items"][0]
         print(f"node {node['metadata']['name']}: {json.dumps(node['spec'].get('allocatable'))}", flush=True)
-        for tenant in (d for d in docs if d["kind"] == "Tenant"):  # the tenants own the namespaces
-            response = client.put(f"/v1/tenants/{tenant['metadata']['name']}", json=tenant)
-            if response.status_code >= 400:
-                raise SystemExit(f"tenant refused: {response.status_code} {response.text}")
-        docs = [d for d in docs if d["kind"] == "Workload"]
-        response = client.post("/v1/workloads", json=docs)
-        if response.status_code >= 400:
-            raise SystemExit(f"submit refused: {response.status_code} {response.text}")
-        names = [f"{d['metadata'].get('namespace', 'default')}/{d['metadata']['name']}" for d in docs]
+        gpus = [d["uuid"] for d in node["spec"].get("devices", []) if d["type"] == "gpu"]
+        print(f"node GPUs (simulated: --fake-gpus): {', '.join(gpus)}", flush=True)
+        names, jobs = submit(client, docs)
         print(f"submitted {', '.join(names)} from {args.manifest.relative_to(ROOT)}\n", flush=True)
         final = watch(client, names, lambda key: describe(key, url, token))
+        for job in jobs:
+            cli(url, token, "describe", "job", job)
         for key in names:
-            log = subprocess.run([*FINESCHED, "logs", key, "--data", str(data)], capture_output=True, text=True)
-            print(f"\n$ finesched logs {key}\n{(log.stdout or log.stderr).rstrip()}", flush=True)
+            cli(url, token, "logs", key)
         ok = all(final[k]["status"]["phase"] == "Succeeded" for k in names)
+        ok = ok and all(client.get(f"/v1/jobs/{j}").json()["status"]["phase"] == "Succeeded" for j in jobs)
     finally:
         up.send_signal(signal.SIGINT)
         try:

@@ -175,7 +175,7 @@ def _job(name: str = "etl", parallelism: int = 2, namespace: str = "alpha") -> J
 
 
 def test_a_jobs_slots_are_admitted_as_workloads() -> None:
-    slots = admit_job(_job(), WORLD)
+    _, slots = admit_job(_job(), WORLD)
     assert [w.key for w in slots] == ["alpha/etl-region-0-0", "alpha/etl-region-0-1"]
     assert {w.tenant for w in slots} == {"alpha"}
     with pytest.raises(ValidationError) as exc:

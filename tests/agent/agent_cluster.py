@@ -64,11 +64,16 @@ class Cluster:
         assert self.admin.post("/v1/tenants", json=tenant).status_code == 201  # owns namespace t
         self.agent_token = create_token(self.store, "agent", node=NODE)
         self.tmp = tmp
+        self.agents: list[Agent] = []
 
-    def agent(self, data: str = "agent", discovery: Callable[[], Discovery] = inventory) -> Agent:
+    def agent(self, data: str = "agent", discovery: Callable[[], Discovery] = inventory, logs: bool = False) -> Agent:
+        """A started agent; with `logs`, serving workload logs on a free port of 127.0.0.1."""
         config = AgentConfig(self.url, self.agent_token, self.tmp / data, NODE)
+        if logs:
+            config.logs_port, config.logs_host = 0, "127.0.0.1"
         agent = Agent(config, AgentClient(self.url, self.agent_token), discovery, CgroupSupport(None, reason="test"))
         agent.start()
+        self.agents.append(agent)
         return agent
 
     def submit(self, name: str, command: list[str], requests: dict[str, Any], **spec: Any) -> None:
@@ -97,6 +102,8 @@ class Cluster:
         return found
 
     def close(self) -> None:
+        for agent in self.agents:
+            agent.close()
         self.admin.close()
         self.server.should_exit = True
         self.thread.join(timeout=10)

@@ -1,10 +1,13 @@
-"""Fakes for agent tests: a sysfs tree written under a temporary directory and a pynvml-like module."""
+"""Fakes for agent tests: a sysfs tree written under a temporary directory, and GPU inventories for
+the package's simulated NVML (finesched.agent.fake_nvml, also behind `finesched up --fake-gpus`)."""
 
 from __future__ import annotations
 
-import types
-from dataclasses import dataclass, field
 from pathlib import Path
+
+from finesched.agent.fake_nvml import FakeGPU, FakeNVML
+
+__all__ = ["FakeGPU", "add_hca", "add_pci", "cpulist", "eight_gpus", "fake_nvml", "make_sysfs", "write"]
 
 
 def write(path: Path, text: str) -> None:
@@ -75,68 +78,9 @@ def add_hca(root: Path, name: str, bus_id: str, numa: int, states: list[str], ho
         write(hca / f"ports/{port}/state", state)
 
 
-class NVMLError(Exception):
-    pass
-
-
-@dataclass
-class FakeGPU:
-    uuid: str
-    minor: int
-    memory: int
-    bus_id: str  # NVML form: 00000000:3B:00.0
-    numa: int = -1
-    nvlinks: list[str] = field(default_factory=list)  # remote bus ids, one per active link
-    broken: bool = False  # uuid and memory queries raise
-
-
-def fake_nvml(gpus: list[FakeGPU], count_fails: bool = False) -> types.ModuleType:
-    """A module with the pynvml calls discovery makes, answering from `gpus`."""
-    mod = types.ModuleType("fake_pynvml")
-    mod.NVMLError = NVMLError  # type: ignore[attr-defined]
-    mod.NVML_NVLINK_MAX_LINKS = 12  # type: ignore[attr-defined]
-
-    def count() -> int:
-        if count_fails:
-            raise NVMLError("Driver Not Loaded")
-        return len(gpus)
-
-    def handle(index: int) -> FakeGPU:
-        return gpus[index]
-
-    def uuid(h: FakeGPU) -> str:
-        if h.broken:
-            raise NVMLError("GPU is lost")
-        return h.uuid
-
-    def memory(h: FakeGPU) -> types.SimpleNamespace:
-        if h.broken:
-            raise NVMLError("GPU is lost")
-        return types.SimpleNamespace(total=h.memory, free=h.memory, used=0)
-
-    def numa_id(h: FakeGPU) -> int:
-        if h.numa < 0:
-            raise NVMLError("Not Supported")
-        return h.numa
-
-    def link_state(h: FakeGPU, link: int) -> int:
-        if link >= len(h.nvlinks):
-            raise NVMLError("Not Supported")
-        return 1
-
-    def remote(h: FakeGPU, link: int) -> types.SimpleNamespace:
-        return types.SimpleNamespace(busId=h.nvlinks[link].encode())
-
-    mod.nvmlDeviceGetCount = count  # type: ignore[attr-defined]
-    mod.nvmlDeviceGetHandleByIndex = handle  # type: ignore[attr-defined]
-    mod.nvmlDeviceGetUUID = uuid  # type: ignore[attr-defined]
-    mod.nvmlDeviceGetMinorNumber = lambda h: h.minor  # type: ignore[attr-defined]
-    mod.nvmlDeviceGetMemoryInfo = memory  # type: ignore[attr-defined]
-    mod.nvmlDeviceGetPciInfo = lambda h: types.SimpleNamespace(busId=h.bus_id.encode())  # type: ignore[attr-defined]
-    mod.nvmlDeviceGetNumaNodeId = numa_id  # type: ignore[attr-defined]
-    mod.nvmlDeviceGetNvLinkState = link_state  # type: ignore[attr-defined]
-    mod.nvmlDeviceGetNvLinkRemotePciInfo = remote  # type: ignore[attr-defined]
-    return mod
+def fake_nvml(gpus: list[FakeGPU], count_fails: bool = False) -> FakeNVML:
+    """The package's NVML stand-in over `gpus` (what discovery sees on such a machine)."""
+    return FakeNVML(gpus, count_fails=count_fails)
 
 
 def eight_gpus(root: Path | None = None, memory: int = 80 * 2**30) -> list[FakeGPU]:

@@ -10,10 +10,12 @@ import sys
 from pathlib import Path
 
 import httpx
+import pytest
 from agent_cluster import NODE, Cluster, wait
 from typer.testing import CliRunner
 
 from finesched.cli import app
+from finesched.codec import decode
 
 FINESCHED = [sys.executable, "-m", "finesched.cli"]
 
@@ -63,13 +65,16 @@ def test_sigkilled_agent_restarts_and_adopts_its_child(tmp_path: Path) -> None:
         cluster.close()
 
 
-def test_up_prints_url_and_token_and_stops_cleanly(tmp_path: Path) -> None:
+GPU_ENV = 'echo "$NVIDIA_VISIBLE_DEVICES sm=$CUDA_DEVICE_SM_LIMIT mem=$CUDA_DEVICE_MEMORY_LIMIT_0"; sleep 2'
+
+
+def test_up_with_fake_gpus_runs_a_gpu_share_and_shows_its_logs(tmp_path: Path) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    data = tmp_path / "up"
+    data, url = tmp_path / "up", f"http://127.0.0.1:{port}"
     up = subprocess.Popen(
-        [*FINESCHED, "up", "--data", str(data), "--port", str(port), "--interval", "0.5", "--quiet"],
+        [*FINESCHED, "up", "--data", str(data), "--port", str(port), "--interval", "0.5", "--fake-gpus", "2:8Gi"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:
@@ -77,17 +82,47 @@ def test_up_prints_url_and_token_and_stops_cleanly(tmp_path: Path) -> None:
         wait(lambda: token_file.is_file() and token_file.read_text().strip() != "", "admin.token", timeout=60)
         assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
         token = token_file.read_text().strip()
-        client = httpx.Client(base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {token}"})
+        client = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"})
         wait(lambda: len(client.get("/v1/nodes").json()["items"]) == 1, "this machine's node", timeout=60)
         node = client.get("/v1/nodes").json()["items"][0]
         assert node["spec"]["cpuTopology"]["cpus"] and node["status"]["ready"]
+        gpus = node["spec"]["devices"]
+        assert [(g["uuid"], g["labels"]) for g in gpus] == [
+            (f"GPU-SIMULATED-000{i}", {"finesched.io/simulated": "true"}) for i in range(2)
+        ]  # fmt: skip
+        share = {"apiVersion": "finesched.io/v1alpha1", "kind": "Workload",
+                 "metadata": {"name": "gpu", "namespace": "t"},
+                 "spec": {"requests": {"cpu": "100m", "gpu-core": 50, "gpu-memory-ratio": 50},
+                          "command": ["sh", "-c", GPU_ENV]}}  # fmt: skip
+        assert client.post("/v1/workloads", json=share).status_code == 201
+        wait(lambda: client.get("/v1/workloads/t/gpu").json()["status"]["phase"] == "Running", "the share to run")
+
+        def accounted() -> bool:  # the agent's report holds the share: 50 of one GPU's core left
+            report = client.get(f"/v1/nodes/{node['metadata']['name']}").json()["status"]["report"]
+            return sorted(decode(**report["devices"]["gpu"]["gpu-core"])) == [50, 100]
+
+        wait(accounted, "the share in the node's report")
+        described = CliRunner().invoke(app, ["describe", "node", node["metadata"]["name"], "--server", url,
+                                             "--token", token])  # fmt: skip
+        assert described.exit_code == 0 and "SIMULATED" in described.stdout
+        wait(lambda: client.get("/v1/workloads/t/gpu").json()["status"]["phase"] == "Succeeded", "the share to end")
+        shown = CliRunner().invoke(app, ["logs", "t/gpu", "--server", url, "--token", token])
+        assert shown.exit_code == 0 and shown.stdout.startswith("GPU-SIMULATED-000")
+        assert shown.stdout.split()[1:] == ["sm=50", f"mem={4 * 2**30}"]
         client.close()
     finally:
         up.send_signal(signal.SIGINT)
         output = up.communicate(timeout=60)[0]
     assert up.returncode == 0, output
-    assert f"finesched is up: http://127.0.0.1:{port}" in output and token in output
+    assert f"finesched is up: {url}" in output and token in output
+    assert "2 SIMULATED GPU(s)" in output and "SIMULATED GPUs: 2 simulated GPU(s) of 8Gi" in output
     assert output.rstrip().endswith("finesched stopped")
+
+
+@pytest.mark.parametrize("value", ["0", "two", "2:lots", "100", "2:0"])
+def test_up_refuses_bad_fake_gpus(value: str) -> None:
+    result = CliRunner().invoke(app, ["up", "--fake-gpus", value])
+    assert result.exit_code == 2 and "--fake-gpus" in result.output
 
 
 def test_logs_prints_the_workload_output(tmp_path: Path) -> None:

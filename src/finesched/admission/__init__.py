@@ -32,6 +32,7 @@ from typing import Any
 import pydantic
 
 from finesched.admission.numbers import MAX_SAFE_INTEGER, number_problems
+from finesched.dataflow import CompiledJob, compile_job, gang_workloads
 from finesched.errors import ErrorDetail, ValidationError
 from finesched.model.job import Job
 from finesched.model.manifest import Manifests, Object
@@ -246,14 +247,12 @@ def admit_node(node: Node, world: World, *, where: str = "") -> Node:
     return node
 
 
-def admit_job(job: Job, world: World, *, where: str = "") -> list[Workload]:
-    """The job's slot workloads (compiled, seed S2), each admitted as a workload, or ValidationError."""
-    from finesched.dataflow import compile_job, gang_workloads
-
+def admit_job(job: Job, world: World, *, where: str = "") -> tuple[CompiledJob, list[Workload]]:
+    """The compiled job (seed S2) and its slot workloads, each admitted as a workload; or ValidationError."""
     _fail(_numbers(job, where))
     compiled = compile_job(job)  # CompileError (a ValidationError) names the job's fields
-    if compiled.slots_needed > MAX_JOB_SLOTS:
-        rule = f"the job needs {compiled.slots_needed} slots; at most {MAX_JOB_SLOTS} are placed as one gang"
+    if compiled.slots_needed > MAX_JOB_SLOTS:  # every slot is a workload of one gang, placed in one request
+        rule = f"the job needs {compiled.slots_needed} slots; a job has at most {MAX_JOB_SLOTS}"
         _fail([ErrorDetail("spec.tasks", rule, where=where)])
     try:
         workloads = gang_workloads(job, compiled)
@@ -268,7 +267,7 @@ def admit_job(job: Job, world: World, *, where: str = "") -> list[Workload]:
         except ValidationError as exc:
             errors += [e for e in exc.errors if e not in errors]
     _fail(errors)
-    return admitted
+    return compiled, admitted
 
 
 # Files ----------------------------------------------------------------------------------------------

@@ -31,7 +31,7 @@ def _reasons(response: httpx.Response) -> str:
 
 
 class AgentClient:
-    """One node's calls: register, report, bindings, ack, reject, status."""
+    """One node's calls: register, report, bindings, ack, reject, status, and log grants."""
 
     def __init__(self, server: str, token: str, timeout: float = 10.0, transport: httpx.BaseTransport | None = None):
         self.http = httpx.Client(
@@ -71,3 +71,8 @@ class AgentClient:
     def status(self, workload: str, phase: str, reason: str, exit_code: int | None, info: dict[str, Any]) -> None:
         body = {"phase": phase, "reason": reason, "exitCode": exit_code, "info": info}
         self._call("POST", f"/v1/workloads/{workload}/status", json=body)
+
+    def verify_log_grant(self, grant: str) -> dict[str, Any]:
+        """What a log request's grant allows (workload, tail, follow); ServerError 403 when the server
+        did not issue it for this node, or it was used or expired (agent/logs.py)."""
+        return dict(self._call("POST", "/v1/log-grants/verify", json={"grant": grant}) or {})

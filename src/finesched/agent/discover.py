@@ -74,6 +74,8 @@ def discover(
         nvml, why = load()
     gpus = discover_gpus(nvml, root) if nvml is not None else GPUInventory(available=False, problems=[why])
     sources["gpu"] = _summary(gpus.available, len(gpus.devices), gpus.problems)
+    if gpus.simulated:
+        sources["gpu"] = f"SIMULATED (--fake-gpus), no real GPU: {sources['gpu']}"
     rdma = discover_rdma(root)
     sources["rdma"] = _summary(rdma.available, len(rdma.devices), rdma.problems)
     for device in [*gpus.devices, *rdma.devices]:

@@ -3,7 +3,9 @@
 For each GPU: uuid, minor (/dev/nvidiaN), total memory, PCI bus id -> NUMA node and PCI root, and
 NVLink peers. A device whose required queries fail is kept with ``health: false`` (the scheduler
 stops placing there) and the error is listed; optional queries (NUMA id, NVLink) that a driver
-does not support are simply skipped. The module is passed in, so tests use a fake one.
+does not support are simply skipped. The module is passed in, so tests use a fake one
+(agent/fake_nvml.py); a fake that says it is `simulated` (``finesched up --fake-gpus``) gets its
+devices labelled ``finesched.io/simulated: "true"`` and the inventory marked simulated.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from finesched.agent.fake_nvml import SIMULATED_LABEL
 from finesched.agent.sysfs import normalize_bus_id, pci_numa, pci_root
 
 
@@ -25,6 +28,7 @@ class GPUInventory:
     links: list[dict[str, Any]] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     available: bool = True
+    simulated: bool = False
 
 
 def load_nvml() -> tuple[ModuleType | None, str]:
@@ -42,7 +46,7 @@ def load_nvml() -> tuple[ModuleType | None, str]:
 
 def discover_gpus(nvml: Any, root: Path = Path("/")) -> GPUInventory:
     """Every GPU NVML reports, in minor order. `nvml` is an initialised pynvml-like module."""
-    inv = GPUInventory()
+    inv = GPUInventory(simulated=bool(getattr(nvml, "simulated", False)))
     try:
         count = int(nvml.nvmlDeviceGetCount())
     except Exception as exc:
@@ -59,6 +63,8 @@ def discover_gpus(nvml: Any, root: Path = Path("/")) -> GPUInventory:
         handles[device["minor"]] = device.pop("_handle")
         if bus:
             by_bus[bus] = device["minor"]
+        if inv.simulated:
+            device["labels"] = {SIMULATED_LABEL: "true"}
         inv.devices.append(device)
     inv.devices.sort(key=lambda d: d["minor"])
     inv.links = _nvlinks(nvml, handles, by_bus)

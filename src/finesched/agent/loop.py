@@ -23,7 +23,9 @@ from finesched.agent.cgroup import CgroupSupport, detect
 from finesched.agent.client import AgentClient
 from finesched.agent.discover import Discovery, discover
 from finesched.agent.executor import Executor, ServerError
+from finesched.agent.fake_nvml import FakeNVML
 from finesched.agent.gpus import load_nvml
+from finesched.agent.logs import LogServer, advertised_host
 from finesched.agent.report import build_report
 from finesched.model.node import Node
 
@@ -42,11 +44,26 @@ class AgentConfig:
     #: Stop the workload processes when the agent stops (`finesched up`); a plain agent leaves
     #: them running so that its next start adopts them.
     stop_workloads_on_exit: bool = False
+    #: Serve workload logs to the control plane (agent/logs.py) on this port (0: any free one);
+    #: None: do not. `logs_host` is the address the server reaches this machine at (default: the
+    #: local end of the route to the server), `logs_bind` the one listened on (default: the same).
+    logs_port: int | None = None
+    logs_host: str | None = None
+    logs_bind: str | None = None
+    #: Simulated GPUs instead of NVML (`finesched up --fake-gpus N[:MEMORY]`): (count, bytes each).
+    fake_gpus: tuple[int, int] | None = None
 
 
-def default_discovery(name: str | None, labels: dict[str, str]) -> Callable[[], Discovery]:
-    """Discovery of this machine with NVML loaded once (an absent NVML is reported every time)."""
-    nvml, why = load_nvml()
+def default_discovery(
+    name: str | None, labels: dict[str, str], fake_gpus: tuple[int, int] | None = None
+) -> Callable[[], Discovery]:
+    """Discovery of this machine with NVML loaded once (an absent NVML is reported every time), or
+    with `fake_gpus` (count, memory) simulated GPUs answering through the same NVML calls."""
+    if fake_gpus is not None:
+        nvml, why = FakeNVML.simulated_gpus(*fake_gpus), ""
+        log.warning("SIMULATED GPUs: %s (no real GPU is used)", nvml.describe())
+    else:
+        nvml, why = load_nvml()
 
     def run() -> Discovery:
         return discover(name, nvml=nvml, labels=labels, load=lambda: (None, why))
@@ -64,10 +81,11 @@ class Agent:
     ):
         self.config = config
         self.client = client if client is not None else AgentClient(config.server, config.token)
-        self.discover = discovery or default_discovery(config.node_name, config.labels)
+        self.discover = discovery or default_discovery(config.node_name, config.labels, config.fake_gpus)
         self.cgroups = cgroups if cgroups is not None else detect()
         config.data.mkdir(parents=True, exist_ok=True)
         self.executor = Executor(config.data, self.client, self.cgroups)
+        self.logs: LogServer | None = None
         self.discovery: Discovery | None = None
         self.node: Node | None = None  # as registered
         self.bindings: list[AgentBinding] = []
@@ -85,6 +103,7 @@ class Agent:
         adopted = self.executor.adopt()
         for key, what in adopted.items():
             log.info("reconciled %s: %s", key, what)
+        self._serve_logs()
         while not self.stopping.is_set():
             try:
                 self.client.register(self.discovery.node)
@@ -97,6 +116,33 @@ class Agent:
         self.node = self.discovery.node
         log.info("node %s registered: %s", self.name, self.discovery.sources)
         return adopted
+
+    def _serve_logs(self) -> None:
+        """Open the log port (config.logs_port); a port that cannot be opened leaves logs unserved,
+        said in the log, and the agent runs on."""
+        config = self.config
+        if config.logs_port is None or self.logs is not None:
+            return
+        host = config.logs_host or advertised_host(config.server)
+        verifier = AgentClient(config.server, config.token)
+        try:
+            self.logs = LogServer(config.data, verifier.verify_log_grant, self._runs, host, config.logs_port,
+                                  config.logs_bind)  # fmt: skip
+        except OSError as exc:
+            log.error("cannot serve logs on %s:%s (%s): `finesched logs` will not reach this node", host,
+                      config.logs_port, exc)  # fmt: skip
+            return
+        self.logs.start()
+
+    def _runs(self, workload: str) -> bool:
+        record = self.executor.state.records.get(workload)
+        return record is not None and record.phase == "Running"
+
+    def close(self) -> None:
+        """Stop serving logs (the workloads are left as they are)."""
+        if self.logs is not None:
+            self.logs.stop()
+            self.logs = None
 
     def tick_bindings(self) -> None:
         """Fetch this node's bindings, apply them, and send pending statuses."""
@@ -141,7 +187,9 @@ class Agent:
             bindings = [parse_binding(item) for item in self.client.bindings(self.name)]
         except (ServerError, BindingError):
             bindings = self.bindings
-        extra = {"cgroup": self.cgroups.describe(), "agentPid": os.getpid()}
+        extra: dict[str, Any] = {"cgroup": self.cgroups.describe(), "agentPid": os.getpid()}
+        if self.logs is not None:
+            extra["logs"] = {"url": self.logs.url}
         body = build_report(self.node, bindings, self.discovery, extra)
         try:
             self.client.report(self.name, body)
@@ -169,3 +217,4 @@ class Agent:
             if self.config.stop_workloads_on_exit:
                 self.executor.stop_all()
                 self.executor.report()
+            self.close()

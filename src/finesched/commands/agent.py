@@ -1,12 +1,13 @@
-"""`finesched agent`, `finesched up` and `finesched logs`: the node side of a real cluster.
+"""`finesched agent` and `finesched up`: the node side of a real cluster (`logs` is commands/logs.py).
 
-* ``agent --server URL --token T``: run this machine's node agent (discovery, reports, deploys).
+* ``agent --server URL --token T``: run this machine's node agent (discovery, reports, deploys,
+  and workload logs served to the control plane on ``--logs-port``).
 * ``up``: a one-machine cluster: the control plane (``finesched serve``, SQLite under the data
   directory) as a child process, an admin token (printed, and written to ``<data>/admin.token``,
   mode 600), and this machine's agent in the foreground. Ctrl-C stops the workloads, the agent and
-  the server. The port is checked before anything is written; a data directory that already has
-  a valid admin token keeps it (``--new-admin-token`` makes another), and its agent keeps its own.
-* ``logs NAME``: print a workload's output, from the agent's data directory on this machine.
+  the server. ``--fake-gpus N[:MEMORY]`` gives the node N simulated GPUs. The port is checked
+  before anything is written; a data directory that already has a valid admin token keeps it
+  (``--new-admin-token`` makes another), and its agent keeps its own.
 """
 
 from __future__ import annotations
@@ -28,6 +29,35 @@ out = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
 
 DataOption = Annotated[Path | None, typer.Option("--data", help="State directory (default: ~/.local/share/finesched).")]
+FakeGpusOption = Annotated[
+    str | None,
+    typer.Option(
+        "--fake-gpus",
+        metavar="N[:MEMORY]",
+        help="Give this node N simulated GPUs of MEMORY each (default 16Gi) instead of NVML: try GPU sharing "
+        "without a GPU. Marked simulated in `describe node` and the agent's log.",
+    ),
+]
+FAKE_GPU_MEMORY = "16Gi"
+MAX_FAKE_GPUS = 64
+
+
+def parse_fake_gpus(text: str | None) -> tuple[int, int] | None:
+    """``N[:MEMORY]`` -> (count, bytes); a usage error (exit 2) naming the option otherwise."""
+    from finesched.quantity import parse_quantity
+
+    if text is None:
+        return None
+    count, _, memory = text.partition(":")
+    if not count.isdigit() or not 1 <= int(count) <= MAX_FAKE_GPUS:
+        raise _fail(f"--fake-gpus {text!r}: N must be a whole number from 1 to {MAX_FAKE_GPUS}", 2)
+    try:
+        size = parse_quantity(memory or FAKE_GPU_MEMORY, "bytes")
+    except ValueError as exc:
+        raise _fail(f"--fake-gpus {text!r}: MEMORY {exc}", 2) from None
+    if size <= 0:
+        raise _fail(f"--fake-gpus {text!r}: MEMORY must be more than 0", 2)
+    return int(count), size
 
 
 def default_data() -> Path:
@@ -57,10 +87,23 @@ def agent_cmd(
     watch: Annotated[float, typer.Option("--watch", min=0.1, help="Seconds between binding checks.")] = 1.0,
     label: Annotated[list[str] | None, typer.Option("--label", help="Node label KEY=VALUE (repeatable).")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only warnings and errors.")] = False,
+    logs_port: Annotated[
+        int,
+        typer.Option("--logs-port", min=0, max=65535, help="Port the control plane reads workload logs on (0: any)."),
+    ] = 0,
+    logs_address: Annotated[
+        str | None,
+        typer.Option(
+            "--logs-address",
+            help="Address the control plane reaches this machine at (default: the local end of the route to --server).",
+        ),
+    ] = None,
+    fake_gpus: FakeGpusOption = None,
 ) -> None:
     """Run this machine's node agent: register, report resources, run bound workloads pinned."""
     from finesched.agent.loop import Agent, AgentConfig
 
+    simulated = parse_fake_gpus(fake_gpus)
     labels = {}
     for item in label or ():
         key, sep, value = item.partition("=")
@@ -68,7 +111,8 @@ def agent_cmd(
             raise _fail(f"--label must be KEY=VALUE, got {item!r}", 2)
         labels[key] = value
     _logging(not quiet)
-    config = AgentConfig(server, token, data or default_data(), node_name, interval, watch, labels)
+    config = AgentConfig(server, token, data or default_data(), node_name, interval, watch, labels,
+                         logs_port=logs_port, logs_host=logs_address, fake_gpus=simulated)  # fmt: skip
     try:
         agent = Agent(config)
     except ValueError as exc:  # an unreadable state file
@@ -190,6 +234,7 @@ def up_cmd(
     node_name: Annotated[str | None, typer.Option("--node-name", help="This machine's node name.")] = None,
     interval: Annotated[float, typer.Option("--interval", min=0.2, help="Seconds between agent reports.")] = 5.0,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Agent logs only warnings and errors.")] = False,
+    fake_gpus: FakeGpusOption = None,
     new_admin_token: Annotated[
         bool, typer.Option("--new-admin-token", help="Make a new admin token even if the data directory has one.")
     ] = False,
@@ -200,6 +245,7 @@ def up_cmd(
     from finesched.agent.loop import Agent, AgentConfig
     from finesched.model.names import subdomain_problems
 
+    simulated = parse_fake_gpus(fake_gpus)
     busy = check_port(host, port)
     if busy is not None:  # before anything is written or started
         raise _fail(f"{busy}; is finesched (or something else) already running there? Stop it or pass --port")
@@ -226,13 +272,18 @@ def up_cmd(
         print(f"finesched is up: {url}  (node {name})")
         again = "kept from the last run; --new-admin-token makes another" if kept else "new"
         print(f"admin token: {admin}  ({again}; also in {data / 'admin.token'})")
-        print(f"server log: {data / 'server.log'}; a workload's output: finesched logs NAME --data {data}")
+        print(f"server log: {data / 'server.log'}; a workload's output: finesched logs NAME --server {url} "
+              "--token TOKEN (or FINESCHED_SERVER / FINESCHED_TOKEN)")  # fmt: skip
+        if simulated is not None:
+            print(f"node {name} has {simulated[0]} SIMULATED GPU(s) (--fake-gpus): no real GPU is used", flush=True)
         print(
             f"add a machine: finesched token create --db {db} --role agent --node NODE, then on that machine: "
             f"finesched agent --server http://<this host>:{port} --token TOKEN --node-name NODE",
             flush=True,
         )
-        config = AgentConfig(url, agent_token, data / "agent", name, interval, stop_workloads_on_exit=True)
+        # the local agent serves logs to the local server: on the loopback interface only
+        config = AgentConfig(url, agent_token, data / "agent", name, interval, stop_workloads_on_exit=True,
+                             logs_port=0, logs_host="127.0.0.1", fake_gpus=simulated)  # fmt: skip
         agent = Agent(config)
         _stop_on_signals(agent.stopping)
         _run(agent)
@@ -247,25 +298,9 @@ def up_cmd(
         print("finesched stopped", flush=True)
 
 
-def logs_cmd(
-    name: Annotated[str, typer.Argument(help="Workload NAME or NAMESPACE/NAME.")],
-    namespace: Annotated[str, typer.Option("--namespace", "-n", help="Namespace when NAME has none.")] = "default",
-    data: DataOption = None,
-) -> None:
-    """Print a workload's output (stdout and stderr) as logged by this machine's agent."""
-    from finesched.agent.executor import workdir_of
-
-    key = name if "/" in name else f"{namespace}/{name}"
-    base = data or default_data()
-    candidates = [workdir_of(root, key) / "output.log" for root in (base, base / "agent")]
-    for path in candidates:
-        if path.is_file():
-            sys.stdout.write(path.read_text(errors="replace"))
-            return
-    raise _fail(f"no log for {key} under {base} (is this the machine its agent runs on?)")
-
-
 def register(app: typer.Typer) -> None:
+    from finesched.commands.logs import logs_cmd
+
     app.command("agent")(agent_cmd)
     app.command("up")(up_cmd)
     app.command("logs")(logs_cmd)

@@ -139,7 +139,7 @@ def submit(
 
 
 def get(
-    what: Annotated[str, typer.Argument(help="workloads, nodes or tenants")],
+    what: Annotated[str, typer.Argument(help="workloads, jobs, nodes or tenants")],
     server: ServerOption = DEFAULT_SERVER,
     token: TokenOption = "",
     output: OutputOption = "table",
@@ -147,16 +147,20 @@ def get(
     tenant: Annotated[str | None, typer.Option("--tenant")] = None,
     phase: Annotated[str | None, typer.Option("--phase")] = None,
     node: Annotated[str | None, typer.Option("--node")] = None,
+    job: Annotated[str | None, typer.Option("--job", help="Workloads: the slots of job NAME or NS/NAME.")] = None,
 ) -> None:
-    """List workloads (filters: namespace, tenant, phase, node), nodes or tenants."""
+    """List workloads (filters: namespace, tenant, phase, node, job), jobs (namespace), nodes or tenants."""
     _check_output(output)
     kinds = {"workloads": "workloads", "workload": "workloads", "nodes": "nodes", "node": "nodes",
-             "tenants": "tenants", "tenant": "tenants"}  # fmt: skip
+             "tenants": "tenants", "tenant": "tenants", "jobs": "jobs", "job": "jobs"}  # fmt: skip
     if what not in kinds:
-        _fail(f"get {what!r}: use workloads, nodes or tenants", code=2)
+        _fail(f"get {what!r}: use workloads, jobs, nodes or tenants", code=2)
     kind = kinds[what]
-    params = {k: v for k, v in {"namespace": namespace, "tenant": tenant, "phase": phase, "node": node}.items() if v}
-    items = Client(server, token).call("GET", f"/v1/{kind}", params=params if kind == "workloads" else None)["items"]
+    filters = {"namespace": namespace, "tenant": tenant, "phase": phase, "node": node, "job": job}
+    params = {k: v for k, v in filters.items() if v} if kind == "workloads" else None
+    if kind == "jobs" and namespace:
+        params = {"namespace": namespace}
+    items = Client(server, token).call("GET", f"/v1/{kind}", params=params)["items"]
     if output != "table":
         _dump(items, output)
         return
@@ -217,28 +221,39 @@ def _tenants_table(items: list[dict[str, Any]]) -> Table:
     return table
 
 
-_TABLES = {"workloads": _workloads_table, "nodes": _nodes_table, "tenants": _tenants_table}
+def _jobs_table(items: list[dict[str, Any]]) -> Table:
+    from finesched.commands.job_views import jobs_table
+
+    return jobs_table(items)
+
+
+_TABLES = {"workloads": _workloads_table, "nodes": _nodes_table, "tenants": _tenants_table, "jobs": _jobs_table}
 
 
 def describe(
-    what: Annotated[str, typer.Argument(help="workload, node or tenant")],
-    name: Annotated[str, typer.Argument(help="NAME (workloads: NAME or NAMESPACE/NAME)")],
+    what: Annotated[str, typer.Argument(help="workload, job, node or tenant")],
+    name: Annotated[str, typer.Argument(help="NAME or NAMESPACE/NAME")],
     server: ServerOption = DEFAULT_SERVER,
     token: TokenOption = "",
     namespace: NamespaceOption = "default",
     output: OutputOption = "table",
 ) -> None:
     """A workload's status, binding (node, cpuset, devices, NUMA), what its agent applied, and events;
-    or a node's or tenant's spec, conditions (SetAside: why the scheduler leaves it out) and events."""
+    a job's phase, failover regions and slots; a node's state, discovery and devices; a tenant's
+    spec; for nodes and tenants their conditions (SetAside: why the scheduler leaves one out)."""
     _check_output(output)
-    kinds = {"workload": "Workload", "workloads": "Workload", "node": "Node", "nodes": "Node",
-             "tenant": "Tenant", "tenants": "Tenant"}  # fmt: skip
-    if what not in kinds:
-        _fail(f"describe {what!r}: use workload, node or tenant", code=2)
-    if kinds[what] != "Workload":
-        _describe_other(kinds[what], name, Client(server, token), output)
+    if what not in ("workload", "workloads", "job", "jobs", "node", "nodes", "tenant", "tenants"):
+        _fail(f"describe {what!r}: use workload, job, node or tenant", code=2)
+    if what in ("node", "nodes"):
+        _describe_other("node", f"/v1/nodes/{name}", server, token, output)
+        return
+    if what in ("tenant", "tenants"):
+        _describe_tenant(name, Client(server, token), output)
         return
     namespace, name = _workload_key(name, namespace)
+    if what in ("job", "jobs"):
+        _describe_other("job", f"/v1/jobs/{namespace}/{name}", server, token, output)
+        return
     client = Client(server, token)
     item = client.call("GET", f"/v1/workloads/{namespace}/{name}")
     events = client.call("GET", "/v1/events", params={"kind": "Workload", "object": f"{namespace}/{name}"})["items"]
@@ -271,36 +286,54 @@ def _events_table(events: list[dict[str, Any]]) -> Table:
     return table
 
 
-def _describe_other(kind: str, name: str, client: Client, output: str) -> None:
-    """A node or a tenant: spec, status (conditions first) and its events."""
-    item = client.call("GET", f"/v1/{kind.lower()}s/{name}")
-    events = client.call("GET", "/v1/events", params={"kind": kind, "object": name})["items"]
+def _print_conditions(status: dict[str, Any]) -> None:
+    """A node's or tenant's conditions, first: SetAside says why the scheduler leaves it out."""
+    for condition in status.get("conditions") or ():
+        out.print(f"[bold red]{escape(condition['type'])}[/]: {escape(condition.get('message', ''))}")
+
+
+def _describe_tenant(name: str, client: Client, output: str) -> None:
+    """A tenant: conditions, spec (weight, quota, parent, namespaces) and its events."""
+    item = client.call("GET", f"/v1/tenants/{name}")
+    events = client.call("GET", "/v1/events", params={"kind": "Tenant", "object": name})["items"]
     if output != "table":
         _dump({**item, "events": events}, output)
         return
-    status = item["status"]
-    out.print(f"[bold]{kind}[/] {escape(name)}")
-    for condition in status.get("conditions") or ():
-        out.print(f"[bold red]{escape(condition['type'])}[/]: {escape(condition.get('message', ''))}")
-    shown = {k: v for k, v in status.items() if k not in ("conditions", "report", "allocation")}
-    out.print("Status:   " + escape(", ".join(f"{k}={v}" for k, v in shown.items())))
+    out.print(f"[bold]Tenant[/] {escape(name)}")
+    _print_conditions(item["status"])
     out.print("Spec:     " + escape(json.dumps(item.get("spec") or {}, sort_keys=True)), soft_wrap=True)
-    if status.get("allocation"):
-        out.print("Workloads: " + escape(", ".join(status["allocation"].get("workloads", [])) or "-"))
     out.print(_events_table(events))
 
 
+def _describe_other(kind: str, path: str, server: str, token: str, output: str) -> None:
+    from finesched.commands.job_views import print_job
+    from finesched.commands.node_view import print_node
+
+    item = Client(server, token).call("GET", path)
+    if output != "table":
+        _dump(item, output)
+        return
+    _print_conditions(item.get("status") or {})
+    (print_job if kind == "job" else print_node)(out, item)
+
+
 def delete(
-    what: Annotated[str, typer.Argument(help="workload, node or tenant")],
+    what: Annotated[str, typer.Argument(help="workload, job, node or tenant")],
     name: Annotated[str, typer.Argument(help="NAME (workloads: NAME or NAMESPACE/NAME)")],
     server: ServerOption = DEFAULT_SERVER,
     token: TokenOption = "",
     namespace: NamespaceOption = "default",
 ) -> None:
-    """Delete a workload (its binding is released), a node (its workloads are requeued) or a tenant
-    (refused while workloads, child tenants or open offers refer to it)."""
+    """Delete a workload (its binding is released), a job (all its slots at once), a node (its
+    workloads are requeued) or a tenant (refused while workloads, child tenants or open offers
+    refer to it)."""
     client = Client(server, token)
-    if what in ("workload", "workloads"):
+    if what in ("job", "jobs"):
+        namespace, name = _workload_key(name, namespace)
+        answer = client.call("DELETE", f"/v1/jobs/{namespace}/{name}")
+        out.print(f"job {escape(namespace)}/{escape(name)} deleted: {len(answer['slots'])} slot(s), "
+                  f"{answer['released']} released")  # fmt: skip
+    elif what in ("workload", "workloads"):
         namespace, name = _workload_key(name, namespace)
         client.call("DELETE", f"/v1/workloads/{namespace}/{name}")
         out.print(f"workload {escape(namespace)}/{escape(name)} deleted")
@@ -311,7 +344,7 @@ def delete(
         client.call("DELETE", f"/v1/tenants/{name}")
         out.print(f"tenant {escape(name)} deleted")
     else:
-        _fail(f"delete {what!r}: use workload, node or tenant", code=2)
+        _fail(f"delete {what!r}: use workload, job, node or tenant", code=2)
 
 
 def cordon(

@@ -4,8 +4,9 @@
   quotas (rich tables, or ``-o json`` with the Python API's names); ``--cluster FILE`` also places
   the gang offline on those nodes (all slots or none).
 * ``job submit JOB.yaml --server URL --token T`` (or FINESCHED_SERVER / FINESCHED_TOKEN): compile
-  locally first (bad input never reaches the server), then ``POST /v1/jobs`` the manifest as JSON
-  and print the per-slot bindings the server answers with.
+  locally first, and check that every slot has a command (bad input never reaches the server),
+  then ``POST /v1/jobs`` the manifest as JSON and print the per-slot bindings the server answers
+  with. Listing, describing and deleting jobs are `finesched get|describe|delete job`.
 
 Exit codes: 0 done (a gang that does not fit is a result, shown as Pending), 1 invalid input,
 an unreachable server or a refused request, 2 usage errors.
@@ -25,6 +26,7 @@ from rich.table import Table
 
 from finesched.commands.devices import format_grants
 from finesched.dataflow import CompiledJob, compile_job, gang_workloads
+from finesched.dataflow.commands import command_problems
 from finesched.dataflow.report import compiled_record, slot_records
 from finesched.errors import ErrorDetail, ValidationError
 from finesched.model.job import Job
@@ -247,7 +249,10 @@ def submit_cmd(
         raise _exit_with(f"--output must be one of {', '.join(OUTPUTS)}, got {output!r}", 2)
     if not server:
         raise _exit_with("--server (or FINESCHED_SERVER) is required", 2)
-    job, _ = _load_job(file)
+    job, compiled = _load_job(file)
+    problems = command_problems(job, compiled)  # what the server refuses: said here, nothing sent
+    if problems:
+        raise _exit_with([d.located(f"{file} ({job.namespace}/{job.name})") for d in problems])
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     url = server.rstrip("/") + "/v1/jobs"
     try:

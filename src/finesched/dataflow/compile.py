@@ -30,7 +30,7 @@ from finesched.dataflow.graph import JobGraph, ResourceSpec, sum_specs
 from finesched.dataflow.network import NetworkConfig, task_network_bytes
 from finesched.dataflow.regions import Subtask, connected_components, pipelined_regions, subtask_regions
 from finesched.errors import ErrorDetail, ValidationError
-from finesched.model.job import Job, SlotProfile, find_cycle
+from finesched.model.job import MAX_PARALLELISM, Job, SlotProfile, find_cycle
 from finesched.model.manifest import API_VERSION, METADATA_FIELDS, parse_manifest
 
 #: Names the compiler gives region groups; a user group may not take one.
@@ -308,8 +308,9 @@ def _structure_problems(graph: JobGraph) -> list[ErrorDetail]:
         if task.id in seen:
             problems.append(ErrorDetail(f"{task.path}.id", "duplicate task id", task.id))
         seen.add(task.id)
-        if task.parallelism < 1:
-            rule = f"task {task.id}: parallelism must be >= 1"
+        if not 1 <= task.parallelism <= MAX_PARALLELISM:
+            bound = ">= 1" if task.parallelism < 1 else f"<= {MAX_PARALLELISM}"
+            rule = f"task {task.id}: parallelism must be {bound}"
             problems.append(ErrorDetail(f"{task.path}.parallelism", rule, task.parallelism))
     operators: set[str] = set()
     for op in graph.operators:

@@ -12,14 +12,18 @@ profile) in finesched resources:
 and carries its operators' absolute managed-memory quotas as the annotation
 ``finesched.io/managed-memory-quotas`` (JSON ``{operator: bytes}``), which the scheduler copies
 onto the slot's binding for the node agent. All slots form one gang (the job's name, min member =
-every slot): `Scheduler.schedule_gang` reserves all of them or none.
+every slot): `Scheduler.schedule_gang` reserves all of them or none. A slot's command is the one
+`finesched.dataflow.commands` builds (none when the job names none), and its labels say its job,
+group, index and failover region (`finesched.dataflow.failover`).
 """
 
 from __future__ import annotations
 
 import json
 
+from finesched.dataflow.commands import slot_command
 from finesched.dataflow.compile import CompiledJob
+from finesched.dataflow.failover import failover_regions
 from finesched.dataflow.graph import ResourceSpec
 from finesched.model.binding import Binding
 from finesched.model.job import Job
@@ -35,6 +39,7 @@ if QUOTAS_ANNOTATION not in CARRIED_ANNOTATIONS:  # the scheduler must copy it o
 JOB_LABEL = "finesched.io/job"
 GROUP_LABEL = "finesched.io/slot-sharing-group"
 SLOT_LABEL = "finesched.io/slot-index"
+REGION_LABEL = "finesched.io/failover-region"
 
 
 def slot_requests(profile: ResourceSpec) -> ResourceVector:
@@ -55,12 +60,14 @@ def slot_name(job: Job, group: str, index: int) -> str:
 def gang_workloads(job: Job, compiled: CompiledJob) -> list[Workload]:
     """One workload per slot of `compiled` (`compile_job(job)`), all in one gang, group by group."""
     total = compiled.slots_needed
+    region_of = {slot: k for k, region in enumerate(failover_regions(compiled)) for slot in region}
     out: list[Workload] = []
     for group, slots in compiled.group_slots.items():
         for index in range(slots):
             requests = slot_requests(compiled.slot_profile(group, index))
             quotas = json.dumps(compiled.slot_quotas(group, index), separators=(",", ":"))  # manifest order
-            labels = {**job.labels, JOB_LABEL: job.name, GROUP_LABEL: group, SLOT_LABEL: str(index)}
+            labels = {**job.labels, JOB_LABEL: job.name, GROUP_LABEL: group, SLOT_LABEL: str(index),
+                      REGION_LABEL: str(region_of[(group, index)])}  # fmt: skip
             out.append(
                 Workload(
                     name=slot_name(job, group, index),
@@ -69,6 +76,7 @@ def gang_workloads(job: Job, compiled: CompiledJob) -> list[Workload]:
                     annotations={QUOTAS_ANNOTATION: quotas, GROUP_LABEL: group},
                     requests=requests,
                     gang=Gang(name=job.name, min_member=total),
+                    command=slot_command(job, compiled, group, index),
                 )
             )
     return out

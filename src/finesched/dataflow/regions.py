@@ -25,7 +25,7 @@ from finesched.dataflow.graph import Edge, JobGraph
 Subtask = tuple[str, int]
 
 
-class _UnionFind:
+class UnionFind:
     """Disjoint sets (of task ids, or subtasks); `groups` lists them in the order of their first member."""
 
     def __init__(self, items: list[Any]):
@@ -55,7 +55,7 @@ class _UnionFind:
 def pipelined_regions(graph: JobGraph, all_sources_in_same_region: bool) -> list[frozenset[str]]:
     """The job's pipelined regions (rules 1-3 of the module docstring), ordered by their first task
     in manifest order."""
-    sets = _UnionFind(graph.task_ids)
+    sets = UnionFind(graph.task_ids)
     for edge in graph.edges:
         if edge.type == "pipelined":
             sets.union(edge.source, edge.target)
@@ -71,7 +71,7 @@ def pipelined_regions(graph: JobGraph, all_sources_in_same_region: bool) -> list
         a, b = index[edge.source], index[edge.target]
         if a != b:
             successors[a].add(b)
-    merged = _UnionFind([str(k) for k in range(len(regions))])
+    merged = UnionFind([str(k) for k in range(len(regions))])
     for component in _strongly_connected(successors):
         for k in component[1:]:
             merged.union(str(component[0]), str(k))
@@ -126,7 +126,7 @@ def _strongly_connected(successors: list[set[int]]) -> list[list[int]]:
 
 def connected_components(graph: JobGraph) -> list[frozenset[str]]:
     """Tasks joined by any edge, either direction: parts of a job that share no data at all."""
-    sets = _UnionFind(graph.task_ids)
+    sets = UnionFind(graph.task_ids)
     for edge in graph.edges:
         sets.union(edge.source, edge.target)
     return sets.groups()
@@ -151,7 +151,7 @@ def subtask_regions(graph: JobGraph, all_sources_in_same_region: bool) -> list[f
     group. Cost: linear in subtasks and pointwise links (an all-to-all edge is joined as one chain).
     """
     subtasks = [(t.id, i) for t in graph.tasks for i in range(t.parallelism)]
-    sets = _UnionFind(subtasks)
+    sets = UnionFind(subtasks)
     for edge in graph.edges:
         if edge.type != "pipelined":
             continue
@@ -174,7 +174,7 @@ def subtask_regions(graph: JobGraph, all_sources_in_same_region: bool) -> list[f
         for a, b in pairs:
             if a != b:
                 successors[a].add(b)
-    merged = _UnionFind(list(range(len(regions))))
+    merged = UnionFind(list(range(len(regions))))
     for component in _strongly_connected(successors):
         for k in component[1:]:
             merged.union(component[0], k)

@@ -10,6 +10,7 @@ resource declarations, reported as a compile error.
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from pydantic import Field, PositiveInt, model_validator
@@ -17,10 +18,11 @@ from pydantic import Field, PositiveInt, model_validator
 from finesched.model.base import FrozenDict, FrozenStrDict, Loc, Model, raise_problems
 from finesched.model.names import NamespaceName, ObjectName
 from finesched.model.resources import ByteQuantity, CountQuantity, CPUQuantity, ResourceVector
+from finesched.model.workload import DEFAULT_BACKOFF_LIMIT, RestartPolicy
 
 MiB = 2**20
-#: Flink's upper bound for a job's max parallelism (KeyGroupRangeAssignment.UPPER_BOUND_MAX_PARALLELISM).
-MAX_PARALLELISM = 2**15
+#: Flink's upper bound of a job vertex's (max) parallelism.
+MAX_PARALLELISM = 32768
 
 
 class _ResourceFields(Model):
@@ -95,8 +97,40 @@ class Operator(Model):
     weight: PositiveInt | None = None
 
 
+#: A variable a slot command may set: a shell name (the slot runs it under /bin/sh).
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+#: Names the node agent and the slot set themselves (subtask index, quotas, devices, ...).
+RESERVED_ENV_PREFIX = "FINESCHED_"
+
+
+def env_problems(env: dict[str, str]) -> list[tuple[Loc, str, object]]:
+    """Names a slot's shell cannot export, or that finesched sets itself."""
+    problems: list[tuple[Loc, str, object]] = []
+    for name in env:
+        if not ENV_NAME.fullmatch(name):
+            problems.append((("env", name), "is not a variable name ([A-Za-z_][A-Za-z0-9_]*)", name))
+        elif name.startswith(RESERVED_ENV_PREFIX):
+            problems.append((("env", name), f"{RESERVED_ENV_PREFIX}* variables are set by finesched", name))
+    return problems
+
+
+class SlotRun(Model):
+    """What every slot of one slot sharing group runs: `command` + `args` with `env` (added to the
+    variables finesched gives each slot, see `finesched.dataflow.commands`)."""
+
+    command: tuple[str, ...] = ()
+    args: tuple[str, ...] = ()
+    env: FrozenStrDict = Field(default_factory=FrozenDict)
+
+    @model_validator(mode="after")
+    def _env_names(self) -> SlotRun:
+        raise_problems(env_problems(self.env), type(self).__name__)
+        return self
+
+
 class Task(Model):
-    """Chained operators that run as one parallel instance per subtask."""
+    """Chained operators that run as one parallel instance per subtask. `command` (+ `args`, `env`)
+    is what each subtask runs, unless the task's slot sharing group has a command of its own."""
 
     id: str = Field(min_length=1)
     parallelism: int = 1  # checked in Job so the error names the task
@@ -104,6 +138,14 @@ class Task(Model):
     slot_sharing_group: NamespaceName | None = None
     # Emptiness is checked in Job: a tuple's min_length would also fire after an item's own error.
     operators: tuple[Operator, ...] = Field(json_schema_extra={"minItems": 1})
+    command: tuple[str, ...] = ()
+    args: tuple[str, ...] = ()
+    env: FrozenStrDict = Field(default_factory=FrozenDict)
+
+    @model_validator(mode="after")
+    def _env_names(self) -> Task:
+        raise_problems(env_problems(self.env), "Task")
+        return self
 
 
 class Edge(Model):
@@ -116,7 +158,12 @@ class Edge(Model):
 class Job(Model):
     """A dataflow job. `all_sources_in_same_region` unset means true for streaming, false for batch (S2.2);
     `weighted_fractions` unset means true when any operator declares a weight;
-    `trim_partial_pipelines` asks for a slot holding fewer tasks than its group to request only them."""
+    `trim_partial_pipelines` asks for a slot holding fewer tasks than its group to request only them.
+
+    What runs: `slot_sharing_groups[name]` gives a group's slots one command, otherwise each task's
+    own `command` runs (`finesched.dataflow.commands`). `restart_policy` OnFailure: a failed slot
+    restarts the slots of its pipelined region (Flink's region failover), up to `backoff_limit`
+    region restarts in all; Never: a failed slot fails the job."""
 
     name: ObjectName
     namespace: NamespaceName = "default"
@@ -129,6 +176,9 @@ class Job(Model):
     network: NetworkMemory = Field(default_factory=NetworkMemory)
     tasks: tuple[Task, ...] = Field(json_schema_extra={"minItems": 1})  # checked in `_problems`, with the rest
     edges: tuple[Edge, ...] = ()
+    slot_sharing_groups: dict[str, SlotRun] = Field(default_factory=dict)
+    restart_policy: RestartPolicy = "OnFailure"
+    backoff_limit: int = Field(default=DEFAULT_BACKOFF_LIMIT, ge=0, le=1000)
 
     @model_validator(mode="after")
     def _structure(self) -> Job:

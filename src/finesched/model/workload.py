@@ -188,6 +188,11 @@ class Gang(Model):
 
 
 PreemptionPolicy = Literal["PreemptLowerPriority", "Never"]
+#: What happens when the workload's process fails (exits non-zero): Never leaves it Failed;
+#: OnFailure starts it again on its node after a backoff, up to `backoffLimit` times (Kubernetes'
+#: Pod restartPolicy and Job backoffLimit; Always is not offered: a workload may end).
+RestartPolicy = Literal["Never", "OnFailure"]
+DEFAULT_BACKOFF_LIMIT = 6  # Kubernetes Job's default
 
 
 class DisruptionBudget(Model):
@@ -206,7 +211,8 @@ class Workload(Model):
     """A schedulable unit (a pod, a service instance, a dataflow slot).
 
     `preemption_policy` Never: the workload waits instead of preempting others (it can still be a
-    victim). `disruption_budget`: see DisruptionBudget.
+    victim). `disruption_budget`: see DisruptionBudget. `restart_policy` / `backoff_limit`: see
+    RestartPolicy.
     """
 
     name: ObjectName
@@ -235,6 +241,8 @@ class Workload(Model):
     #: Appended to `command` by the node agent (Kubernetes' command/args split).
     args: tuple[str, ...] = ()
     env: FrozenStrDict = Field(default_factory=FrozenDict)
+    restart_policy: RestartPolicy = "Never"
+    backoff_limit: int = Field(default=DEFAULT_BACKOFF_LIMIT, ge=0, le=1000)
 
     @model_validator(mode="after")
     def _derive_and_check(self) -> Workload:

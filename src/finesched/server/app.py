@@ -25,7 +25,7 @@ from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from finesched import __version__
-from finesched.server import jobs, offers, openapi, routes_nodes, routes_tenants, routes_workloads
+from finesched.server import jobs, logs, offers, openapi, routes_nodes, routes_tenants, routes_workloads
 from finesched.server.auth import TokenCache
 from finesched.server.context import MAX_BODY_BYTES, Ctx, ServerContext
 from finesched.server.loop import LoopConfig, SchedulerLoop
@@ -233,7 +233,7 @@ def create_app(store: Store, config: LoopConfig | None = None, *, max_body_bytes
     def metrics_endpoint() -> Response:
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
 
-    for module in (routes_nodes, routes_workloads, routes_tenants, offers, jobs):
+    for module in (routes_nodes, routes_workloads, routes_tenants, offers, jobs, logs):
         app.include_router(module.router)
     return app
 

@@ -1,8 +1,11 @@
-"""POST /v1/jobs: a dataflow Job (seed S2) compiled into a gang of slot workloads and placed all or none.
+"""/v1/jobs: submit a dataflow Job (seed S2), list and read jobs, delete one with all its slots.
 
-The gang is placed at once when it fits (bindings returned, each carrying its operators'
-managed-memory quotas); otherwise its slots are stored Pending as one gang and the scheduling
-loop places them together when capacity allows.
+A job is compiled into a gang of slot workloads, each running the command its manifest gives
+(`finesched.dataflow.commands`; a job that would leave a slot with nothing to run is refused with
+422 naming the field). The gang is placed at once when it fits (bindings returned, each carrying
+its operators' managed-memory quotas); otherwise its slots are stored Pending as one gang and the
+scheduling loop places them together when capacity allows. The job row and its slots are written
+in one transaction. What a job does afterwards (phase, region restarts) is server/lifecycle.py's.
 """
 
 from __future__ import annotations
@@ -11,64 +14,89 @@ import json
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, HTTPException
+from sqlalchemy.exc import IntegrityError
 
 from finesched.admission import admit_job
 from finesched.errors import ValidationError
 from finesched.model.job import Job
 from finesched.sched.diagnosis import FitError
-from finesched.server.auth import ADMIN, TENANT
+from finesched.server import job_store
+from finesched.server.auth import ADMIN, TENANT, Identity
 from finesched.server.cluster_view import binding_view
-from finesched.server.context import Caller, Ctx
+from finesched.server.context import Caller, Ctx, ServerContext
+from finesched.server.job_status import job_view
 from finesched.server.placement import commit_after_write, insert_bound, log_own
-from finesched.server.store import Conflict
-from finesched.server.views import InputError, canonical, invalid, namespace_of, parse_kind
+from finesched.server.store import Event, NotFound, Store
+from finesched.server.views import InputError, canonical, detail_of, invalid, namespace_of, parse_kind
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
 JobBody = Annotated[dict[str, Any], Body(description="A Job manifest (dataflow job, seed S2)")]
+MAX_JOB_EVENTS = 200
 
 
 @router.post("", status_code=201)
 def submit_job(body: JobBody, ctx: Ctx, caller: Caller) -> dict[str, Any]:
-    from finesched.dataflow import QUOTAS_ANNOTATION, CompileError
-    from finesched.dataflow.gang import GROUP_LABEL
+    from finesched.dataflow import QUOTAS_ANNOTATION
+    from finesched.dataflow.commands import command_problems
+    from finesched.dataflow.failover import failover_regions, region_tasks
+    from finesched.dataflow.gang import GROUP_LABEL, slot_name
 
     caller.require(ADMIN, TENANT)
     world = ctx.world()
     ctx.check_namespace(caller, namespace_of(body), world)
     job: Job = parse_kind(body, "Job")
     try:
-        workloads = admit_job(job, world)
-    except CompileError as exc:
-        raise InputError([{"loc": ["body", "spec"], "msg": str(exc)}]) from None
+        compiled, workloads = admit_job(job, world)  # CompileError is a ValidationError too
     except ValidationError as exc:
         raise invalid(exc, ("body",)) from None
+    problems = command_problems(job, compiled)
+    if problems:
+        raise InputError([detail_of(p) for p in problems])
     job_key = f"{job.namespace}/{job.name}"
+    if job_store.find_job(ctx.store, job.namespace, job.name) is not None:
+        raise HTTPException(409, f"job {job_key} already exists")
     taken = ctx.store.existing_workloads([w.key for w in workloads])
     if taken:
         raise HTTPException(409, f"workload {taken[0]} already exists")
+    regions = [
+        {"tasks": region_tasks(compiled, region), "slots": [slot_name(job, g, i) for g, i in sorted(region)],
+         "restarts": 0}
+        for region in failover_regions(compiled)
+    ]  # fmt: skip
+    spec = canonical(job)
     with ctx.loop.lock:
         scheduler = ctx.scheduler()
         try:
             bindings = scheduler.schedule_gang(workloads)
+            reason = ""
         except FitError as exc:
             bindings, reason = [], exc.message
         except ValidationError as exc:
             raise invalid(exc, ("body",)) from None
         if bindings:
+            submitted = Event("Job", job_key, "Submitted", f"{len(workloads)} slots, {len(regions)} region(s): bound")
 
             def write() -> None:
                 with ctx.store.write() as conn:
-                    log_own(
-                        ctx.loop, conn, insert_bound(conn, workloads, bindings, job=job_key, why=f" (job {job_key})")
-                    )
+                    job_store.insert_job(conn, job.namespace, job.name, spec, regions)
+                    events = insert_bound(conn, workloads, bindings, job=job_key, why=f" (job {job_key})")
+                    log_own(ctx.loop, conn, [*events, submitted])
 
-            commit_after_write(ctx.loop, bindings, write)
+            try:
+                commit_after_write(ctx.loop, bindings, write)
+            except IntegrityError:
+                raise HTTPException(409, f"job {job_key} or one of its slots already exists") from None
     if not bindings:
+        items = [(w.namespace, w.name, w.tenant, canonical(w)) for w in workloads]
         try:
-            ids, events = ctx.store.submit([(w.namespace, w.name, w.tenant, canonical(w)) for w in workloads], job_key)
-        except Conflict as exc:
-            raise HTTPException(409, str(exc)) from None
+            with ctx.store.write() as conn:
+                job_store.insert_job(conn, job.namespace, job.name, spec, regions)
+                ids, events = Store.insert_pending(conn, items, job_key)
+                why = f"{len(workloads)} slots, {len(regions)} region(s): pending ({reason})"
+                events += Store.log(conn, [Event("Job", job_key, "Submitted", why)])
+        except IntegrityError:
+            raise HTTPException(409, f"job {job_key} or one of its slots already exists") from None
         ctx.loop.submitted(zip(ids, workloads, strict=True), events)
     ctx.loop.wake()
     by_key = {b.workload: b for b in bindings}
@@ -82,4 +110,51 @@ def submit_job(body: JobBody, ctx: Ctx, caller: Caller) -> dict[str, Any]:
         for w in workloads
     ]
     status = "Bound" if bindings else "Pending"
-    return {"job": job_key, "status": status, "reason": "" if bindings else reason, "slots": slots}
+    return {"job": job_key, "status": status, "reason": reason, "slots": slots}
+
+
+@router.get("")
+def list_jobs(ctx: Ctx, caller: Caller, namespace: str | None = None) -> dict[str, Any]:
+    """Jobs with their phase and slot counts (a tenant sees its own)."""
+    caller.require(ADMIN, TENANT)
+    tenant = caller.tenant if caller.role == TENANT else None
+    rows = job_store.list_jobs(ctx.store, namespace=namespace, tenant=tenant)
+    slots = job_store.slots_by_job(ctx.store, [f"{r['namespace']}/{r['name']}" for r in rows])
+    return {"items": [job_view(r, slots[f"{r['namespace']}/{r['name']}"]) for r in rows]}
+
+
+def _visible_job(ctx: ServerContext, caller: Identity, namespace: str, name: str) -> dict[str, Any]:
+    caller.require(ADMIN, TENANT)
+    row = job_store.find_job(ctx.store, namespace, name)
+    if row is None:
+        raise HTTPException(404, f"job {namespace}/{name} not found")
+    if caller.role == TENANT and row["tenant"] != caller.tenant:
+        raise HTTPException(403, f"job {namespace}/{name} belongs to another tenant")
+    return row
+
+
+@router.get("/{namespace}/{name}")
+def get_job(namespace: str, name: str, ctx: Ctx, caller: Caller) -> dict[str, Any]:
+    """The job, its phase aggregated from its slots, per-region slot phases and restarts, and the
+    latest events of the job and its slots."""
+    row = _visible_job(ctx, caller, namespace, name)
+    key = f"{namespace}/{name}"
+    slots = job_store.slots_by_job(ctx.store, [key])[key]
+    slot_keys = [f"{s['namespace']}/{s['name']}" for s in slots]
+    events = job_store.events_of(ctx.store, key, slot_keys, MAX_JOB_EVENTS)
+    return job_view(row, slots, events)
+
+
+@router.delete("/{namespace}/{name}")
+def delete_job(namespace: str, name: str, ctx: Ctx, caller: Caller) -> dict[str, Any]:
+    """Delete the job and all its slots at once: their bindings are released and the node agents
+    stop the slots' processes."""
+    _visible_job(ctx, caller, namespace, name)
+    try:
+        _, slots = job_store.delete_job(ctx.store, namespace, name)
+    except NotFound as exc:
+        raise HTTPException(404, str(exc)) from None
+    keys = [f"{s['namespace']}/{s['name']}" for s in slots]
+    for key in keys:
+        ctx.loop.changed("Workload", key)
+    return {"deleted": f"{namespace}/{name}", "slots": keys, "released": sum(1 for s in slots if s["bound"])}

@@ -24,6 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy.exc import SQLAlchemyError
@@ -36,12 +37,14 @@ from finesched.model.workload import Workload
 from finesched.sched.diagnosis import FitError, InvalidRequest
 from finesched.sched.framework import Preemption
 from finesched.sched.scheduler import Scheduler
+from finesched.server import job_store, lifecycle
 from finesched.server.cluster_view import binding_from_row, node_from_row, tenant_from_row, workload_from_row
 from finesched.server.feed import FeedCursor
 from finesched.server.lease import Lease, LostLease
+from finesched.server.lifecycle import Backoff
 from finesched.server.metrics import Metrics, cluster_figures
 from finesched.server.setaside import SetAside, Unusable
-from finesched.server.store import HOLDING, PENDING, REJECTED, Event, NotFound, Store
+from finesched.server.store import HOLDING, PENDING, REJECTED, Event, NotFound, Store, now
 from finesched.server.upkeep import HeartbeatMonitor, WaitingReasons
 from finesched.state.cluster import ClusterState, StateError
 from finesched.state.device_wire import EncodedUpdateError, apply_encoded_updates
@@ -59,6 +62,8 @@ class LoopConfig:
     requeue_after_s: float | None = 60.0  # requeue a NotReady node's workloads after this (None: never)
     idle_wait_s: float = 0.25
     holder: str | None = None
+    #: Before a rejected workload is placed again and a failed one restarted (server/lifecycle.py).
+    backoff: Backoff = field(default_factory=Backoff)
 
 
 @dataclass
@@ -81,10 +86,15 @@ class SchedulerLoop:
         self.lock = threading.RLock()
         self.scheduler: Scheduler | None = None
         self.queued: dict[str, Queued] = {}
+        #: Pending workloads backing off (rejected, or a job slot to place again): key -> not before.
+        self.deferred: dict[str, datetime] = {}
         self._feed = FeedCursor(0)
         self._own_events: set[int] = set()
         cfg = self.config
-        self.heartbeats = HeartbeatMonitor(store, cfg.heartbeat_s, cfg.missed_heartbeats, cfg.requeue_after_s)
+        self.heartbeats = HeartbeatMonitor(
+            store, cfg.heartbeat_s, cfg.missed_heartbeats, cfg.requeue_after_s,
+            on_requeue=lambda keys, why: lifecycle.slots_lost(self, keys, why),
+        )  # fmt: skip
         self.waiting = WaitingReasons()
         self._last_upkeep = 0.0
         self._wake = threading.Event()
@@ -133,6 +143,7 @@ class SchedulerLoop:
                     feed_started = time.thread_time()
                     self._follow_feed()
                     self.metrics.feed_seconds.observe(time.thread_time() - feed_started)
+                    self._end_deferrals()
                     busy = self._schedule_batch()
                     self._upkeep()
             except LostLease:
@@ -181,6 +192,7 @@ class SchedulerLoop:
         with self.lock:
             self.scheduler = None
             self.queued.clear()
+            self.deferred.clear()
 
     # Rebuild (S1.6) --------------------------------------------------------------------------------
     def rebuild(self) -> None:
@@ -242,8 +254,13 @@ class SchedulerLoop:
         if key in self._poisoned:
             self.set_aside.workload(key, self._poisoned.pop(key))
             return
+        not_before = row.get("not_before")
+        if not_before is not None and not_before > now():  # backing off: queued when the time comes
+            self.deferred[key] = not_before
+            return
+        self.deferred.pop(key, None)
         try:
-            workload = workload_from_row(row)
+            workload = self._regang(workload_from_row(row), row)
             scheduler.submit([workload])
         except ValidationError as exc:
             self.store.set_phase(key, REJECTED, str(exc))
@@ -252,6 +269,29 @@ class SchedulerLoop:
             self.set_aside.workload(key, f"cannot be queued: {exc!r}")
             return
         queued[key] = Queued(row["id"], row["version"], workload, row["created"].timestamp())
+
+    def _regang(self, workload: Workload, row: dict[str, Any]) -> Workload:
+        """A job slot placed again (its node was lost, it was rejected, its region restarts) waits
+        for the job's other slots that wait now, not for the whole job: the rest hold their bindings."""
+        gang = workload.gang
+        if not row.get("job") or gang is None or gang.min_member <= 1:
+            return workload
+        waiting = min(gang.min_member, max(1, job_store.waiting_slots(self.store, row["job"], now())))
+        if waiting == gang.min_member:
+            return workload
+        return workload.model_copy(update={"gang": gang.model_copy(update={"min_member": waiting})})
+
+    def _end_deferrals(self) -> None:
+        """Queue the deferred workloads whose backoff is over (reloaded: they may have changed)."""
+        if not self.deferred:
+            return
+        stamp = now()
+        with self.lock:
+            due = [key for key, at in self.deferred.items() if at <= stamp]
+            for key in due:
+                del self.deferred[key]
+        for key in due:
+            self.reconcile_workload(key)
 
     def own(self, event_ids: Iterable[int]) -> None:
         """Events this process wrote and already applied: the feed skips them."""
@@ -357,6 +397,7 @@ class SchedulerLoop:
                     scheduler.release(key)
                 if row is None or row["phase"] != PENDING:
                     self.queued.pop(key, None)
+                    self.deferred.pop(key, None)
                     return
                 entry = self.queued.get(key)
                 if entry is not None and entry.id == row["id"]:
@@ -517,12 +558,13 @@ class SchedulerLoop:
         if time.monotonic() - self._last_upkeep < 1.0:
             return
         self._last_upkeep = time.monotonic()
-        for task in [*self.maintenance, self.heartbeats.check]:
+        restarts = lambda: lifecycle.start_due_restarts(self.store)  # noqa: E731
+        for task in [*self.maintenance, restarts, self.heartbeats.check]:
             try:
                 task()
             except SQLAlchemyError:
                 raise
-            except Exception:  # one chore's failure (an offer, a node) must not stop the cycle
+            except Exception:  # one chore's failure (an offer, a node, a job) must not stop the cycle
                 log.exception("upkeep task %s failed", getattr(task, "__qualname__", task))
         with self.lock:
             changed = self.waiting.changes(self.scheduler.queue, self.queued) if self.scheduler is not None else {}

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from finesched.admission import World, admit_workload
 from finesched.errors import ValidationError
 from finesched.model.workload import Workload
+from finesched.server import lifecycle
 from finesched.server.auth import ADMIN, AGENT, TENANT, Identity
 from finesched.server.context import MAX_ITEMS_PER_REQUEST, Caller, Ctx, ServerContext
 from finesched.server.store import FAILED, HOLDING, PENDING, PHASES, RUNNING, SUCCEEDED, Conflict, NotFound
@@ -180,10 +181,11 @@ def report_status(namespace: str, name: str, report: StatusReport, ctx: Ctx, cal
         info["exitCode"] = report.exit_code
     if report.phase == RUNNING:
         ctx.store.set_phase(key, RUNNING, report.reason, info)
-    else:
-        ctx.store.release(key, SUCCEEDED if report.phase == "Succeeded" else FAILED, report.reason, info)
-        ctx.loop.changed("Workload", key)
-    return {"workload": key, "phase": report.phase}
+        lifecycle.running(ctx.store, row)
+        return {"workload": key, "phase": report.phase}
+    # an exit: released, or restarted under its restart policy (server/lifecycle.py)
+    outcome = lifecycle.exited(ctx.loop, key, SUCCEEDED if report.phase == "Succeeded" else FAILED, report.reason, info)
+    return {"workload": key, "phase": report.phase, "outcome": outcome}
 
 
 @router.get("/bindings")
@@ -226,11 +228,11 @@ def ack_binding(namespace: str, name: str, ctx: Ctx, caller: Caller) -> dict[str
 
 @router.post("/bindings/{namespace}/{name}/reject")
 def reject_binding(namespace: str, name: str, report: RejectReport, ctx: Ctx, caller: Caller) -> dict[str, Any]:
-    """The agent cannot apply the binding: it is released and the workload requeued with the reason."""
+    """The agent cannot apply the binding: it is released and the workload requeued with the reason,
+    placed again after a backoff that grows with each rejection in a row (server/lifecycle.py)."""
     key = _agent_binding(ctx, caller, namespace, name)
     try:
-        ctx.store.release(key, PENDING, f"rejected by the node agent: {report.reason}")
+        lifecycle.rejected(ctx.loop, key, report.reason)
     except NotFound as exc:
         raise HTTPException(404, str(exc)) from None
-    ctx.loop.changed("Workload", key)
     return {"workload": key, "phase": PENDING}

@@ -60,9 +60,17 @@ workloads = Table(
     Column("version", Integer, nullable=False, default=1),
     Column("created", DateTime(timezone=True), nullable=False),
     Column("updated", DateTime(timezone=True), nullable=False),
+    # Lifecycle (server/lifecycle.py): restarts after failures so far, node agents' rejections in a
+    # row, and `not_before`: a Pending workload is not placed before it, a bound one whose process
+    # ended is started again in place at it (backoff).
+    Column("restarts", Integer, nullable=False, default=0, server_default="0"),
+    Column("rejections", Integer, nullable=False, default=0, server_default="0"),
+    Column("not_before", DateTime(timezone=True), nullable=True),
     UniqueConstraint("namespace", "name", name="uq_workload_key"),
     Index("ix_workloads_phase", "phase"),
     Index("ix_workloads_tenant", "tenant"),
+    Index("ix_workloads_job", "job"),
+    Index("ix_workloads_not_before", "not_before"),  # the leader looks for due restarts every second
 )
 
 bindings = Table(
@@ -103,11 +111,44 @@ events = Table(
     metadata,
     Column("id", IdColumn, primary_key=True, autoincrement=True),
     Column("time", DateTime(timezone=True), nullable=False),
-    Column("kind", String(16), nullable=False),  # Node | Workload | Tenant | Offer
+    Column("kind", String(16), nullable=False),  # Node | Workload | Tenant | Offer | Job
     Column("object", String(510), nullable=False),  # node name, namespace/name, tenant, offer id
     Column("reason", String(64), nullable=False),  # Submitted, Bound, Released, Rejected, ...
     Column("message", Text, nullable=False, default=""),
+    # An identical event repeated is counted on one row (Kubernetes' event aggregation): how many
+    # times it happened and when first; `time` is the last time.
+    Column("count", Integer, nullable=False, default=1, server_default="1"),
+    Column("first_time", DateTime(timezone=True), nullable=True),
     Index("ix_events_object", "kind", "object"),
+)
+
+jobs = Table(
+    "jobs",
+    metadata,
+    Column("id", IdColumn, primary_key=True, autoincrement=True),
+    Column("namespace", String(253), nullable=False),
+    Column("name", String(253), nullable=False),
+    Column("tenant", String(253), nullable=False),
+    Column("spec", JSON, nullable=False),  # the Job manifest as submitted
+    Column("phase", String(16), nullable=False),  # Active | Succeeded | Failed (Active: see its slots)
+    Column("reason", Text, nullable=False, default=""),
+    Column("failures", Integer, nullable=False, default=0),  # region restarts so far (backoffLimit counts them)
+    Column("regions", JSON, nullable=False),  # failover region index -> restarts of that region
+    Column("version", Integer, nullable=False, default=1),
+    Column("created", DateTime(timezone=True), nullable=False),
+    Column("updated", DateTime(timezone=True), nullable=False),
+    UniqueConstraint("namespace", "name", name="uq_job_key"),
+)
+
+log_grants = Table(
+    "log_grants",
+    metadata,
+    Column("digest", String(64), primary_key=True),  # sha256 of the one-time grant; never the grant
+    Column("workload", String(510), nullable=False),
+    Column("node", String(253), nullable=False),
+    Column("tail", Integer, nullable=True),
+    Column("follow", Boolean, nullable=False, default=False),
+    Column("expires", DateTime(timezone=True), nullable=False),
 )
 
 offers = Table(

@@ -18,6 +18,7 @@ from sqlalchemy import Connection, Row, delete, func, insert, or_, select, updat
 from sqlalchemy.exc import IntegrityError
 
 from finesched.server import schema as t
+from finesched.server.correlator import correlator_for
 from finesched.server.db import Engines, open_engines
 
 PENDING, BOUND, RUNNING, SUCCEEDED, FAILED, REJECTED = "Pending", "Bound", "Running", "Succeeded", "Failed", "Rejected"
@@ -89,12 +90,12 @@ class Store:
 
     @staticmethod
     def log(conn: Connection, events: Iterable[Event]) -> list[int]:
-        """Append events in the caller's transaction; their ids (the change-feed positions)."""
-        rows = [{"time": now(), **e.__dict__} for e in events]
-        if not rows:
+        """Append events in the caller's transaction; their ids (the change-feed positions). An
+        event identical to a recent one is counted on one row (server/correlator.py)."""
+        events = list(events)
+        if not events:
             return []
-        result = conn.execute(insert(t.events).returning(t.events.c.id), rows)
-        return [r[0] for r in result]
+        return correlator_for(conn.engine).write(conn, events, now())
 
     # Nodes -----------------------------------------------------------------------------------------
     def put_node(self, name: str, spec: Mapping[str, Any], *, create_only: bool) -> tuple[dict[str, Any], bool]:
@@ -204,22 +205,29 @@ class Store:
         the ids of the events announcing them.
 
         Raises Conflict naming the first key that already exists."""
+        try:
+            with self.write() as conn:
+                return self.insert_pending(conn, items, job)
+        except IntegrityError:
+            keys = [f"{ns}/{name}" for ns, name, _, _ in items]
+            taken = self.existing_workloads(keys)
+            raise Conflict(f"workload {taken[0] if taken else keys[0]} already exists") from None
+
+    @classmethod
+    def insert_pending(
+        cls, conn: Connection, items: Sequence[tuple[str, str, str, Mapping[str, Any]]], job: str | None = None
+    ) -> tuple[list[int], list[int]]:
+        """`submit` in the caller's transaction (IntegrityError when a key is taken)."""
         stamp = now()
         rows = [
             {"namespace": ns, "name": name, "tenant": tenant, "spec": dict(spec), "phase": PENDING, "reason": "",
              "job": job, "version": 1, "created": stamp, "updated": stamp}
             for ns, name, tenant, spec in items
         ]  # fmt: skip
-        try:
-            with self.write() as conn:
-                result = conn.execute(insert(t.workloads).returning(t.workloads.c.id), rows)
-                ids = [r[0] for r in result]
-                events = self.log(conn, [Event("Workload", f"{ns}/{name}", "Submitted") for ns, name, _, _ in items])
-                return ids, events
-        except IntegrityError:
-            keys = [f"{ns}/{name}" for ns, name, _, _ in items]
-            taken = self.existing_workloads(keys)
-            raise Conflict(f"workload {taken[0] if taken else keys[0]} already exists") from None
+        result = conn.execute(insert(t.workloads).returning(t.workloads.c.id), rows)
+        ids = [r[0] for r in result]
+        events = cls.log(conn, [Event("Workload", f"{ns}/{name}", "Submitted") for ns, name, _, _ in items])
+        return ids, events
 
     def existing_workloads(self, keys: Sequence[str]) -> list[str]:
         pairs = [tuple(k.split("/", 1)) for k in keys]
@@ -248,12 +256,16 @@ class Store:
         return row
 
     def list_workloads(self, **filters: str | None) -> list[dict[str, Any]]:
-        """Workloads (with bindings) matching namespace / tenant / phase / node / job, in submission order."""
+        """Workloads (with bindings) matching namespace / tenant / phase / node / job, in submission order.
+        A job without a namespace (``clicks``) is that job name in whichever namespaces the other
+        filters allow."""
         query = select(t.workloads, t.bindings.c.data.label("binding_data")).outerjoin(
             t.bindings, t.bindings.c.workload_id == t.workloads.c.id
         )
         for column, value in filters.items():
-            if value:
+            if column == "job" and value and "/" not in value:
+                query = query.where(t.workloads.c.job.endswith(f"/{value}", autoescape=True))
+            elif value:
                 query = query.where(getattr(t.workloads.c, column) == value)
         with self.read() as conn:
             return [as_dict(r) for r in conn.execute(query.order_by(t.workloads.c.id))]  # type: ignore[misc]
@@ -352,20 +364,29 @@ class Store:
     def release(self, key: str, phase: str, reason: str, info: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Drop `key`'s binding and move it to `phase` (Pending = requeue, or a terminal phase)."""
         with self.write() as conn:
-            row = as_dict(conn.execute(select(t.bindings).where(t.bindings.c.workload == key)).first())
-            if row is None:
-                raise NotFound(f"workload {key} is not bound")
-            conn.execute(delete(t.bindings).where(t.bindings.c.workload_id == row["workload_id"]))
-            values: dict[str, Any] = {"phase": phase, "reason": reason, "version": t.workloads.c.version + 1,
-                                      "updated": now()}  # fmt: skip
-            if phase == PENDING:
-                values["node"] = None
-            if info is not None:
-                values["info"] = dict(info)
-            conn.execute(update(t.workloads).where(t.workloads.c.id == row["workload_id"]).values(**values))
-            event = "Requeued" if phase == PENDING else phase
-            self.log(conn, [Event("Workload", key, event, reason)])
-            return row
+            return self.release_in(conn, key, phase, reason, info)
+
+    @classmethod
+    def release_in(
+        cls, conn: Connection, key: str, phase: str, reason: str, info: Mapping[str, Any] | None = None,
+        message: str | None = None, **columns: Any,
+    ) -> dict[str, Any]:  # fmt: skip
+        """`release` in the caller's transaction; `columns` are other workload columns to set, and
+        `message` the event's when it is not the reason (a repeated event is counted when equal)."""
+        row = as_dict(conn.execute(select(t.bindings).where(t.bindings.c.workload == key)).first())
+        if row is None:
+            raise NotFound(f"workload {key} is not bound")
+        conn.execute(delete(t.bindings).where(t.bindings.c.workload_id == row["workload_id"]))
+        values: dict[str, Any] = {"phase": phase, "reason": reason, "version": t.workloads.c.version + 1,
+                                  "updated": now(), **columns}  # fmt: skip
+        if phase == PENDING:
+            values["node"] = None
+        if info is not None:
+            values["info"] = dict(info)
+        conn.execute(update(t.workloads).where(t.workloads.c.id == row["workload_id"]).values(**values))
+        event = "Requeued" if phase == PENDING else phase
+        cls.log(conn, [Event("Workload", key, event, reason if message is None else message)])
+        return row
 
     def set_phase(self, key: str, phase: str, reason: str, info: Mapping[str, Any] | None = None) -> None:
         """Record a phase that keeps the binding (Running) or needs none (Rejected by the scheduler)."""

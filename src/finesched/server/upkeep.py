@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -20,7 +20,8 @@ MAX_EXPLAINED = 2000
 @dataclass
 class HeartbeatMonitor:
     """A node whose agent missed `missed` reports (`heartbeat_s` apart) goes NotReady; after
-    `requeue_after_s` more seconds (None: never) its workloads are requeued, once per silence.
+    `requeue_after_s` more seconds (None: never) its workloads are requeued, once per silence,
+    and handed to `on_requeue` with the reason (a job slot among them fails its region).
     Nodes registered by hand never reported and are never marked."""
 
     store: Store
@@ -28,6 +29,7 @@ class HeartbeatMonitor:
     missed: int
     requeue_after_s: float | None
     requeued: set[str] = field(default_factory=set)
+    on_requeue: Callable[[list[str], str], None] | None = None
 
     def check(self) -> None:
         not_ready_after = timedelta(seconds=self.heartbeat_s * self.missed)
@@ -43,9 +45,12 @@ class HeartbeatMonitor:
             if self.requeue_after_s is None or name in self.requeued:
                 continue
             if quiet > not_ready_after + timedelta(seconds=self.requeue_after_s):
-                keys = self.store.requeue_node(name, f"node {name} not ready for {quiet.total_seconds():.0f}s")
+                why = f"node {name} not ready for {quiet.total_seconds():.0f}s"
+                keys = self.store.requeue_node(name, why)
                 self.requeued.add(name)
                 log.warning("node %s not ready: requeued %d workloads", name, len(keys))
+                if keys and self.on_requeue is not None:
+                    self.on_requeue(keys, why)
 
 
 @dataclass

@@ -124,6 +124,7 @@ def workload_view(row: Mapping[str, Any]) -> dict[str, Any]:
             "binding": binding,
             "info": row.get("info") or {},
             "job": row.get("job"),
+            "restarts": row.get("restarts") or 0,
             "version": row["version"],
             "created": _time(row.get("created")),
             "updated": _time(row.get("updated")),
@@ -182,4 +183,6 @@ def event_view(row: Mapping[str, Any]) -> dict[str, Any]:
         "object": row["object"],
         "reason": row["reason"],
         "message": row["message"],
+        "count": row.get("count") or 1,
+        "firstTime": _time(row.get("first_time") or row["time"]),
     }

@@ -1,0 +1,80 @@
+"""A job as the API shows it: its phase, aggregated from its slots, and what each failover region does.
+
+Phase: Succeeded or Failed once the job has ended (stored on the job); otherwise Restarting while
+a region waits out its backoff, Running while a slot runs, else Pending (no slot has started).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from finesched.model.workload import DEFAULT_BACKOFF_LIMIT
+from finesched.server import job_store
+from finesched.server.store import PENDING, RUNNING
+from finesched.server.views import event_view
+
+PENDING_JOB, RUNNING_JOB, RESTARTING = PENDING, RUNNING, "Restarting"
+
+
+def job_phase(job: Mapping[str, Any], slots: Sequence[Mapping[str, Any]]) -> str:
+    if job["phase"] in (job_store.SUCCEEDED, job_store.FAILED):
+        return str(job["phase"])
+    if any(slot["not_before"] is not None for slot in slots):
+        return RESTARTING
+    if any(slot["phase"] == RUNNING for slot in slots):
+        return RUNNING_JOB
+    return PENDING_JOB
+
+
+def _slot_view(slot: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "workload": f"{slot['namespace']}/{slot['name']}",
+        "phase": slot["phase"],
+        "node": slot.get("node"),
+        "restarting": slot["not_before"] is not None,
+        "reason": slot["reason"],
+    }
+
+
+def job_view(
+    job: Mapping[str, Any], slots: Sequence[Mapping[str, Any]], events: Iterable[Mapping[str, Any]] | None = None
+) -> dict[str, Any]:
+    """{metadata, spec, status: {phase, reason, restartPolicy, backoffLimit, failures, slots (count per
+    phase), regions: [{index, tasks, slots, phases, restarts}]}} (+ events when given)."""
+    doc = job["spec"]
+    spec = doc.get("spec", {})
+    by_name = {slot["name"]: slot for slot in slots}
+    regions = []
+    for index, region in enumerate(job["regions"]):
+        members = [by_name[name] for name in region["slots"] if name in by_name]
+        regions.append(
+            {
+                "index": index,
+                "tasks": region["tasks"],
+                "slots": [_slot_view(slot) for slot in members],
+                "phases": dict(Counter(slot["phase"] for slot in members)),
+                "restarts": region.get("restarts", 0),
+                "restarting": any(slot["not_before"] is not None for slot in members),
+            }
+        )
+    view: dict[str, Any] = {
+        "metadata": {**doc.get("metadata", {}), "namespace": job["namespace"], "name": job["name"]},
+        "spec": spec,
+        "status": {
+            "phase": job_phase(job, slots),
+            "reason": job["reason"],
+            "tenant": job["tenant"],
+            "restartPolicy": spec.get("restartPolicy", "OnFailure"),
+            "backoffLimit": spec.get("backoffLimit", DEFAULT_BACKOFF_LIMIT),
+            "failures": job["failures"],
+            "slots": {"total": len(slots), **Counter(slot["phase"] for slot in slots)},
+            "regions": regions,
+            "created": job["created"].isoformat(),
+            "updated": job["updated"].isoformat(),
+        },
+    }
+    if events is not None:
+        view["events"] = [event_view(e) for e in events]
+    return view
