@@ -15,7 +15,9 @@ import pytest
 from manifests import node, tenant, workload
 from server_harness import Api, inprocess_server, wait_until
 
+from finesched.model.binding import Binding
 from finesched.model.manifest import API_VERSION
+from finesched.model.resources import ResourceVector
 from finesched.sched.scheduler import Scheduler
 from finesched.server.loop import LoopConfig, SchedulerLoop
 from finesched.server.store import Store
@@ -101,6 +103,23 @@ def test_an_old_name_with_a_slash_can_be_read_and_deleted_and_releases_its_cpu(d
         api.wait_phase("team-a/fits", ("Bound",))  # nothing held for the old one
         assert api.admin.delete("/v1/workloads/team-a/x%2Fy").status_code == 200
         assert api.admin.get("/v1/workloads/team-a/x/y").status_code == 404
+
+
+@sqlite_only
+def test_an_old_bound_name_an_agent_cannot_use_is_released_and_set_aside(db_url: str) -> None:
+    store = Store.open(db_url)  # an older version bound "team-a/x/y" to n1 (its agent cannot run it)
+    store.put_node("n1", node("n1", cpu="2"), create_only=True)
+    doc = workload("x/y", cpu="2") | {"metadata": {"name": "x/y", "namespace": "team-a"}}
+    ((row_id,), _) = store.submit([("team-a", "x/y", "team-a", doc)])
+    held = Binding(workload="team-a/x/y", node="n1", tenant="team-a", requests=ResourceVector({"cpu": 2000}))
+    store.bind([(row_id, 1, "team-a/x/y", "n1", held.model_dump(mode="json", by_alias=True))])
+    store.close()
+    with inprocess_server(db_url, LoopConfig(idle_wait_s=0.05)) as api:
+        status = api.wait_phase("team-a/x/y", ("Rejected",))["status"]
+        assert status["binding"] is None and status["reason"].startswith("set aside: its name breaks today's rules")
+        assert "SetAside" in events(api, "team-a/x/y")
+        api.admin.post("/v1/workloads", json=workload("fits", cpu="2"))
+        api.wait_phase("team-a/fits", ("Bound",))  # its CPUs were given back
 
 
 # 3. Namespaces belong to tenants ----------------------------------------------------------------------

@@ -51,6 +51,13 @@ def subdomain_problems(value: str) -> list[str]:
     return _problems(value, SUBDOMAIN_MAX, _SUBDOMAIN, SUBDOMAIN_RULE)
 
 
+def key_problem(key: str) -> str | None:
+    """Why a workload key ``namespace/name`` breaks the name rules (None: it does not)."""
+    namespace, _, name = key.partition("/")
+    problems = [f"namespace: {p}" for p in label_problems(namespace)] + [f"name: {p}" for p in subdomain_problems(name)]
+    return problems[0] if problems else None
+
+
 def is_label(value: str) -> bool:
     return not label_problems(value)
 

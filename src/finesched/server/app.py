@@ -235,6 +235,8 @@ def create_app(store: Store, config: LoopConfig | None = None, *, max_body_bytes
 
     for module in (routes_nodes, routes_workloads, routes_tenants, offers, jobs, logs):
         app.include_router(module.router)
+    for module in (routes_nodes, routes_workloads, routes_tenants):  # last: old names with "/" (views.LegacyName)
+        app.include_router(module.legacy)
     return app
 
 

@@ -32,6 +32,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from finesched.admission import sound_tenants
 from finesched.errors import ValidationError
 from finesched.model.binding import Binding
+from finesched.model.names import key_problem
 from finesched.model.tenant import Tenant
 from finesched.model.workload import Workload
 from finesched.sched.diagnosis import FitError, InvalidRequest
@@ -210,6 +211,10 @@ class SchedulerLoop:
         scheduler = Scheduler(state, self.config.profile, self._sound_tenants(), auto_commit=False)
         for row in self.store.bindings():
             renew()
+            refused = key_problem(row["workload"])
+            if refused is not None:  # bound by an older version: no agent can run it safely
+                self.set_aside.bound(row["workload"], f"its name breaks today's rules ({refused})")
+                continue
             try:
                 binding = binding_from_row(row)
                 state.assume(binding)

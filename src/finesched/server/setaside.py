@@ -5,7 +5,8 @@ parses, a tenant whose parent is gone, a workload the scheduler raises on. The l
 failure at that one object and hands it here, and carries on with the others:
 
 * a workload goes to phase Rejected with reason ``set aside: <why>`` (terminal: it is not retried
-  blindly; `finesched get` shows the reason, `describe` the events), and can be deleted;
+  blindly; `finesched get` shows the reason, `describe` the events), and can be deleted; one an
+  older version bound under a name refused today is released first (no agent can run it safely);
 * a node or a tenant is left out of the scheduler's state; the API shows a ``SetAside``
   condition on it (`finesched get nodes`, `describe node`) until a change to it loads again;
 * each gets a ``SetAside`` event saying why, written once per reason (the loop's own event, so
@@ -44,10 +45,17 @@ class SetAside:
         self._note("Tenant", name, why)
 
     def workload(self, key: str, why: str) -> None:
-        """Reject the workload with the reason (it no longer waits in any queue)."""
+        """Reject a queued workload with the reason (it no longer waits in any queue)."""
+        self._reject(key, why, lambda reason: self.store.set_phase(key, REJECTED, reason))
+
+    def bound(self, key: str, why: str) -> None:
+        """Release a bound workload and reject it with the reason (its agent stops it)."""
+        self._reject(key, why, lambda reason: self.store.release(key, REJECTED, reason))
+
+    def _reject(self, key: str, why: str, write: Callable[[str], object]) -> None:
         log.error("workload %s set aside: %s", key, why)
         try:
-            self.store.set_phase(key, REJECTED, f"set aside: {why}")
+            write(f"set aside: {why}")
         except NotFound:
             return
         self.own(self.store.note([Event("Workload", key, SET_ASIDE, why[:4000])]))

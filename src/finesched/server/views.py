@@ -23,7 +23,9 @@ from finesched.server.cluster_view import binding_view
 class LegacyName(Convertor[str]):
     """A path segment for reading and deleting by name (`{name:legacy}`): any text, "/" and line
     breaks included, so an object stored by an older version under a name today's rules refuse can
-    still be read and deleted. Writes name their objects in the body, where the rules apply."""
+    still be read and deleted. Only routes tried after every other one use it (their `legacy`
+    routers), so it never hides a route such as ``/v1/workloads/{ns}/{name}/logs``. Writes name
+    their objects in the body, where the rules apply."""
 
     regex = "(?s:.+)"
 
