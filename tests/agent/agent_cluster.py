@@ -66,12 +66,19 @@ class Cluster:
         self.tmp = tmp
         self.agents: list[Agent] = []
 
-    def agent(self, data: str = "agent", discovery: Callable[[], Discovery] = inventory, logs: bool = False) -> Agent:
+    def agent(
+        self,
+        data: str = "agent",
+        discovery: Callable[[], Discovery] = inventory,
+        logs: bool = False,
+        cgroups: CgroupSupport | None = None,
+    ) -> Agent:
         """A started agent; with `logs`, serving workload logs on a free port of 127.0.0.1."""
         config = AgentConfig(self.url, self.agent_token, self.tmp / data, NODE)
         if logs:
             config.logs_port, config.logs_host = 0, "127.0.0.1"
-        agent = Agent(config, AgentClient(self.url, self.agent_token), discovery, CgroupSupport(None, reason="test"))
+        cgroups = cgroups or CgroupSupport(None, reason="test")
+        agent = Agent(config, AgentClient(self.url, self.agent_token), discovery, cgroups)
         agent.start()
         self.agents.append(agent)
         return agent

@@ -12,10 +12,12 @@ from typing import Any
 import pytest
 
 from finesched.agent.binding import AgentBinding, parse_binding
-from finesched.agent.cgroup import CgroupSupport, detect, make_group
+from finesched.agent.cgroup import CgroupSupport, detect
+from finesched.agent.cgroup_groups import Limits, make_group
 from finesched.agent.discover import Discovery
 from finesched.agent.executor import MAX_REASON, UNKNOWN_AFTER_RESTART, Executor, ServerError
 from finesched.agent.launch import gpu_env
+from finesched.agent.names import safe_name
 from finesched.cpuset import CPUSet
 from finesched.model.node import Node
 
@@ -42,7 +44,7 @@ class RecordingServer:
     def status(self, workload: str, phase: str, reason: str, exit_code: int | None, info: dict[str, Any]) -> None:
         if self.fail_status:
             raise ServerError(self.fail_status, "down")
-        self.calls.append(("status", workload, phase, exit_code, info))
+        self.calls.append(("status", workload, phase, exit_code, info, reason))
 
     def of(self, kind: str) -> list[tuple[Any, ...]]:
         return [c for c in self.calls if c[0] == kind]
@@ -107,7 +109,7 @@ def test_child_runs_pinned_with_env_and_succeeds(ex: Executor, tmp_path: Path) -
     ex.report()
     running = server.of("status")[0]
     assert running[2] == "Running" and running[4]["affinity"] == str(CPUS[-1])
-    assert running[4]["cgroup"] == "unavailable: test"
+    assert running[4]["cgroup"].startswith("unavailable: test")
     run_to_end(ex, "team/p")
     assert server.of("status")[-1][2:4] == ("Succeeded", 0)
     seen = json.loads(out.read_text())
@@ -160,7 +162,7 @@ def test_exclusive_cpus_are_not_shared(ex: Executor) -> None:
     first = binding("a", ["sleep", "30"], cpuset=cpu, qos="LSR")
     second = binding("b", ["true"], cpuset=cpu)
     ex.sync([first, second], node())
-    assert ex.server.of("reject")[0][1:] == ("team/b", f"CPUs {cpu} are held by team/a (exclusive cpuset)")
+    assert ex.server.of("reject")[0][1:] == ("team/b", f"CPUs {cpu} are held by team/a (LSR cpuset)")
     ex.sync([], node())  # binding gone: the process is stopped and forgotten
     assert ex.state.records == {}
 
@@ -168,10 +170,11 @@ def test_exclusive_cpus_are_not_shared(ex: Executor) -> None:
 def test_no_cpuset_runs_in_the_shared_pool(ex: Executor) -> None:
     if len(CPUS) < 2:
         pytest.skip("needs two CPUs")
-    ex.sync([binding("a", ["sleep", "30"], cpuset=str(CPUS[0]), qos="LSE"), binding("s", ["true"])], node())
+    shared = binding("s", ["true"], spec={"requests": {"cpu": "100m"}})  # LS: a request and no limit
+    ex.sync([binding("a", ["sleep", "30"], cpuset=str(CPUS[0]), qos="LSE"), shared], node())
     rec = ex.state.records["team/s"]
     assert CPUSet(rec.cpuset) == CPUSet(CPUS) - CPUSet([CPUS[0]])
-    assert rec.info["cpusetSource"].startswith("shared pool")
+    assert rec.info["pool"] == rec.pool == "shared pool"
     ex.sync([], node())
 
 
@@ -243,31 +246,77 @@ def test_shared_gpu_env() -> None:
     }
 
 
-def test_cgroup_files_in_a_fake_hierarchy(tmp_path: Path) -> None:
+def fake_mounts(tmp_path: Path, v2: str = "", v1: tuple[str, ...] = (), own: str = "/") -> tuple[Path, Path]:
+    """A mountinfo naming a cgroup2 mount at tmp/cg (when `v2` lists its controllers) and v1
+    mounts at tmp/cg/<controller>, and a /proc/self/cgroup placing the agent at `own` in each."""
     mount = tmp_path / "cg"
-    (mount / "agent.slice").mkdir(parents=True)
-    (mount / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
-    (mount / "agent.slice/cgroup.controllers").write_text("cpuset cpu memory\n")
-    proc = tmp_path / "proc-cgroup"
-    proc.write_text("0::/agent.slice\n")
-    support = detect(mount, proc)
-    assert support.base == mount / "agent.slice/finesched"
-    assert support.controllers == {"cpuset", "memory"}
+    lines, cgroup = [], []
+    if v2:
+        (mount / own.lstrip("/")).mkdir(parents=True, exist_ok=True)
+        (mount / own.lstrip("/") / "cgroup.controllers").write_text(v2 + "\n")
+        lines.append(f"41 31 0:38 / {mount} rw,relatime - cgroup2 cgroup2 rw")
+        cgroup.append(f"0::{own}")
+    for i, controller in enumerate(v1):
+        where = mount / controller / own.lstrip("/")
+        where.mkdir(parents=True, exist_ok=True)
+        if controller == "cpuset":
+            (where / "cpuset.cpus").write_text(",".join(map(str, CPUS)) + "\n")
+            (where / "cpuset.mems").write_text("0\n")
+        lines.append(f"{34 + i} 31 0:{31 + i} / {mount / controller} rw,relatime - cgroup cgroup rw,{controller}")
+        cgroup.append(f"{i + 1}:{controller}:{own}")
+    (tmp_path / "mountinfo").write_text("\n".join(["31 23 0:28 / /sys/fs/cgroup rw - tmpfs tmpfs rw", *lines]))
+    (tmp_path / "proc-cgroup").write_text("\n".join(cgroup) + "\n")
+    return tmp_path / "mountinfo", tmp_path / "proc-cgroup"
+
+
+def test_cgroup_v2_files_in_a_fake_hierarchy(tmp_path: Path) -> None:
+    mountinfo, proc = fake_mounts(tmp_path, v2="cpuset cpu io memory pids", own="/agent.slice")
+    support = detect(mountinfo, proc)
+    (v2,) = support.usable
+    assert (v2.version, v2.base, v2.controllers) == (
+        2,
+        tmp_path / "cg/agent.slice/finesched",
+        {"cpuset", "memory", "cpu"},
+    )
     ex = Executor(tmp_path / "data", RecordingServer(), support)
-    b = binding("c", ["sleep", "30"], cpuset=str(CPUS[0]), numa=[{"numa": 0}], spec={"limits": {"memory": "64Mi"}})
+    spec = {"requests": {"cpu": "250m"}, "limits": {"memory": "64Mi", "cpu": "500m"}}
+    b = binding("c", ["sleep", "30"], cpuset=str(CPUS[0]), numa=[{"numa": 0}], spec=spec)
     ex.sync([b], node())
-    group = support.base / "team.c"
+    group = v2.base / ex.scope / safe_name("team/c")
     assert (group / "cpuset.cpus").read_text() == str(CPUS[0])
     assert (group / "cpuset.mems").read_text() == "0"
     assert (group / "memory.max").read_text() == str(64 * 2**20)
+    assert (group / "cpu.max").read_text() == "50000 100000"  # a pinned LS workload with a CPU limit: quota
     info = ex.state.records["team/c"].info["cgroup"]
     assert info["memory.max"] == str(64 * 2**20) and info["cgroup.procs"] == str(ex.state.records["team/c"].pid)
     ex.sync([], node())
 
 
-def test_no_cgroup_v2_is_reported(tmp_path: Path) -> None:
-    support = detect(tmp_path, tmp_path / "none")
-    assert not support.available and "no cgroup v2" in support.describe()
+def test_cgroup_v1_files_in_a_fake_hierarchy(tmp_path: Path) -> None:
+    mountinfo, proc = fake_mounts(tmp_path, v1=("cpuset", "memory", "cpu"), own="/svc")
+    support = detect(mountinfo, proc)
+    assert {h.version for h in support.usable} == {1} and support.controllers == {"cpuset", "memory", "cpu"}
+    ex = Executor(tmp_path / "data", RecordingServer(), support)
+    spec = {"requests": {"cpu": "1", "memory": "32Mi"}, "limits": {"cpu": "1", "memory": "32Mi"}}
+    ex.sync([binding("x", ["sleep", "30"], cpuset=str(CPUS[0]), qos="LSE", spec=spec)], node())
+    name = f"{ex.scope}/{safe_name('team/x')}"
+    cpuset, memory, cpu = (tmp_path / "cg" / c / "svc/finesched" / name for c in ("cpuset", "memory", "cpu"))
+    assert (cpuset / "cpuset.cpus").read_text() == str(CPUS[0])
+    assert (cpuset / "cpuset.mems").read_text() == "0"  # every v1 cpuset level gets its parent's memory nodes
+    assert (cpuset.parent / "cpuset.cpus").read_text() == ",".join(map(str, CPUS))
+    assert (memory / "memory.limit_in_bytes").read_text() == str(32 * 2**20)
+    assert not (memory / "memory.memsw.limit_in_bytes").exists()  # written only where the kernel has it
+    assert (cpu / "cpu.shares").read_text() == "1024" and not (cpu / "cpu.cfs_quota_us").exists()  # LSE: no quota
+    stale = cpuset.parent / "team.gone-0123"  # a group its workload's end could not remove (unreaped zombie)
+    stale.mkdir()
+    assert ex.sweep() == 0 and not stale.exists() and cpuset.is_dir()  # the running workload's group stays
+    ex.sync([], node())
+
+
+def test_no_cgroup_is_reported(tmp_path: Path) -> None:
+    support = detect(tmp_path / "no-mountinfo", tmp_path / "none")
+    assert not support.available and support.describe().startswith("unavailable: no cgroup hierarchy is mounted")
+    assert support.describe().endswith("CPU affinity only")
 
 
 def test_a_long_reject_reason_is_cut_to_what_the_server_takes(ex: Executor) -> None:
@@ -293,16 +342,11 @@ def test_a_corrupt_state_file_stops_the_agent_with_a_clear_error(tmp_path: Path)
 
 
 def test_cgroup_controllers_that_cannot_be_enabled_are_explained(tmp_path: Path) -> None:
-    mount = tmp_path / "cg"
-    (mount / "svc").mkdir(parents=True)
-    (mount / "cgroup.controllers").write_text("cpuset memory\n")
-    (mount / "svc/cgroup.controllers").write_text("cpuset\n")  # memory not delegated here
-    (mount / "svc/cgroup.subtree_control").mkdir()  # a write here fails, as EBUSY would
-    proc = tmp_path / "proc-cgroup"
-    proc.write_text("0::/svc\n")
-    support = detect(mount, proc)
-    assert support.controllers == frozenset()
+    mountinfo, proc = fake_mounts(tmp_path, v2="cpuset", own="/svc")  # memory and cpu not delegated here
+    (tmp_path / "cg/svc/cgroup.subtree_control").mkdir()  # a write here fails, as EBUSY would
+    support = detect(mountinfo, proc)
+    assert not support.available
     text = support.describe()
-    assert "cpuset and memory not enabled" in text and "svc/cgroup.subtree_control" in text
-    group = make_group(support, "t.w", CPUSet("0"), (0,), 2**20)
-    assert group is not None and group.applied["cpuset.cpus"] == "not set: cpuset controller not enabled"
+    assert "v2 cpuset not enabled" in text and "svc/cgroup.subtree_control" in text
+    assert "no usable cpuset, memory, cpu controller" in text and text.endswith("CPU affinity only")
+    assert make_group(support, "scope", "t.w", Limits(CPUSet("0"), (0,), 2**20)) is None

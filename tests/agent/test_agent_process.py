@@ -12,10 +12,13 @@ from pathlib import Path
 import httpx
 import pytest
 from agent_cluster import NODE, Cluster, wait
+from pool_probe import CPUS, all_on, command, pids
 from typer.testing import CliRunner
 
+from finesched.agent.executor import workdir_of
 from finesched.cli import app
 from finesched.codec import decode
+from finesched.cpuset import CPUSet
 
 FINESCHED = [sys.executable, "-m", "finesched.cli"]
 
@@ -62,6 +65,40 @@ def test_sigkilled_agent_restarts_and_adopts_its_child(tmp_path: Path) -> None:
     finally:
         if first.poll() is None:
             first.kill()
+        cluster.close()
+
+
+def test_sigkilled_agent_restarts_and_puts_adopted_workloads_back_in_their_pools(tmp_path: Path) -> None:
+    """LS moved out for an LSE; the agent is killed; the LSE is deleted while it is down; the new
+    agent stops the LSE's process and gives its CPU back to the LS workload it adopted."""
+    if len(CPUS) < 2:
+        pytest.skip("needs two CPUs")
+    cluster = Cluster(tmp_path)
+    data = tmp_path / "agent"
+    agents = [start_agent(cluster, data)]
+    whole = {"cpu": "1", "memory": "64Mi"}
+    try:
+        cluster.submit("web", command(tmp_path / "web"), {"cpu": "100m"})
+        web = pids(tmp_path / "web")
+        cluster.submit("db", ["sleep", "600"], whole, limits=whole, qos="LSE")
+        wait(lambda: cluster.workload("db")["status"]["phase"] == "Running", "the LSE to run")
+        held = CPUSet(cluster.workload("db")["status"]["binding"]["cpuset"])
+        db_pid = cluster.workload("db")["status"]["info"]["pid"]
+        wait(lambda: all_on(web) == {(CPUSet(CPUS) - held).format()}, "the LS threads to leave the LSE's CPU")
+        agents[0].send_signal(signal.SIGKILL)
+        agents[0].wait(timeout=10)
+        assert cluster.admin.delete("/v1/workloads/t/db").status_code == 200  # while the agent is down
+        agents.append(start_agent(cluster, data))
+        wait(lambda: all_on(web) == {CPUSet(CPUS).format()}, "the adopted LS workload to grow back")
+        wait(lambda: not alive(db_pid), "the deleted LSE's process to be stopped")
+        assert cluster.workload("web")["status"]["info"]["pid"] == web[0] or alive(web[0])  # adopted, not restarted
+        assert cluster.admin.delete("/v1/workloads/t/web").status_code == 200
+        wait(lambda: not alive(web[0]), "the LS workload to be stopped")
+    finally:
+        for agent in agents:
+            if agent.poll() is None:
+                agent.send_signal(signal.SIGTERM)
+                agent.wait(timeout=30)
         cluster.close()
 
 
@@ -128,7 +165,7 @@ def test_up_refuses_bad_fake_gpus(value: str) -> None:
 
 
 def test_logs_prints_the_workload_output(tmp_path: Path) -> None:
-    log = tmp_path / "agent" / "workloads" / "team" / "w1" / "output.log"
+    log = workdir_of(tmp_path / "agent", "team/w1") / "output.log"
     log.parent.mkdir(parents=True)
     log.write_text("line one\nline two\n")
     runner = CliRunner()

@@ -1,8 +1,11 @@
 """A binding as the agent receives it (GET /v1/bindings?node=): parsed once, checked, then immutable.
 
 The server sends ``{"workload": "ns/name", "node", "cpuset": "0-3", "devices": {type: [{"minor",
-"resources"}]}, "numa": [...], "version", "acked", "workloadSpec": {...}}``. `raw` keeps the item
-without the spec: it is what the child gets as FINESCHED_BINDING.
+"resources"}]}, "numa": [...], "qos", "cpuExclusivePolicy", "annotations", "version", "acked",
+"workloadSpec": {...}}``. `raw` keeps the item without the spec: it is what the child gets as
+FINESCHED_BINDING. The QoS class is the server's (a server that sends none: the spec's, else derived
+as Kubernetes derives its class: no cpu or memory request or limit is BE). An LS workload bound to
+NUMA shared pools (ConstrainedBurst) names them in its resource-status annotation.
 """
 
 from __future__ import annotations
@@ -13,10 +16,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from finesched.cpuset import CPUSet
-from finesched.model.resources import ResourceVector
+from finesched.model.resources import CPU, MEMORY, ResourceVector
+from finesched.plugins.resource_status import ANNOTATION_RESOURCE_STATUS
 
 #: QoS classes whose cpuset is exclusive (Koordinator: LSE and LSR own their CPUs).
 EXCLUSIVE_QOS = frozenset({"LSE", "LSR"})
+QOS_CLASSES = frozenset({"LSE", "LSR", "LS", "BE"})
 
 
 class BindingError(ValueError):
@@ -35,6 +40,8 @@ class AgentBinding:
     acked: bool
     spec: Mapping[str, Any] = field(default_factory=dict)
     raw: Mapping[str, Any] = field(default_factory=dict)
+    #: NUMA nodes whose shared pools an LS workload is bound to (resource-status cpuSharedPools).
+    shared_numa: tuple[int, ...] = ()
 
     @property
     def namespace(self) -> str:
@@ -45,11 +52,20 @@ class AgentBinding:
         return self.workload.partition("/")[2]
 
     @property
+    def qos(self) -> str:
+        """LSE, LSR, LS or BE (see the module docstring)."""
+        for named in (self.raw.get("qos"), self.spec.get("qos")):
+            if named in QOS_CLASSES:
+                return str(named)
+        parts = [self.spec.get(p) for p in ("requests", "limits")]
+        asked = any(isinstance(p, Mapping) and (p.get(CPU) or p.get(MEMORY)) for p in parts)
+        return "LS" if asked else "BE"
+
+    @property
     def exclusive(self) -> bool:
         """Whether this binding owns its CPUs: LSE/LSR QoS, or an explicit exclusive policy."""
-        qos = self.raw.get("qos") or self.spec.get("qos")
         policy = self.raw.get("cpuExclusivePolicy") or "None"
-        return qos in EXCLUSIVE_QOS or policy not in ("None", "")
+        return self.qos in EXCLUSIVE_QOS or policy not in ("None", "")
 
     @property
     def placement(self) -> str:
@@ -91,6 +107,8 @@ def parse_binding(item: Mapping[str, Any]) -> AgentBinding:
             raise BindingError(f"numa.{i}: {entry!r} names no NUMA node")
         numa.append(value)
     spec = item.get("workloadSpec") or {}
+    if not isinstance(spec, Mapping):
+        raise BindingError(f"workloadSpec: an object, got {type(spec).__name__}")
     raw = {k: v for k, v in item.items() if k != "workloadSpec"}
     return AgentBinding(
         workload=workload,
@@ -102,4 +120,17 @@ def parse_binding(item: Mapping[str, Any]) -> AgentBinding:
         acked=bool(item.get("acked")),
         spec=spec,
         raw=raw,
+        shared_numa=_shared_numa(item.get("annotations")),
     )
+
+
+def _shared_numa(annotations: Any) -> tuple[int, ...]:
+    """The NUMA ids of the resource-status annotation's cpuSharedPools (BindingError if unreadable)."""
+    text = annotations.get(ANNOTATION_RESOURCE_STATUS) if isinstance(annotations, Mapping) else None
+    if not text:
+        return ()
+    try:
+        pools = json.loads(text).get("cpuSharedPools") or []
+        return tuple(sorted({int(p["node"]) for p in pools}))
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise BindingError(f"annotations.{ANNOTATION_RESOURCE_STATUS}: {exc}") from None

@@ -1,41 +1,58 @@
-"""The Deploy Executor (S0.6): turns this node's bindings into pinned processes and reports their ends.
+"""The Deploy Executor (S0.6): turns this node's bindings into confined processes and reports their ends.
 
 Each `sync` compares the server's bindings for this node with the processes the agent runs:
 
 1. A process whose binding is gone (workload deleted, released) or replaced by another placement
    (other CPUs or devices, or a fresh unacked binding where the agent had acked one) is stopped
    and forgotten.
-2. A new binding is verified (right node, a command, CPUs online and not held by another exclusive
-   binding, devices present and healthy); a failure is rejected with the reasons, so the server
-   releases it and requeues the workload. A good one is launched, recorded, acked, and reported
-   Running with what took effect (affinity, cgroup files).
-3. An acked binding the agent has no record of (its state was lost, or it was bound while the
+2. A new binding is verified (right node, a command, CPUs online and not held by another binding's
+   cpuset, devices present and healthy); a failure is rejected with the reasons, so the server
+   releases it and requeues the workload. LS and BE workloads hold no CPUs: a binding is never
+   refused because of them.
+3. The node's CPU pools are recomputed with the new bindings (state/pools.py, as koordlet keeps
+   them) and every running LS/BE workload whose pool changed is moved (agent/pools.py) *before*
+   the new ones start; then each good binding is launched in its cgroups, recorded, acked, and
+   reported Running with what took effect.
+4. An acked binding the agent has no record of (its state was lost, or it was bound while the
    agent was replaced) is rejected with a reason, never silently kept.
 
-`poll` notices ended processes (exit code 0 -> Succeeded, else Failed); `report` sends every
+`poll` notices ended processes (exit code 0 -> Succeeded, else Failed; OOMKilled when the kernel
+killed it for its memory limit) and gives their CPUs back to the pools; `report` sends every
 status the server has not accepted yet, so a status survives network errors and agent restarts.
+
+One binding never stops the others: if handling it raises, it alone is set aside (agent/aside.py:
+rejected with the error as the reason, not retried for the same binding version) and the agent
+goes on.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
+import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from finesched.agent.aside import SetAside
 from finesched.agent.binding import AgentBinding
-from finesched.agent.cgroup import CgroupSupport, Group
+from finesched.agent.cgroup import CgroupSupport
+from finesched.agent.cgroup_groups import Group, make_group, sweep
 from finesched.agent.discover import Discovery
-from finesched.agent.launch import LaunchError, is_running, launch, read_exit_code, stop
+from finesched.agent.launch import LaunchError, is_running, launch, limits_of, read_exit_code, stop
+from finesched.agent.names import key_hash, safe_name
+from finesched.agent.pools import PoolKeeper
 from finesched.agent.state import AgentState, Record
 from finesched.cpuset import CPUSet
+from finesched.state.pools import Holder
 
 log = logging.getLogger("finesched.agent")
 
 #: Longest reason the control plane accepts in a reject or status.
 MAX_REASON = 4096
 UNKNOWN_AFTER_RESTART = "the agent has no process for this acked binding (agent state lost or replaced); released"
+OOM_KILLED = "OOMKilled"
+SWEEP_S = 30.0  # how often leftover cgroups are looked for
 
 
 class ServerError(Exception):
@@ -55,9 +72,8 @@ class ServerPort(Protocol):
 
 
 def workdir_of(data: Path, workload: str) -> Path:
-    """Where a workload's log and exit file live: ``<data>/workloads/<namespace>/<name>``."""
-    namespace, _, name = workload.partition("/")
-    return data / "workloads" / namespace / name
+    """Where a workload's log and exit file live: ``<data>/workloads/<safe name>`` (agent/names.py)."""
+    return data / "workloads" / safe_name(workload)
 
 
 class Executor:
@@ -78,48 +94,79 @@ class Executor:
         self.procs: dict[str, Any] = {}  # workload -> Popen, for children of this incarnation
         #: The CPUs this agent may use (a confined agent cannot pin a child outside them).
         self.allowed = CPUSet(os.sched_getaffinity(0))
+        #: Groups of agents sharing a machine (or a cgroup) never meet: one scope per data directory.
+        self.scope = "agent-" + key_hash(str(data.resolve()), 12)
+        self.keeper = PoolKeeper()
+        self.discovery: Discovery | None = None  # the latest, from sync
+        self.aside = SetAside(self._send_reject)
+        self._swept = time.monotonic()
+        self._guard = self.aside.guard
 
     # Start-up ----------------------------------------------------------------------------------
     def adopt(self) -> dict[str, str]:
-        """Re-adopt recorded processes that still run; record how the others ended. workload -> what."""
+        """Re-adopt recorded processes that still run; record how the others ended. workload -> what.
+
+        Adopted processes are put back in their pools on the next sync (the agent may have died
+        in the middle of a move)."""
         outcome: dict[str, str] = {}
         for key, rec in self.state.records.items():
             if rec.phase != "Running":
                 outcome[key] = f"{rec.phase} (status pending)"
             elif is_running(rec.pid, rec.start_time):
                 outcome[key] = f"adopted pid {rec.pid}"
+                self.keeper.adopted.add(key)
             else:
                 self._ended(rec, read_exit_code(Path(rec.exit_file)), "ended while the agent was down")
                 outcome[key] = f"{rec.phase} while the agent was down"
         self.state.save()
+        self.sweep()
         return outcome
+
+    def sweep(self) -> int:
+        """Remove this agent's cgroups that no running workload uses (a group whose last process
+        was not reaped yet when its workload ended stays until the next sweep); how many are left."""
+        keep = {d for r in self._running() if (g := Group.from_record(r.cgroup)) is not None for d in g.dirs}
+        self._swept = time.monotonic()
+        return sweep(self.cgroups, self.scope, keep)
 
     # Bindings ----------------------------------------------------------------------------------
     def sync(self, bindings: list[AgentBinding], discovery: Discovery) -> None:
+        self.discovery = discovery
         current = {b.workload: b for b in bindings}
         for key, rec in list(self.state.records.items()):
             b = current.get(key)
             if b is None:
-                self._forget(rec, "binding gone")
+                self._guard(key, lambda rec=rec: self._forget(rec, "binding gone"))
             elif b.placement != rec.placement or (rec.acked and not b.acked):
-                self._forget(rec, "binding replaced by a new placement")
+                self._guard(key, lambda rec=rec: self._forget(rec, "binding replaced by a new placement"))
+        self.aside.prune(current)
+        starting: list[AgentBinding] = []
         for b in bindings:
-            rec = self.state.records.get(b.workload)
-            if rec is not None:
-                if not rec.acked:
-                    self._ack(rec)
-                continue
-            if b.acked:
-                self._reject(b, UNKNOWN_AFTER_RESTART)
-                continue
-            reasons = self.verify(b, discovery)
-            if reasons:
-                self._reject(b, "; ".join(reasons))
-                continue
-            self._start(b, discovery)
+            if not self.aside.holds(b.workload):
+                self._guard(b.workload, lambda b=b: self._admit(b, discovery, starting), b)
+        self._guard("(pools)", lambda: self._keep_pools(starting))
+        for b in starting:
+            self._guard(b.workload, lambda b=b: self._start(b, discovery), b)
 
-    def verify(self, b: AgentBinding, discovery: Discovery) -> list[str]:
-        """Every reason this node cannot run `b` now; empty when it can."""
+    def _admit(self, b: AgentBinding, discovery: Discovery, starting: list[AgentBinding]) -> None:
+        """Ack a known binding, reject an unknown acked or impossible one, queue a good one in `starting`."""
+        rec = self.state.records.get(b.workload)
+        if rec is not None:
+            if not rec.acked:
+                self._ack(rec)
+            return
+        if b.acked:
+            self._reject(b, UNKNOWN_AFTER_RESTART)
+            return
+        reasons = self.verify(b, discovery, starting)
+        if reasons:
+            self._reject(b, "; ".join(reasons))
+        else:
+            starting.append(b)
+
+    def verify(self, b: AgentBinding, discovery: Discovery, starting: Sequence[AgentBinding] = ()) -> list[str]:
+        """Every reason this node cannot run `b` now; empty when it can. Only another binding's
+        cpuset (LSE, LSR, pinned) can hold CPUs: LS and BE workloads move out of the way."""
         reasons: list[str] = []
         if b.node != discovery.node.name:
             reasons.append(f"binding is for node {b.node!r}, this agent runs node {discovery.node.name!r}")
@@ -138,38 +185,64 @@ class Executor:
                     reasons.append(f"{kind} {minor} does not exist on this node")
                 elif not healthy:
                     reasons.append(f"{kind} {minor} is unhealthy")
-        for other in self._running():
-            overlap = b.cpuset & CPUSet(other.cpuset)
-            if overlap and (b.exclusive or other.exclusive):
-                reasons.append(f"CPUs {overlap} are held by {other.workload} (exclusive cpuset)")
+        for holder in self._holders(starting):
+            overlap = b.cpuset & holder.cpuset
+            if overlap:
+                reasons.append(f"CPUs {overlap} are held by {holder.workload} ({holder.qos} cpuset)")
         return reasons
 
-    def shared_pool(self, online: CPUSet) -> CPUSet:
-        """Online CPUs no running exclusive binding holds: where a binding without a cpuset runs."""
-        held = CPUSet()
-        for rec in self._running():
-            if rec.exclusive:
-                held |= CPUSet(rec.cpuset)
-        return (online - held) or online
+    def _holders(self, starting: Sequence[AgentBinding]) -> list[Holder]:
+        """Who holds CPUs: every running workload with a cpuset, and the bindings about to start."""
+        held = [Holder(r.workload, r.own_cpuset, r.qos_class) for r in self._running() if r.own_cpuset]
+        return held + [Holder(b.workload, b.cpuset, b.qos) for b in starting if b.cpuset]
+
+    def usable(self) -> CPUSet:
+        """The CPUs workloads may run on: online, and within the agent's own affinity."""
+        online = self.discovery.online if self.discovery is not None else self.allowed
+        return (online & self.allowed) or online
+
+    def _keep_pools(self, starting: list[AgentBinding]) -> None:
+        """Recompute the pools with `starting` and move every running workload whose pool changed."""
+        if self.discovery is None:
+            return
+        changed = self.keeper.apply(self.discovery.node, self.usable(), self._holders(starting), self._running())
+        for rec in changed:
+            rec.reported = ""  # the server hears of the move (a Running status with the new CPUs)
+        if changed:
+            self.state.save()
 
     def _start(self, b: AgentBinding, discovery: Discovery) -> None:
-        cpus = b.cpuset or self.shared_pool(discovery.online)
+        where = self.keeper.placement(b.qos, b.cpuset, b.shared_numa)
+        group = make_group(self.cgroups, self.scope, safe_name(b.workload), limits_of(b, where.cpus))
         try:
-            done = launch(b, discovery.node, cpus, workdir_of(self.data, b.workload), self.cgroups, self.base_env)
-        except LaunchError as exc:
+            done = launch(b, discovery.node, where.cpus, workdir_of(self.data, b.workload), group, self.base_env)
+        except Exception as exc:
+            if group is not None:
+                group.remove()
+            if not isinstance(exc, LaunchError):
+                raise  # the caller sets this binding aside
             self._reject(b, str(exc))
             return
-        if not b.cpuset:
-            done.info["cpusetSource"] = "shared pool (the binding names no cpuset)"
+        done.info["pool"] = where.pool
+        if group is None:  # why not: the describe of the agent's cgroup support
+            done.info["cgroup"] = self.cgroups.describe()
         rec = Record(
             workload=b.workload, placement=b.placement, pid=done.pid, start_time=done.start_time, log=str(done.log),
-            exit_file=str(done.exit_file), cpuset=cpus.format(), info=done.info, exclusive=b.exclusive,
-            cgroup=str(done.group.path) if done.group is not None else None,
+            exit_file=str(done.exit_file), cpuset=where.cpus.format(), info=done.info, exclusive=b.exclusive,
+            cgroup=group.to_record() if group is not None else None, qos=b.qos, shared_numa=list(b.shared_numa),
+            pool=where.pool,
         )  # fmt: skip
+        try:
+            self.state.records[b.workload] = rec
+            self.state.save()
+        except Exception:  # an unrecorded process would run unaccounted for: it does not run at all
+            self.state.records.pop(b.workload, None)
+            stop(done.pid, done.start_time, 0.0, group)
+            if group is not None:
+                group.remove()
+            raise
         self.procs[b.workload] = done.proc
-        self.state.records[b.workload] = rec
-        self.state.save()
-        log.info("started %s pid %d on CPUs %s", b.workload, done.pid, done.info.get("affinity"))
+        log.info("started %s pid %d on CPUs %s (%s)", b.workload, done.pid, done.info.get("affinity"), where.pool)
         self._ack(rec)
 
     def _ack(self, rec: Record) -> None:
@@ -182,90 +255,120 @@ class Executor:
         rec.acked = True
         self.state.save()
 
-    def _reject(self, b: AgentBinding, reason: str) -> None:
+    def _reject(self, b: AgentBinding, reason: str) -> bool:
         log.warning("rejecting %s: %s", b.workload, reason)
+        return self._send_reject(b.workload, reason)
+
+    def _send_reject(self, workload: str, reason: str) -> bool:
         if len(reason) > MAX_REASON:  # the server caps reasons; say how much was cut
             reason = reason[: MAX_REASON - 40] + f" ... ({len(reason) - MAX_REASON + 40} more characters)"
         try:
-            self.server.reject(b.workload, reason)
+            self.server.reject(workload, reason)
         except ServerError as exc:
-            log.warning("reject of %s failed (%s); retried next sync", b.workload, exc)
+            log.warning("reject of %s failed (%s); retried next sync", workload, exc)
+            return False
+        return True
 
     def _forget(self, rec: Record, why: str) -> None:
+        group = Group.from_record(rec.cgroup)
         if rec.phase == "Running":
             log.info("stopping %s pid %d: %s", rec.workload, rec.pid, why)
-            stop(rec.pid, rec.start_time, self.stop_grace)
+            stop(rec.pid, rec.start_time, self.stop_grace, group)
             proc = self.procs.get(rec.workload)
             if proc is not None:
                 proc.poll()
-        self._drop_group(rec)
+        if group is not None:
+            group.remove()
         self.procs.pop(rec.workload, None)
         del self.state.records[rec.workload]
         self.state.save()
 
+    def unreadable(self, item: Any, reason: str) -> None:
+        """A binding item that does not parse (agent/aside.py)."""
+        self.aside.unreadable(item, reason)
+
     # Processes ---------------------------------------------------------------------------------
     def poll(self) -> None:
-        """Record the end of every process that has exited since the last poll."""
-        changed = False
-        for key, rec in self.state.records.items():
-            if rec.phase != "Running":
-                continue
-            proc = self.procs.get(key)
-            if proc is not None:
-                code = proc.poll()
-                if code is None:
-                    continue
+        """Record the end of every process that has exited since the last poll; give its CPUs back."""
+        ended = False
+        for key, rec in list(self.state.records.items()):
+            if rec.phase == "Running":
+                self._guard(key, lambda rec=rec: self._poll_one(rec))
+                ended |= rec.phase != "Running"
+        if ended:
+            self.state.save()
+        if ended or self.keeper.due():
+            self._guard("(pools)", lambda: self._keep_pools([]))
+        if time.monotonic() - self._swept >= SWEEP_S:
+            self._guard("(cgroups)", self.sweep)
+
+    def _poll_one(self, rec: Record) -> None:
+        proc = self.procs.get(rec.workload)
+        if proc is not None:
+            code = proc.poll()
+            if code is not None:
                 written = read_exit_code(Path(rec.exit_file))
                 self._ended(rec, written if written is not None else code, "")
-            elif not is_running(rec.pid, rec.start_time):
-                self._ended(rec, read_exit_code(Path(rec.exit_file)), "")
-            else:
-                continue
-            changed = True
-        if changed:
-            self.state.save()
+        elif not is_running(rec.pid, rec.start_time):
+            self._ended(rec, read_exit_code(Path(rec.exit_file)), "")
 
     def _ended(self, rec: Record, code: int | None, why: str) -> None:
         rec.exit_code = code
+        group = Group.from_record(rec.cgroup)
+        oom = group.oom_kills() if group is not None else None
         if code == 0:
             rec.phase, rec.reason = "Succeeded", why or "exited with code 0"
+        elif oom:
+            rec.phase, rec.reason = "Failed", OOM_KILLED
+            cgroup = rec.info.get("cgroup") if isinstance(rec.info.get("cgroup"), dict) else {}
+            limit = cgroup.get("memory.limit_in_bytes") or cgroup.get("memory.max") or "?"
+            rec.info["oom"] = (f"{why}; " if why else "") + (
+                f"the kernel OOM killer ended {oom} process(es) at the memory limit of {limit} bytes (exit code {code})"
+            )
         elif code is None:
             rec.phase, rec.reason = "Failed", (why + "; " if why else "") + "exit status unknown"
         else:
             described = f"killed by signal {-code}" if code < 0 else f"exited with code {code}"
             rec.phase, rec.reason = "Failed", f"{why}: {described}" if why else described
-        self._drop_group(rec)
-
-    def _drop_group(self, rec: Record) -> None:
-        if rec.cgroup:
-            Group(Path(rec.cgroup)).remove()
+        # as when a container's main process ends: what it left behind in its groups goes too
+        stop(rec.pid, rec.start_time, 0.0, group)
+        if group is not None:
+            group.remove()
 
     def _running(self) -> list[Record]:
         return [r for r in self.state.records.values() if r.phase == "Running"]
 
     # Status ------------------------------------------------------------------------------------
     def report(self) -> None:
-        """Send every status the server has not accepted yet (Running once, then the end)."""
+        """Send every status the server has not accepted yet (Running, a move, then the end)."""
         for rec in list(self.state.records.values()):
-            if rec.reported == rec.phase or not rec.acked:
-                continue
-            info = {**rec.info, "log": rec.log}
-            try:
-                self.server.status(rec.workload, rec.phase, rec.reason, rec.exit_code, info)
-            except ServerError as exc:
-                if exc.status not in (404, 409):
-                    log.warning("status %s of %s not sent (%s); retried", rec.phase, rec.workload, exc)
-                    continue
-            rec.reported = rec.phase
-            self.state.save()
+            if rec.reported != rec.phase and rec.acked:
+                self._guard(rec.workload, lambda rec=rec: self._report_one(rec))
+
+    def _report_one(self, rec: Record) -> None:
+        info = {**rec.info, "log": rec.log}
+        try:
+            self.server.status(rec.workload, rec.phase, rec.reason, rec.exit_code, info)
+        except ServerError as exc:
+            if exc.status not in (404, 409):
+                log.warning("status %s of %s not sent (%s); retried", rec.phase, rec.workload, exc)
+                return
+        rec.reported = rec.phase
+        self.state.save()
+
+    def pools_report(self, discovery: Discovery) -> dict[str, Any]:
+        """The node's pools and where each running workload runs (for the agent's report)."""
+        self.discovery = self.discovery or discovery
+        return self.keeper.report(discovery.node, self.usable(), self._running())
 
     def stop_all(self) -> None:
         """Stop every running process (used by `finesched up` on exit, not by a plain agent restart)."""
         stopped = self._running()
         for rec in stopped:
-            stop(rec.pid, rec.start_time, self.stop_grace)
+            stop(rec.pid, rec.start_time, self.stop_grace, Group.from_record(rec.cgroup))
         self.poll()
         for rec in stopped:
             if rec.phase != "Running":
                 rec.reason = f"stopped by the agent on its exit ({rec.reason})"
         self.state.save()
+        self.sweep()

@@ -1,16 +1,20 @@
 """Starting a workload process pinned to its binding (S0.6 deploy, S1.7 GPU env, S3.9 cpuset).
 
 The child gets:
-* CPU affinity = the binding's cpuset (or, with no cpuset, the shared pool: online CPUs not held
-  exclusively). Linux gives a new process the affinity of the thread that forks it, so the
+* CPU affinity = the CPUs the executor chose: the binding's cpuset, or its QoS class's pool
+  (state/pools.py). Linux gives a new process the affinity of the thread that forks it, so the
   launching thread pins itself, starts the child and restores its own mask; no code runs between
   fork and exec.
-* a cgroup v2 group when one can be made (cgroup.py);
+* its cgroups when the machine has them (cgroup.py): the ``/bin/sh`` wrapper writes its own pid
+  into each group's ``cgroup.procs`` before it runs the command, so the command and everything it
+  starts are confined from their first instruction; the agent writes the pid again afterwards
+  (a no-op when the wrapper did it) and records what took effect;
 * ``NVIDIA_VISIBLE_DEVICES`` and ``CUDA_VISIBLE_DEVICES`` (GPU UUIDs, minors when a GPU has none;
   ``CUDA_DEVICE_ORDER=PCI_BUS_ID``); for a shared GPU the HAMi-core limits
   ``CUDA_DEVICE_MEMORY_LIMIT_<i>`` (bytes) and ``CUDA_DEVICE_SM_LIMIT[_<i>]`` (percent), i = the
   device's position among the visible ones; ``FINESCHED_DEVICES_<TYPE>`` (minors) for every type;
-  ``FINESCHED_BINDING`` (the binding as JSON), ``FINESCHED_WORKLOAD``, ``FINESCHED_CPUSET``.
+  ``FINESCHED_BINDING`` (the binding as JSON), ``FINESCHED_WORKLOAD``, ``FINESCHED_CPUSET`` (the
+  CPUs at start: a workload in a pool is moved when the pool changes).
 
 The command runs under ``/bin/sh`` which writes its exit status to a file, so an agent that
 restarts (and is no longer the parent) still learns how an adopted process ended.
@@ -24,20 +28,28 @@ import os
 import signal
 import subprocess
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from finesched.agent.binding import AgentBinding
-from finesched.agent.cgroup import CgroupSupport, Group, make_group
+from finesched.agent.binding import EXCLUSIVE_QOS, AgentBinding
+from finesched.agent.cgroup_groups import Group, Limits
 from finesched.cpuset import CPUSet
 from finesched.model.node import Node
-from finesched.model.resources import GPU, GPU_CORE, GPU_MEMORY, GPU_MEMORY_RATIO, MEMORY, ResourceVector
+from finesched.model.resources import CPU, GPU, GPU_CORE, GPU_MEMORY, GPU_MEMORY_RATIO, MEMORY, ResourceVector
 
 #: Environment variables the agent owns: a workload's own env cannot override them.
 OWNED_PREFIXES = ("FINESCHED_", "NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_")
-_WRAPPER = 'f="$1"; shift; "$@"; rc=$?; echo "$rc" > "$f"; exit "$rc"'
+#: sh -c WRAPPER finesched-run EXIT_FILE N PROCS_FILE_1..N COMMAND...
+_WRAPPER = (
+    'f="$1"; n="$2"; shift 2; '
+    'while [ "$n" -gt 0 ]; do '
+    'echo "$$" > "$1" || echo "finesched: cannot join cgroup $1" >&2; shift; n=$((n-1)); '
+    "done; "
+    '"$@"; rc=$?; echo "$rc" > "$f"; exit "$rc"'
+)
 _pin_lock = threading.Lock()
 
 
@@ -116,17 +128,28 @@ def workload_env(binding: AgentBinding, node: Node, cpus: CPUSet, base: Mapping[
     return env
 
 
-def memory_limit(binding: AgentBinding) -> int | None:
-    """memory.max: the workload's memory limit, else its request; None when it names neither."""
-    spec = binding.spec
-    for part in ("limits", "requests"):
-        amounts = spec.get(part) or {}
-        if MEMORY in amounts:
-            try:
-                return ResourceVector.parse({MEMORY: amounts[MEMORY]})[MEMORY]
-            except ValueError:
-                return None
-    return None
+def _quantity(binding: AgentBinding, part: str, name: str) -> int | None:
+    """The workload's ``requests``/``limits`` amount of `name` in canonical units (None: not given)."""
+    amounts = binding.spec.get(part) or {}
+    if not isinstance(amounts, Mapping) or name not in amounts:
+        return None
+    try:
+        return ResourceVector.parse({name: amounts[name]})[name]
+    except (ValueError, KeyError):
+        return None
+
+
+def limits_of(binding: AgentBinding, cpus: CPUSet) -> Limits:
+    """What the kernel enforces for `binding` on `cpus`: memory = its memory limit (a request is not
+    a limit, as in Kubernetes), CPU quota = its CPU limit for LS and BE (LSE and LSR own their CPUs)."""
+    cpu_limit = _quantity(binding, "limits", CPU)
+    return Limits(
+        cpus=cpus,
+        mems=binding.numa,
+        memory=_quantity(binding, "limits", MEMORY),
+        cpu_quota=None if binding.qos in EXCLUSIVE_QOS else cpu_limit,
+        cpu_request=_quantity(binding, "requests", CPU) or cpu_limit or 0,
+    )
 
 
 def launch(
@@ -134,10 +157,10 @@ def launch(
     node: Node,
     cpus: CPUSet,
     workdir: Path,
-    cgroups: CgroupSupport,
+    group: Group | None,
     base_env: Mapping[str, str] | None = None,
 ) -> Launched:
-    """Start the binding's command on `cpus`, logging to ``<workdir>/output.log``."""
+    """Start the binding's command on `cpus` in `group`, logging to ``<workdir>/output.log``."""
     command = binding.command
     if not command:
         raise LaunchError("the workload has no command")
@@ -145,14 +168,13 @@ def launch(
     log, exit_file = workdir / "output.log", workdir / "exit-code"
     exit_file.unlink(missing_ok=True)
     env = workload_env(binding, node, cpus, os.environ if base_env is None else base_env)
-    group = make_group(cgroups, f"{binding.namespace}.{binding.name}", cpus, binding.numa, memory_limit(binding))
-    argv = ["/bin/sh", "-c", _WRAPPER, "finesched-run", str(exit_file), *command]
+    joins = group.procs_files() if group is not None else []
+    argv = ["/bin/sh", "-c", _WRAPPER, "finesched-run", str(exit_file), str(len(joins)), *joins, *command]
     with _pin_lock, log.open("ab") as out:
         before = os.sched_getaffinity(0)
         try:
             os.sched_setaffinity(0, set(cpus))
         except OSError as exc:
-            _drop(group)
             raise LaunchError(f"cannot pin to CPUs {cpus}: {exc.strerror or exc}") from None
         try:
             proc = subprocess.Popen(
@@ -160,33 +182,25 @@ def launch(
                 start_new_session=True,
             )  # fmt: skip
         except OSError as exc:
-            _drop(group)
             raise LaunchError(f"cannot start {command[0]!r}: {exc.strerror or exc}") from None
         finally:
             os.sched_setaffinity(0, before)
     if group is not None:
         group.add(proc.pid)
-    info = process_info(proc.pid, cpus, group, cgroups)
+    info = process_info(proc.pid, cpus, group)
     info["log"] = str(log)
     return Launched(proc.pid, start_time(proc.pid) or 0, log, exit_file, info, group, proc)
 
 
-def _drop(group: Group | None) -> None:
-    if group is not None:
-        group.remove()
-
-
-def process_info(pid: int, cpus: CPUSet, group: Group | None, cgroups: CgroupSupport) -> dict[str, Any]:
+def process_info(pid: int, cpus: CPUSet, group: Group | None) -> dict[str, Any]:
     """What took effect, for the workload status (``finesched describe``)."""
     try:
         affinity = CPUSet(os.sched_getaffinity(pid)).format()
     except OSError:
         affinity = "unknown (process gone)"
     info: dict[str, Any] = {"pid": pid, "cpuset": cpus.format(), "affinity": affinity}
-    if group is None:
-        info["cgroup"] = cgroups.describe()
-    else:
-        info["cgroup"] = {"path": str(group.path), **group.applied}
+    if group is not None:
+        info["cgroup"] = {"paths": sorted(group.dirs), **group.applied}
     return info
 
 
@@ -217,19 +231,23 @@ def read_exit_code(exit_file: Path) -> int | None:
         return None
 
 
-def stop(pid: int, started: int, grace: float = 5.0) -> None:
-    """SIGTERM the workload's process group, SIGKILL it after `grace` seconds if it still runs."""
-    import time
+def stop(pid: int, started: int, grace: float = 5.0, group: Group | None = None) -> None:
+    """SIGTERM the workload's process group (and every process left in its cgroups), SIGKILL what
+    still runs after `grace` seconds."""
+    if not is_running(pid, started) and not (group and group.pids()):
+        return
+    _signal(pid, started, group, signal.SIGTERM)
+    deadline, pause = time.monotonic() + grace, 0.005
+    while time.monotonic() < deadline and (is_running(pid, started) or (group and group.pids())):
+        time.sleep(pause)  # most processes end at once: look again soon, then every 50 ms
+        pause = min(0.05, pause * 2)
+    _signal(pid, started, group, signal.SIGKILL)
 
-    if not is_running(pid, started):
-        return
-    try:
-        os.killpg(pid, signal.SIGTERM)
-    except OSError:
-        return
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and is_running(pid, started):
-        time.sleep(0.05)
+
+def _signal(pid: int, started: int, group: Group | None, sig: int) -> None:
     if is_running(pid, started):
         with contextlib.suppress(OSError):
-            os.killpg(pid, signal.SIGKILL)
+            os.killpg(pid, sig)
+    for stray in group.pids() if group is not None else ():
+        with contextlib.suppress(OSError):
+            os.kill(stray, sig)

@@ -8,7 +8,6 @@ cannot be reached is retried on the next tick; the agent never exits because of 
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import threading
@@ -158,18 +157,11 @@ class Agent:
                 try:
                     parsed.append(parse_binding(item))
                 except BindingError as exc:
-                    self._reject_unreadable(item, str(exc))
+                    self.executor.unreadable(item, str(exc))
             self.bindings = parsed
             self.executor.sync(parsed, self.discovery)
         self.executor.poll()
         self.executor.report()
-
-    def _reject_unreadable(self, item: Any, reason: str) -> None:
-        workload = item.get("workload") if isinstance(item, dict) else None
-        log.warning("unreadable binding %r: %s", workload, reason)
-        if isinstance(workload, str) and workload.count("/") == 1:
-            with contextlib.suppress(ServerError):
-                self.client.reject(workload, f"agent cannot read the binding: {reason}")
 
     def tick_report(self) -> None:
         """Rediscover, re-register when new hardware appeared, and send the report (heartbeat)."""
@@ -190,7 +182,7 @@ class Agent:
         extra: dict[str, Any] = {"cgroup": self.cgroups.describe(), "agentPid": os.getpid()}
         if self.logs is not None:
             extra["logs"] = {"url": self.logs.url}
-        body = build_report(self.node, bindings, self.discovery, extra)
+        body = build_report(self.node, bindings, self.discovery, extra, self.executor.pools_report(self.discovery))
         try:
             self.client.report(self.name, body)
             self.last_report_error = ""

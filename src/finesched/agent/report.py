@@ -81,12 +81,19 @@ def scalar_available(node: Node, bindings: Iterable[AgentBinding]) -> dict[str, 
 
 
 def build_report(
-    node: Node, bindings: list[AgentBinding], discovery: Discovery, extra: dict[str, Any] | None = None
+    node: Node,
+    bindings: list[AgentBinding],
+    discovery: Discovery,
+    extra: dict[str, Any] | None = None,
+    pools: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The body of POST /v1/nodes/{name}/report for registered `node`; `extra` goes under discovery."""
+    """The body of POST /v1/nodes/{name}/report for registered `node`; `extra` goes under discovery,
+    `pools` (the executor's ``cpuSharedPools``, ``beCPUSharedPools``, ``podCPUAllocs``,
+    ``workloadCPUs``: S3.9, as the node applies them now) at the top."""
     return {
         "devices": encode_devices(node, device_free(node, bindings)),
         "health": health(node, discovery),
         "totals": {"allocatable": dict(node.allocatable.items()), "available": scalar_available(node, bindings)},
         "discovery": {"sources": dict(discovery.sources), **(extra or {})},
+        **(pools or {}),
     }

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
+
+from finesched.cpuset import CPUSet
 
 STATE_VERSION = 1
 
@@ -28,13 +30,31 @@ class Record:
     exit_file: str
     cpuset: str
     info: dict[str, Any] = field(default_factory=dict)
-    cgroup: str | None = None
+    #: The workload's cgroups (cgroup.Group.to_record; a path string from older agents), or None.
+    cgroup: dict[str, Any] | str | None = None
     exclusive: bool = False
+    #: LSE/LSR/LS/BE ("" from older agents: LSR when exclusive, else LS), the NUMA nodes of its
+    #: shared pools (ConstrainedBurst), and the pool it runs in now (for people).
+    qos: str = ""
+    shared_numa: list[int] = field(default_factory=list)
+    pool: str = ""
     phase: str = "Running"
     exit_code: int | None = None
     reason: str = ""
     reported: str = ""
     acked: bool = False
+
+    @property
+    def qos_class(self) -> str:
+        return self.qos or ("LSR" if self.exclusive else "LS")
+
+    @property
+    def own_cpuset(self) -> CPUSet:
+        """The binding's own cpuset (empty for a workload that runs in a pool), from its placement."""
+        try:
+            return CPUSet(json.loads(self.placement).get("cpuset") or "")
+        except (ValueError, TypeError, AttributeError):
+            return CPUSet(self.cpuset) if self.exclusive else CPUSet()
 
 
 @dataclass
@@ -54,7 +74,13 @@ class AgentState:
             raise ValueError(f"agent state file {path} is unreadable ({exc}); move it away to start afresh") from None
         if data.get("version") != STATE_VERSION:
             raise ValueError(f"agent state file {path}: version {data.get('version')!r}, expected {STATE_VERSION}")
-        records = {key: Record(**value) for key, value in (data.get("workloads") or {}).items()}
+        records = {}
+        known = {f.name for f in fields(Record)}
+        for key, value in (data.get("workloads") or {}).items():
+            try:  # fields a newer agent wrote are dropped; a record without the required ones is an error
+                records[key] = Record(**{k: v for k, v in value.items() if k in known})
+            except (TypeError, AttributeError) as exc:
+                raise ValueError(f"agent state file {path}: workload {key!r}: {exc}") from None
         return cls(path, records)
 
     def save(self) -> None:

@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from finesched.commands.node_view import render_node
 from finesched.model.manifest import load_manifests, to_manifest
 
 out = Console(highlight=False)
@@ -239,20 +240,28 @@ def describe(
     output: OutputOption = "table",
 ) -> None:
     """A workload's status, binding (node, cpuset, devices, NUMA), what its agent applied, and events;
-    a job's phase, failover regions and slots; a node's state, discovery and devices; a tenant's
-    spec; for nodes and tenants their conditions (SetAside: why the scheduler leaves one out)."""
+    a job's phase, failover regions and slots; a node's state, discovery, devices, CPU pools as its
+    agent applies them, cgroup enforcement, and events; a tenant's spec and events; for nodes and
+    tenants their conditions first (SetAside: why the scheduler leaves one out)."""
     _check_output(output)
     if what not in ("workload", "workloads", "job", "jobs", "node", "nodes", "tenant", "tenants"):
         _fail(f"describe {what!r}: use workload, job, node or tenant", code=2)
     if what in ("node", "nodes"):
-        _describe_other("node", f"/v1/nodes/{name}", server, token, output)
+        client = Client(server, token)
+        node = client.call("GET", f"/v1/nodes/{name}")
+        node_events = client.call("GET", "/v1/events", params={"kind": "Node", "object": name})["items"]
+        if output != "table":
+            _dump({**node, "events": node_events}, output)
+        else:
+            _print_conditions(node.get("status") or {})
+            render_node(out, node, node_events)
         return
     if what in ("tenant", "tenants"):
         _describe_tenant(name, Client(server, token), output)
         return
     namespace, name = _workload_key(name, namespace)
     if what in ("job", "jobs"):
-        _describe_other("job", f"/v1/jobs/{namespace}/{name}", server, token, output)
+        _describe_job(f"/v1/jobs/{namespace}/{name}", server, token, output)
         return
     client = Client(server, token)
     item = client.call("GET", f"/v1/workloads/{namespace}/{name}")
@@ -305,16 +314,14 @@ def _describe_tenant(name: str, client: Client, output: str) -> None:
     out.print(_events_table(events))
 
 
-def _describe_other(kind: str, path: str, server: str, token: str, output: str) -> None:
+def _describe_job(path: str, server: str, token: str, output: str) -> None:
     from finesched.commands.job_views import print_job
-    from finesched.commands.node_view import print_node
 
     item = Client(server, token).call("GET", path)
     if output != "table":
         _dump(item, output)
         return
-    _print_conditions(item.get("status") or {})
-    (print_job if kind == "job" else print_node)(out, item)
+    print_job(out, item)
 
 
 def delete(

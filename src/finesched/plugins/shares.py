@@ -50,8 +50,8 @@ class Shares:
                 # One reduction over the stacked classes instead of one add per class. Reducing
                 # along axis 0 adds the rows in order, one after the other, exactly like
                 # ``a0 + a1 + a2 ...`` (pairwise summation applies along the contiguous axis
-                # only); tests/test_scoring.py holds the two bit for bit equal.
-                total = np.add.reduce(self._stacked(), axis=0)
+                # only, see `_sum_rows`); tests/test_scoring.py holds the two bit for bit equal.
+                total = _sum_rows(self._stacked())
                 total *= 1.0 / len(arrays)
                 self._mean = total
         return self._mean
@@ -74,10 +74,25 @@ class Shares:
             else:  # sum over classes of (share - mean)², in class order (see `mean`)
                 d = self._stacked() - self.mean()
                 d *= d
-                var = np.add.reduce(d, axis=0)
+                var = _sum_rows(d)
                 var *= 1.0 / len(arrays)
                 self._var = var
         return self._var
+
+
+def _sum_rows(stack: FloatArray) -> FloatArray:
+    """The rows of a [classes, n] stack added one after the other, in order.
+
+    With n > 1 ``np.add.reduce(axis=0)`` does exactly that; with a single node the reduced axis is
+    the contiguous one and numpy switches to pairwise summation, whose rounding differs, so the
+    rows are added in a loop there (a handful of one-element additions).
+    """
+    if stack.shape[1] != 1:
+        return np.add.reduce(stack, axis=0)
+    total = stack[0] + stack[1]
+    for row in stack[2:]:
+        total += row
+    return total
 
 
 SHARES = StateKey("Shares/after-placement", Shares)

@@ -5,15 +5,22 @@ one integer `k` with the bit width and device count. The server decodes them and
 whole report, keeping the last good state, when the count is not the node's device count of that
 type, a value is out of range for the width, or a decoded value is above the device's total.
 Health flags must name devices the node has.
+
+With them the agent reports its CPU pools as it applies them now (S3.9): ``cpuSharedPools`` and
+``beCPUSharedPools`` (``[{socket, node, cpuset}]``, one per NUMA node, as koordlet's
+``cpu-shared-pools`` / ``be-cpu-shared-pools``), ``podCPUAllocs`` (workloads with a cpuset) and
+``workloadCPUs`` (where each running workload is). Every cpuset must be CPUs of the node, a pool's
+those of its NUMA node; the server shows them (``finesched describe node``) and keeps its own books.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
 from finesched.codec import MAX_BITS, CodecError, decode
+from finesched.cpuset import MAX_CPU_ID, CPUSet
 from finesched.model.node import Node, device_totals
 from finesched.server.views import Integer
 
@@ -25,14 +32,50 @@ class EncodedDim(BaseModel):
     bits: Integer = Field(ge=1, le=MAX_BITS)
 
 
+#: Workload names as stored (an older server took names longer than DNS-1123's 253): a report
+#: naming one must not be refused, or the node would go silent.
+Name = Annotated[str, Field(max_length=4096)]
+POOL_FIELDS = ("cpuSharedPools", "beCPUSharedPools", "podCPUAllocs", "workloadCPUs")
+
+
+class SharedPool(BaseModel):
+    """One NUMA node's pool: koordlet's CPUSharedPool."""
+
+    model_config = ConfigDict(extra="forbid")
+    socket: int = Field(ge=0, le=MAX_CPU_ID)
+    node: int = Field(ge=0, le=MAX_CPU_ID)
+    cpuset: CPUSet
+
+
+class WorkloadCPUs(BaseModel):
+    """A workload's CPUs on the node: its cpuset (``podCPUAllocs``) or the pool it runs in now."""
+
+    model_config = ConfigDict(extra="forbid")
+    namespace: Name
+    name: Name
+    cpuset: CPUSet
+    qos: Literal["LSE", "LSR", "LS", "BE"] | None = None
+    pool: str | None = Field(default=None, max_length=200)
+
+
 class NodeReport(BaseModel):
-    """`devices`: {type: {dimension: {k, count, bits}}}; `health`: {type: {minor: healthy}}."""
+    """`devices`: {type: {dimension: {k, count, bits}}}; `health`: {type: {minor: healthy}}; the pools."""
 
     model_config = ConfigDict(extra="forbid")
     devices: dict[str, dict[str, EncodedDim]] = Field(default_factory=dict)
     health: dict[str, dict[str, bool]] = Field(default_factory=dict)
     totals: dict[str, Any] = Field(default_factory=dict)
     discovery: dict[str, Any] = Field(default_factory=dict)
+    cpuSharedPools: list[SharedPool] | None = Field(default=None, max_length=4096)  # the wire names (S3.9)
+    beCPUSharedPools: list[SharedPool] | None = Field(default=None, max_length=4096)
+    podCPUAllocs: list[WorkloadCPUs] | None = Field(default=None, max_length=65536)
+    workloadCPUs: list[WorkloadCPUs] | None = Field(default=None, max_length=65536)
+
+    @model_serializer(mode="wrap")
+    def _without_absent_pools(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """A report without pools (an older agent) is stored as it came, not with nulls."""
+        data: dict[str, Any] = handler(self)
+        return {k: v for k, v in data.items() if v is not None or k not in POOL_FIELDS}
 
 
 def check_report(node: Node, report: NodeReport) -> list[dict[str, Any]]:
@@ -72,6 +115,34 @@ def check_report(node: Node, report: NodeReport) -> list[dict[str, Any]]:
         for minor in flags:
             if minor not in minors:
                 problems.append(_problem(["health", kind, minor], f"node {node.name} has no {kind} {minor}", minor))
+    return problems + _pool_problems(node, report)
+
+
+def _pool_problems(node: Node, report: NodeReport) -> list[dict[str, Any]]:
+    """Pools must name the node's NUMA nodes and hold only their CPUs; workload cpusets the node's CPUs."""
+    if node.cpu_topology is None:
+        return []
+    numa_cpus: dict[int, CPUSet] = {}
+    for info in node.cpu_topology.cpus:
+        numa_cpus[info.numa] = numa_cpus.get(info.numa, CPUSet()) | CPUSet([info.id])
+    everything = CPUSet().union(*numa_cpus.values())
+    problems = []
+    for field in POOL_FIELDS[:2]:
+        for i, pool in enumerate(getattr(report, field) or ()):
+            loc = [field, str(i)]
+            if pool.node not in numa_cpus:
+                problems.append(
+                    _problem([*loc, "node"], f"node {node.name} has NUMA nodes {sorted(numa_cpus)}", pool.node)
+                )
+            elif not pool.cpuset.is_subset(numa_cpus[pool.node]):
+                stray = pool.cpuset - numa_cpus[pool.node]
+                msg = f"CPUs {stray} are not on NUMA node {pool.node} ({numa_cpus[pool.node]})"
+                problems.append(_problem([*loc, "cpuset"], msg, str(pool.cpuset)))
+    for field in POOL_FIELDS[2:]:
+        for i, entry in enumerate(getattr(report, field) or ()):
+            if not entry.cpuset.is_subset(everything):
+                msg = f"CPUs {entry.cpuset - everything} are not CPUs of node {node.name} ({everything})"
+                problems.append(_problem([field, str(i), "cpuset"], msg, str(entry.cpuset)))
     return problems
 
 

@@ -42,6 +42,7 @@ from finesched.model.resources import CPU, MEMORY
 from finesched.plugins.cpu.config import NUMA_POLICY_CODE, NodeCPUConfig, node_cpu_config, reserved_cpus
 from finesched.plugins.cpu.topology import AllocatedCPU, TopoInfo, topo_info, trusted_cpuset
 from finesched.state.cluster import StateError
+from finesched.state.pools import BE_SHAREABLE_QOS, split_cpus
 
 #: One value per node: name -> (dtype, fill).
 _NODE_ARRAYS: dict[str, tuple[Any, Any]] = {
@@ -88,7 +89,7 @@ class Hold:
     @property
     def be_shareable(self) -> bool:
         """LSR CPUs may be shared with BE; LSE and kubelet-static Guaranteed CPUs may not (S3.2)."""
-        return self.qos == "LSR"
+        return self.qos in BE_SHAREABLE_QOS
 
 
 @dataclass(frozen=True, slots=True)
@@ -481,20 +482,15 @@ class CPUAccounts:
         if topo is None:
             empty = CPUSet()
             return NodePools(empty, empty, {}, empty, empty)
-        exclusive: set[int] = set()
-        not_be: set[int] = set()
-        for hold in self.held[index].values():
-            exclusive.update(hold.cpus)
-            if not hold.be_shareable:
-                not_be.update(hold.cpus)
-        shared = topo.all - exclusive
+        holds = self.held[index].values()
+        shared, be, exclusive = split_cpus(topo.all, ((h.cpus, h.be_shareable) for h in holds))
         # Every id here comes from the topology (holds are checked against it): no per-id checks.
         numa_shared = {
             nid: trusted_cpuset(shared.intersection(topo.numa_cpus[k])) for k, nid in enumerate(topo.numa_ids)
         }
         pools = NodePools(
             trusted_cpuset(shared),
-            trusted_cpuset(topo.all - not_be),
+            trusted_cpuset(be),
             numa_shared,
             trusted_cpuset(exclusive),
             trusted_cpuset(self.reserved[index]),
