@@ -37,6 +37,7 @@ DESCRIPTIONS = {
     404: "No such object",
     409: "The object changed meanwhile, its name is taken, or it is still referenced",
     410: "The offer expired",
+    502: "The node agent that holds the output could not be reached",
     413: "The body is larger than the server accepts",
     422: "Bad input: every problem with its field path (`loc`), message and type",
     503: "The store is unavailable, or this replica is not the scheduling leader",
@@ -56,6 +57,7 @@ EXTRA: dict[tuple[str, str], tuple[int, ...]] = {
     ("post", "/v1/offers/{offer_id}/accept"): (409, 410),
     ("post", "/v1/offers/{offer_id}/decline"): (409, 410),
     ("post", "/v1/jobs"): (409,),
+    ("get", "/v1/workloads/{namespace}/{name}/logs"): (502,),
 }
 #: Request bodies that are manifests: (method, path) -> the kind, and whether a list is accepted.
 MANIFEST_BODIES: dict[tuple[str, str], tuple[str, bool]] = {
@@ -118,6 +120,7 @@ def complete(schema: dict[str, Any]) -> None:
             _complete_operation(method, path, op)
     _content(schema, "get", "/metrics", "text/plain; version=0.0.4", "Prometheus text exposition format")
     _content(schema, "get", "/v1/events/watch", "text/event-stream", "Server-Sent Events: `id`, `event`, `data`")
+    _content(schema, "get", "/v1/workloads/{namespace}/{name}/logs", "text/plain", "The output its agent recorded")
     ready = schema["paths"]["/readyz"]["get"]["responses"]
     ready["503"] = {"description": "The store is unavailable", "content": {"application/json": {"schema": {}}}}
 

@@ -42,8 +42,8 @@ class SharedPool(BaseModel):
     """One NUMA node's pool: koordlet's CPUSharedPool."""
 
     model_config = ConfigDict(extra="forbid")
-    socket: int = Field(ge=0, le=MAX_CPU_ID)
-    node: int = Field(ge=0, le=MAX_CPU_ID)
+    socket: Integer = Field(ge=0, le=MAX_CPU_ID)
+    node: Integer = Field(ge=0, le=MAX_CPU_ID)
     cpuset: CPUSet
 
 
