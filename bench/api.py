@@ -21,6 +21,16 @@ the binding's transaction, just before its commit, on this same host's clock), n
 watch delivered it; submit->bound is that timestamp minus the client's clock just before the POST
 was sent. Rates are bound workloads over the time from the first POST to the last Bound.
 
+* `burst-after-nodes` (--api-nodes N > 0): N more nodes registered through HTTP (PUT, 8 clients)
+  while the server runs, then at once --burst workloads POSTed in lists of --batch: the scheduler
+  learns of the new nodes from its change feed while the burst arrives.
+
+--replicas 1,2 runs every backend also with a second `finesched serve` on the same database: the
+first one started holds the scheduler lease, and every request (nodes, workloads) goes to the
+second, a follower, so the leader learns of all of it through the change feed (the workloads
+submitted to the follower are not handed over in memory). Only PostgreSQL is meant for two
+replicas; SQLite runs them too (one machine, one file).
+
 --breakdown scrapes /metrics before and after each phase and splits the server process's CPU time
 (/proc) into the scheduling core (Scheduler.run), the store (SQLAlchemy + driver + SQLite itself;
 binding writes, submission writes, change feed) and the rest (HTTP, FastAPI, manifest validation,
@@ -45,6 +55,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -103,6 +114,20 @@ def fresh_database(backend: str, pg_url: str, tmp: str) -> Iterator[str]:
 TENANTS = tuple(f"team-{i}" for i in range(4))
 
 
+def data_option(path: str) -> list[str]:
+    """`--data PATH` for `finesched serve` (each replica its own identity), when this version has it
+    (so the benchmark also runs against older versions of the server, for comparisons)."""
+    global SERVE_HAS_DATA
+    if SERVE_HAS_DATA is None:
+        done = subprocess.run([sys.executable, "-m", "finesched.cli", "serve", "--help"], capture_output=True,
+                              text=True, check=False)  # fmt: skip
+        SERVE_HAS_DATA = "--data" in done.stdout
+    return ["--data", path] if SERVE_HAS_DATA else []
+
+
+SERVE_HAS_DATA: bool | None = None
+
+
 def register_nodes(url: str, count: int, gpus: bool) -> tuple[str, float]:
     """Register `count` synthetic nodes through the store (the API's own write path, minus HTTP),
     and the tenants owning the workloads' namespaces (team-0..team-3); an admin token and the
@@ -143,6 +168,18 @@ class Server:
         self.log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
         self.started = time.perf_counter()
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+
+    def wait_answers(self, timeout: float = 60.0) -> None:
+        """Until the server answers /healthz (a follower never becomes leader while the first one lives)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode} (log: {self.log.name})")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{self.base}/healthz", timeout=2).status_code == 200:
+                    return
+            time.sleep(0.1)
+        raise RuntimeError(f"server did not answer after {timeout:.0f}s (log: {self.log.name})")
 
     def wait_leader(self, timeout: float = 300.0) -> float:
         """Seconds from launch until the server answers and holds the scheduler lease (state rebuilt)."""
@@ -481,6 +518,26 @@ def _finish(phase: Phase, watcher: Watcher, sent_at: dict[str, float], start: fl
     return phase
 
 
+def register_via_api(server: Server, count: int, clients: int = 8) -> float:
+    """PUT `count` new nodes (named api-node-...) through the HTTP API; the seconds taken."""
+    docs = []
+    for node in synthetic_nodes(count, seed=8, devices=False):
+        doc = to_manifest(node)
+        doc["metadata"]["name"] = f"api-{node.name}"
+        docs.append(doc)
+    started = time.perf_counter()
+    with httpx.Client(base_url=server.base, headers=server.headers, timeout=60) as http:
+
+        def put(doc: dict[str, Any]) -> None:
+            answer = http.put(f"/v1/nodes/{doc['metadata']['name']}", json=doc)
+            if answer.status_code != 200:
+                raise RuntimeError(f"node registration refused: {answer.status_code} {answer.text[:200]}")
+
+        with ThreadPoolExecutor(clients) as pool:
+            list(pool.map(put, docs))
+    return time.perf_counter() - started
+
+
 def measure(server: Server, url: str, breakdown: bool, run: Any) -> Phase:
     """Run one phase; with `breakdown`, split the server's CPU time over the phase."""
     if not breakdown:
@@ -554,38 +611,33 @@ def profiled_serve(out: str, argv: list[str]) -> None:
 
 
 # The run ---------------------------------------------------------------------------------------------
-def run_backend(backend: str, args: argparse.Namespace, tmp: str, gpus: bool) -> list[dict[str, Any]]:
-    label = f"{backend}{' +gpu' if gpus else ''}"
+def run_backend(backend: str, args: argparse.Namespace, tmp: str, gpus: bool, replicas: int) -> list[dict[str, Any]]:
+    label = f"{backend}{' +gpu' if gpus else ''}{f' x{replicas}' if replicas > 1 else ''}"
     rows: list[dict[str, Any]] = []
     with fresh_database(backend, args.pg_url, tmp) as url:
         token, took = register_nodes(url, args.nodes, gpus)
         print(f"[{label}] {args.nodes} nodes registered through the store in {took:.1f}s")
-        suffix = f"{backend}{'-gpu' if gpus else ''}"
+        suffix = f"{backend}{'-gpu' if gpus else ''}-x{replicas}"
         profile = f"{args.profile_server}.{suffix}" if args.profile_server else None
         extra = ["--lease-ttl", str(args.lease_ttl), *args.serve_arg]
-        server = Server(url, token, f"{tmp}/serve-{suffix}.log", extra, profile)
+        server = Server(
+            url, token, f"{tmp}/serve-{suffix}.log", [*extra, *data_option(f"{tmp}/data-{suffix}")], profile
+        )
+        follower = None
         try:
             startup = server.wait_leader()
             print(f"[{label}] server up and leader (state rebuilt from the store) in {startup:.1f}s")
+            if replicas > 1:
+                second = [*extra, *data_option(f"{tmp}/data-{suffix}-b")]
+                follower = Server(url, token, f"{tmp}/serve-{suffix}-b.log", second)
+                follower.wait_answers()
+                print(f"[{label}] second replica up (follower); every request goes to it")
+            target = follower or server
             watcher = Watcher(server)
             try:
                 # A few workloads first so connections, caches and per-shape memos are warm.
-                run_closed(server, watcher, "warm-up", manifests(200, "warm", 3), 50, 2)
-                phases = []
-                if gpus:
-                    docs = manifests(args.workloads, "gpu", 11, gpu_share=0.4)
-                    phases.append(lambda: run_closed(server, watcher, "batched-gpu", docs, args.batch,
-                                                     args.batch_clients))  # fmt: skip
-                else:
-                    batched = manifests(args.workloads, "batch", 11)
-                    singles = manifests(args.singles, "single", 12)
-                    opened = manifests(int(args.rate * args.seconds), "open", 13)
-                    phases += [
-                        lambda: run_closed(server, watcher, "batched", batched, args.batch, args.batch_clients),
-                        lambda: run_closed(server, watcher, "single", singles, 1, args.clients),
-                        lambda: run_open(server, watcher, "latency", opened, args.rate),
-                    ]
-                for run in phases:
+                run_closed(target, watcher, "warm-up", manifests(200, "warm", 3), 50, 2)
+                for run in _phases(target, watcher, args, gpus):
                     phase = measure(server, url, args.breakdown, run)
                     row = {"backend": label, **phase.row()}
                     rows.append(row)
@@ -593,8 +645,35 @@ def run_backend(backend: str, args: argparse.Namespace, tmp: str, gpus: bool) ->
             finally:
                 watcher.stop()
         finally:
+            if follower is not None:
+                follower.stop()
             server.stop()
     return rows
+
+
+def _phases(target: Server, watcher: Watcher, args: argparse.Namespace, gpus: bool) -> list[Any]:
+    """The phases of one run, each a callable returning its Phase; requests go to `target`."""
+    if gpus:
+        docs = manifests(args.workloads, "gpu", 11, gpu_share=0.4)
+        return [lambda: run_closed(target, watcher, "batched-gpu", docs, args.batch, args.batch_clients)]  # fmt: skip
+    batched = manifests(args.workloads, "batch", 11)
+    singles = manifests(args.singles, "single", 12)
+    opened = manifests(int(args.rate * args.seconds), "open", 13)
+    phases = [
+        ("batched", lambda: run_closed(target, watcher, "batched", batched, args.batch, args.batch_clients)),
+        ("single", lambda: run_closed(target, watcher, "single", singles, 1, args.clients)),
+        ("latency", lambda: run_open(target, watcher, "latency", opened, args.rate)),
+    ]
+    if args.api_nodes:
+        burst = manifests(args.burst, "burst", 14)
+
+        def after_nodes() -> Phase:
+            took = register_via_api(target, args.api_nodes)
+            print(f"  {args.api_nodes} nodes registered through the API in {took:.1f}s; the burst follows at once")
+            return run_closed(target, watcher, "burst-after-nodes", burst, args.batch, args.batch_clients)
+
+        phases.append(("burst-after-nodes", after_nodes))
+    return [run for name, run in phases if not args.phases or name in args.phases.split(",")]
 
 
 def format_row(r: dict[str, Any]) -> str:
@@ -646,6 +725,15 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0, help="latency phase: duration")
     parser.add_argument("--clusters", default="scalar",
                         help="scalar (CPU/memory nodes; every phase), gpu (with GPUs; batched)")  # fmt: skip
+    parser.add_argument(
+        "--api-nodes",
+        type=int,
+        default=0,
+        help="burst-after-nodes phase: nodes registered through the API first (0: no such phase)",
+    )
+    parser.add_argument("--burst", type=int, default=2_000, help="burst-after-nodes phase: workloads")
+    parser.add_argument("--phases", default="", help="run only these scalar phases (comma-separated names)")
+    parser.add_argument("--replicas", default="1", help="comma-separated: 1, 2 (a follower takes every request)")
     parser.add_argument("--breakdown", action="store_true", help="split server CPU time: core / store / rest")
     parser.add_argument("--lease-ttl", type=float, default=10.0,
                         help="the server's scheduler lease TTL (s); the server's default is 10")  # fmt: skip
@@ -664,6 +752,9 @@ def main() -> None:
     clusters = [c.strip() for c in args.clusters.split(",") if c.strip()]
     if not clusters or any(c not in ("scalar", "gpu") for c in clusters):
         parser.error(f"--clusters: {args.clusters!r}; use scalar, gpu or both")
+    counts = [int(c) for c in args.replicas.split(",") if c.strip()]
+    if not counts or any(c not in (1, 2) for c in counts):
+        parser.error(f"--replicas: {args.replicas!r}; use 1, 2 or 1,2")
     if "postgres" in backends and not args.pg_url:
         parser.error("--pg-url (or FINESCHED_TEST_PG_URL) is needed for the postgres backend")
     print(f"{platform.python_implementation()} {platform.python_version()}, {os.cpu_count()} CPUs, "
@@ -671,8 +762,9 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="finesched-bench-") as tmp:
         for backend in backends:
-            for cluster in clusters:
-                rows += run_backend(backend, args, tmp, gpus=cluster == "gpu")
+            for replicas in counts:
+                for cluster in clusters:
+                    rows += run_backend(backend, args, tmp, gpus=cluster == "gpu", replicas=replicas)
     print_tables(rows, args.breakdown)
     if args.json:
         with open(args.json, "w") as f:

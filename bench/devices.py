@@ -121,7 +121,14 @@ def run(n: int, decisions: int, warmup: int, breakdown: bool, memoize: bool = Tr
     scheduler, built = build(n, memoize)
     memo = "per-shape memo on" if memoize else "memo off: every node re-evaluated each decision"
     print(f"nodes {n}: state + scheduler built in {built:.1f}s ({memo})")
-    stream = synthetic_stream(warmup + decisions)
+    timed(scheduler, synthetic_stream(warmup + decisions), warmup, breakdown, f"nodes {n}")
+    if n <= 20000:
+        scheduler.state.check_invariants()
+
+
+def timed(scheduler: Scheduler, stream: list[Workload], warmup: int, breakdown: bool, label: str) -> None:
+    """Schedule `stream` (the first `warmup` untimed) and print decisions/s and latency percentiles."""
+    decisions = len(stream) - warmup
     # The cluster is long-lived: move it out of the cyclic GC's reach, or every full collection
     # walks every node's objects (tens of ms at 100k nodes, landing in the latency tail).
     gc.collect()
@@ -146,12 +153,12 @@ def run(n: int, decisions: int, warmup: int, breakdown: bool, memoize: bool = Tr
     p50, p99, p999 = np.percentile(ms, [50, 99, 99.9])
     c50, c99, c999 = np.percentile(np.array(cpu_times) * 1000, [50, 99, 99.9])
     print(
-        f"nodes {n}: {decisions / elapsed:,.0f} decisions/s over {decisions} decisions "
+        f"{label}: {decisions / elapsed:,.0f} decisions/s over {decisions} decisions "
         f"({dict(outcomes)}); latency p50 {p50:.3f} ms, p99 {p99:.3f} ms, p99.9 {p999:.3f} ms"
     )
     # On a shared machine the wall clock includes time the OS gave to other processes; CPU time does not.
     print(
-        f"nodes {n}: {decisions / cpu:,.0f} decisions per CPU-second; CPU time per decision "
+        f"{label}: {decisions / cpu:,.0f} decisions per CPU-second; CPU time per decision "
         f"p50 {c50:.3f} ms, p99 {c99:.3f} ms, p99.9 {c999:.3f} ms"
     )
     if breakdown:
@@ -160,8 +167,6 @@ def run(n: int, decisions: int, warmup: int, breakdown: bool, memoize: bool = Tr
         print(f"  per decision {total_ms:.3f} ms, of which in plugins:")
         for name, seconds in per:
             print(f"    {name:32s} {seconds * 1000 / decisions:.3f} ms")
-    if n <= 20000:
-        scheduler.state.check_invariants()
 
 
 def main(argv: list[str] | None = None) -> int:

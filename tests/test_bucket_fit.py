@@ -102,25 +102,31 @@ def test_s4_3_upward_search(nodes: Sequence[Node | str], workload: Workload, wan
     assert order(cluster(*nodes), workload, BucketFit(CPU6)) == want
 
 
-# S4.3 (embodiment 3): K+1..K+maxUp all empty -> from the largest bucket M down, largest remainder first -------
+# S4.3 (embodiment 3, patent 004 step 208 -> step 209 and the claims): K+1..K+maxUp all empty -> from the
+# largest bucket M down to the first non-empty bucket P; inside P the node whose remainder is closest to X
+# (the "preset condition" of every step: the smallest difference between remainder and demand) -----------
 FAR = ["2", "8.5", "9", "11", "12"]  # buckets: n0 -> 1, n1 and n2 -> 4, n3 and n4 -> 5 = M
 
 
 @pytest.mark.parametrize(
     ("cpus", "max_up", "want"),
     [
-        # demand 2.5 -> K = [2,4): n0 (2) too small; K+1 = [4,6) empty (maxUp 1);
-        # down from M = [10,∞): n4 (12), n3 (11); then [8,10): n2 (9), n1 (8.5); [6,8) empty
-        pytest.param(FAR, 1, ["n4", "n3", "n2", "n1"], id="maxUp-1-downward-largest-first"),
-        pytest.param(FAR, 0, ["n4", "n3", "n2", "n1"], id="maxUp-0-straight-to-downward"),
+        # demand 2.5 -> K = [2,4): n0 (2) too small; K+1 = [4,6) empty (maxUp 1).
+        # Step 208: down from M = [10,∞) = P, non-empty. Step 209 in P: |11-2.5| = 8.5 < |12-2.5| = 9.5
+        # -> n3 (11) then n4 (12); then [8,10): n1 (8.5, diff 6) before n2 (9, diff 6.5); [6,8) empty.
+        pytest.param(FAR, 1, ["n3", "n4", "n1", "n2"], id="maxUp-1-downward-closest-first"),
+        pytest.param(FAR, 0, ["n3", "n4", "n1", "n2"], id="maxUp-0-straight-to-downward"),
         # maxUp 2 reaches [6,8) (empty) only: the same downward order from M
-        pytest.param(FAR, 2, ["n4", "n3", "n2", "n1"], id="maxUp-2-still-empty"),
-        # maxUp 3 reaches [8,10): smallest first n1 (8.5), n2 (9); then down: M = [10,∞) n4, n3
-        pytest.param(FAR, 3, ["n1", "n2", "n4", "n3"], id="maxUp-3-finds-bucket-4"),
+        pytest.param(FAR, 2, ["n3", "n4", "n1", "n2"], id="maxUp-2-still-empty"),
+        # maxUp 3 reaches [8,10): smallest first n1 (8.5), n2 (9); then down: M = [10,∞) n3, n4
+        pytest.param(FAR, 3, ["n1", "n2", "n3", "n4"], id="maxUp-3-finds-bucket-4"),
         # default maxUp (all buckets above K): plain upward best fit
         pytest.param(FAR, None, ["n1", "n2", "n3", "n4"], id="default-maxUp-no-downward"),
-        # M empty: the downward search starts at M-1 = [8,10), largest first
-        pytest.param(["2", "8.5", "9"], 1, ["n2", "n1"], id="M-empty-then-M-1"),
+        # M empty: P = M-1 = [8,10), closest to 2.5 first: n1 (8.5), n2 (9)
+        pytest.param(["2", "8.5", "9"], 1, ["n1", "n2"], id="M-empty-P-is-M-1"),
+        # the largest remainder is *not* the rule inside P: in P = [10,∞) holding 30, 10.5 and 16,
+        # 10.5 is closest to 2.5 (diff 8), then 16 (13.5), then 30 (27.5)
+        pytest.param(["2", "30", "10.5", "16"], 0, ["n2", "n3", "n1"], id="P-closest-not-largest"),
     ],
 )
 def test_s4_3_downward_search(cpus: list[str], max_up: int | None, want: list[str]) -> None:
@@ -224,7 +230,8 @@ def test_select_is_lazy() -> None:
 def reference_order(
     free: list[int], mask: list[bool], edges: tuple[int, ...], demand: int, max_up: int | None
 ) -> list[int]:
-    """S4.2-S4.3 by brute force: one sort key per feasible node that fits the demand."""
+    """S4.2-S4.3 by brute force: one sort key per feasible node that fits the demand (up to `top`:
+    bucket then remainder ascending; above it: bucket descending, then remainder ascending, step 209)."""
     spec = BucketSpec(edges)
     k, last = spec.bucket_of(demand), spec.count - 1
     top = last if max_up is None else min(last, k + max_up)
@@ -233,7 +240,7 @@ def reference_order(
         if not mask[i] or value < demand:
             continue
         b = spec.bucket_of(value)
-        keys.append(((0, b, value, i) if b <= top else (1, -b, -value, i), i))
+        keys.append(((0, b, value, i) if b <= top else (1, -b, value, i), i))
     return [i for _key, i in sorted(keys)]
 
 

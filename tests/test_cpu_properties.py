@@ -34,7 +34,8 @@ from finesched.plugins.cpu_orchestration import (
     take_cpus,
 )
 from finesched.plugins.deviceshare.plugin import DeviceShare
-from finesched.plugins.numa import NUMAAlign, _device_fits
+from finesched.plugins.numa import NUMAAlign
+from finesched.plugins.numa_devices import device_fits
 from finesched.sched.cycle_state import CycleState
 from finesched.sched.diagnosis import FitError
 from finesched.sched.framework import NodeBatch
@@ -250,7 +251,7 @@ def test_numpy_and_small_batch_paths_agree(nodes, data):
     s.framework.run_pre_filter(cycle, compile_request(workload, state, s.framework.owns), NodeBatch(state))
     subset = data.draw(st.lists(st.integers(0, state.n - 1), unique=True).map(sorted))
     for batch in (NodeBatch(state), NodeBatch(state, index=np.array(subset, dtype=np.intp))):
-        devices = _device_fits(cycle, numa.state, batch)
+        devices = device_fits(cycle, numa.state, batch)
         for check in (
             lambda small, b=batch: exclusive_checks(acc, req, b, small=small),
             lambda small, b=batch, d=devices: numa_checks(acc, req, b, d, small=small),

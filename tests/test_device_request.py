@@ -213,7 +213,14 @@ def explain(request_, *devices, healthy=None, valid=None):
     h = np.ones((1, d), bool) if healthy is None else np.array([healthy])
     v = np.ones((1, d), bool) if valid is None else np.array([valid])
     out = explain_type("gpu", compile_rule(r, GPU_DIMS), r.count, GPU_DIMS, free, total, h, v)
-    return {reason: code for reason, (mask, code) in out.items() if mask[0]}
+    # codes are per node (a Code, or a bool array: True = unresolvable on that node); one node here
+    return {reason: _code_of(code) for reason, (mask, code) in out.items() if mask[0]}
+
+
+def _code_of(code):
+    if isinstance(code, np.ndarray):
+        return Code.UNRESOLVABLE if code[0] else Code.UNSCHEDULABLE
+    return code
 
 
 @pytest.mark.parametrize(

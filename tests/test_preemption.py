@@ -297,9 +297,10 @@ def test_nomination_ends_when_the_driver_commits_directly() -> None:
 
 
 def test_gang_budget_without_selector() -> None:
-    # Gang g (g1 on n1, g2 on n2, prio 1) declares minAvailable 2 for its own gang: evicting g1
-    # takes g2 too (the whole gang) and breaks the budget -> 1 violation. n3 holds x (prio 3, no
-    # budget): 0 violations wins over the lower priority.
+    # Gang g (g1 on n1, g2 on n2, prio 1) declares minAvailable 2 for its own gang (0 disruptions
+    # allowed): evicting g1 takes g2 too (the whole gang), and each breaks the budget -> 2 violating
+    # victims (kube-scheduler's SelectVictimsOnNode counts victims, not budgets). n3 holds x
+    # (prio 3, no budget): 0 violations wins over the lower priority.
     s = cluster("n1", "n2", "n3")
     gang = {"gang": {"name": "g", "minMember": 2}, "disruptionBudget": {"minAvailable": 2}}
     s.submit([pinned("g1", "n1", 4, 1, **gang), pinned("g2", "n2", 4, 1, **gang)])
@@ -308,14 +309,14 @@ def test_gang_budget_without_selector() -> None:
     p, why = s.find_preemption(preemptor())
     assert p is not None, why
     assert (p.node, p.victim_keys, p.violations) == ("n3", ["default/x"], 0)
-    # With x at priority 10 (not evictable), only the gang can go: both members, 1 violation.
+    # With x at priority 10 (not evictable), only the gang can go: both members, 2 violating victims.
     s2 = cluster("n1", "n2", "n3")
     s2.submit([pinned("g1", "n1", 4, 1, **gang), pinned("g2", "n2", 4, 1, **gang)])
     s2.run()
     bind(s2, pinned("x", "n3", 4, 10))
     p, why = s2.find_preemption(preemptor())
     assert p is not None, why
-    assert (sorted(p.victim_keys), p.violations) == (["default/g1", "default/g2"], 1)
+    assert (sorted(p.victim_keys), p.violations) == (["default/g1", "default/g2"], 2)
 
 
 def test_in_flight_bindings_are_not_victims() -> None:

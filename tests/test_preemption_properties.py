@@ -30,7 +30,11 @@ HALF_GPU = {"koordinator.sh/gpu-core": "50", "koordinator.sh/gpu-memory-ratio": 
 class PreemptionMachine(RuleBasedStateMachine):
     @initialize()
     def setup(self) -> None:
-        nodes = [make_node(f"n{i}").cpu("4").memory("16Gi").gpus(1).obj() for i in range(3)]
+        # 2 NUMA nodes x 1 core x 2 threads: exclusive cpusets and SingleNUMANode take the exact path
+        topo = {"sockets": 1, "numa_per_socket": 2, "cores_per_numa": 1, "threads": 2}
+        nodes = [
+            make_node(f"n{i}").cpu("4").memory("16Gi").gpus(1).topology(**topo).numa(2, "8Gi").obj() for i in range(3)
+        ]
         tenants = [
             Tenant(name="a", min={"cpu": 4000}, max={"cpu": 8000}),
             Tenant(name="b", min={"cpu": 4000}),
@@ -52,6 +56,23 @@ class PreemptionMachine(RuleBasedStateMachine):
         w = make_workload(f"w{self.count}").req(cpu=str(cpu), **(HALF_GPU if gpu else {})).tenant(tenant)
         w = w.priority(priority).set(preemptionPolicy="Never" if never else "PreemptLowerPriority")
         self.s.submit([w.obj()])
+        self.run_and_check()
+
+    @rule(
+        tenant=st.sampled_from(TENANTS),
+        priority=st.integers(0, 3),
+        cpu=st.integers(1, 2),
+        bind=st.sampled_from(["", "FullPCPUs", "SpreadByPCPUs"]),
+        single_numa=st.booleans(),
+    )
+    def submit_exclusive_and_run(self, tenant: str, priority: int, cpu: int, bind: str, single_numa: bool) -> None:
+        # LSR cpusets (and SingleNUMANode): preemption picks their victims with the real filters.
+        self.count += 1
+        w = make_workload(f"x{self.count}").req(cpu=str(cpu), memory="1Gi").lim(cpu=str(cpu), memory="1Gi")
+        spec = {"resourceSpec": {"requiredCPUBindPolicy": bind}} if bind else {}
+        if single_numa:
+            spec["numaTopologyPolicy"] = "SingleNUMANode"
+        self.s.submit([w.qos("LSR").tenant(tenant).priority(priority).set(**spec).obj()])
         self.run_and_check()
 
     @rule(tenant=st.sampled_from(TENANTS), priority=st.integers(0, 3), cpu=st.integers(1, 3))

@@ -99,15 +99,18 @@ def test_annotation_becomes_the_workload_hint() -> None:
 def test_filter_and_bind_follow_the_hint(http: TestClient) -> None:
     body = filter_body(http, pod("train-0", STORAGE_PAIR))
     assert body["NodeNames"] == ["node-b"] and body["Error"] == ""
-    assert "deviceAllocateHint rdma" in body["FailedNodes"]["node-a"]  # only one storage NIC there
+    # only one storage NIC on node-a, even idle: no eviction helps there (unresolvable)
+    assert "deviceAllocateHint rdma" in body["FailedAndUnresolvableNodes"]["node-a"]
     bind = {"PodName": "train-0", "PodNamespace": "ml", "PodUID": "uid-train-0", "Node": "node-b"}
     assert http.post("/bind", json=bind).json() == {"Error": ""}
     # a second pod of the same shape finds no two storage NICs anywhere now
     body = filter_body(http, pod("train-1", STORAGE_PAIR))
     assert body["NodeNames"] == []
     assert body["FailedNodes"] == {
-        "node-a": "deviceAllocateHint rdma: 1 matching free rdma devices, needs 2 (DeviceShare)",
         "node-b": "insufficient free rdma devices (DeviceShare)",  # one NIC (unlabelled) is left
+    }
+    assert body["FailedAndUnresolvableNodes"] == {
+        "node-a": "deviceAllocateHint rdma: 1 matching free rdma devices, needs 2 (DeviceShare)",
     }
 
 

@@ -1,15 +1,23 @@
-"""The change feed's cursor (late ids are not lost) and a rebuild that outlasts the lease."""
+"""The change feed's cursor (late ids are not lost), a rebuild that outlasts the lease, and changes of
+other writers read in batches."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
+from fastapi.testclient import TestClient
 from manifests import node, workload
 from server_harness import inprocess_server, wait_until
+from sqlalchemy import event
 
+from finesched.server.app import create_app
+from finesched.server.auth import create_token
 from finesched.server.feed import FeedCursor
 from finesched.server.loop import LoopConfig, SchedulerLoop
+from finesched.server.store import Store
 
 
 class FakeEvents:
@@ -76,3 +84,54 @@ def test_an_unexpected_error_in_the_loop_rebuilds_and_goes_on(tmp_path, monkeypa
         api.admin.post("/v1/workloads", json=workload("w"))
         api.wait_phase("team-a/w", ("Bound",))
         assert not failures  # the error happened, and scheduling went on
+
+
+@contextmanager
+def statements_of(store: Store) -> Iterator[list[str]]:
+    """The SQL statements `store` sends while the block runs (both engines)."""
+    sent: list[str] = []
+
+    def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        sent.append(statement)
+
+    writer, reader = store.engines.writer, store.engines.reader
+    engines = [writer] if reader.pool is writer.pool else [writer, reader]  # one pool: events seen by both
+    for engine in engines:
+        event.listen(engine, "before_cursor_execute", record)
+    try:
+        yield sent
+    finally:
+        for engine in engines:
+            event.remove(engine, "before_cursor_execute", record)
+
+
+def test_changes_made_through_another_replica_reach_the_leader_in_batches(db_url: str) -> None:
+    leader_store, follower_store = Store.open(db_url), Store.open(db_url)
+    leader = SchedulerLoop(leader_store, LoopConfig(lease_ttl_s=60.0))
+    assert leader.lease.try_acquire()
+    leader.rebuild()  # the leader, driven by hand: no loop thread
+    follower_app = create_app(follower_store, LoopConfig(lease_ttl_s=60.0))
+    token = create_token(follower_store, "admin")
+    try:
+        with TestClient(follower_app, headers={"Authorization": f"Bearer {token}"}) as follower:
+            assert not follower.get("/readyz").json()["leader"]
+            for n in range(100):  # nodes registered through the (follower's) API
+                assert follower.put(f"/v1/nodes/n{n}", json=node(f"n{n}")).status_code == 200
+            for b in range(3):  # 300 workloads submitted through the follower
+                batch = [workload(f"w{b}-{i}", cpu="100m", memory="1Mi") for i in range(100)]
+                assert follower.post("/v1/workloads", json=batch).status_code == 201
+            with statements_of(leader_store) as sent:
+                leader._follow_feed()
+            # One read of the events, one of the nodes, two of the workloads (rows, bindings), plus
+            # each read transaction's BEGIN on SQLite: a handful, not one (or two) per changed object.
+            reads = [s for s in sent if s.lstrip().upper().startswith("SELECT")]
+            assert len(reads) == 4, reads
+            assert len(sent) <= 8, sent
+            assert leader.scheduler is not None and leader.scheduler.state.n == 100
+            assert len(leader.queued) == 300
+            leader._schedule_batch()  # and they are bound from there
+            assert len(leader_store.bindings()) == leader.config.batch_size
+    finally:
+        leader.lease.release()
+        leader_store.close()
+        follower_store.close()

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from conftest import NODE_HEADER, POD_HEADER, write
-from finesched.sim.experiment import inflate, run_fill, run_replay
+from finesched.sim.experiment import inflate, run_fill
 from finesched.sim.lp_bound import lp_bound
+from finesched.sim.replay import run_replay
 from finesched.sim.runner import RunSpec, parse_seeds, run_all
 from finesched.sim.trace import PodTable, load_nodes, load_pods
 

@@ -2,7 +2,8 @@
 
 The server sends ``{"workload": "ns/name", "node", "cpuset": "0-3", "devices": {type: [{"minor",
 "resources"}]}, "numa": [...], "qos", "cpuExclusivePolicy", "annotations", "version", "acked",
-"workloadSpec": {...}}``. `raw` keeps the item without the spec: it is what the child gets as
+"workloadSpec": {...}}``; a MIG instance is a gpu grant with ``"mig": {"profile", "start", "uuid"?}``
+(kept in `AgentBinding.mig`). `raw` keeps the item without the spec: it is what the child gets as
 FINESCHED_BINDING. The QoS class is the server's (a server that sends none: the spec's, else derived
 as Kubernetes derives its class: no cpu or memory request or limit is BE). An LS workload bound to
 NUMA shared pools (ConstrainedBurst) names them in its resource-status annotation.
@@ -29,6 +30,16 @@ class BindingError(ValueError):
 
 
 @dataclass(frozen=True)
+class MIGUse:
+    """A MIG instance the binding holds: card, profile, start, and the MIG device UUID once known."""
+
+    minor: int
+    profile: str
+    start: int
+    uuid: str | None = None
+
+
+@dataclass(frozen=True)
 class AgentBinding:
     workload: str
     node: str
@@ -42,6 +53,7 @@ class AgentBinding:
     raw: Mapping[str, Any] = field(default_factory=dict)
     #: NUMA nodes whose shared pools an LS workload is bound to (resource-status cpuSharedPools).
     shared_numa: tuple[int, ...] = ()
+    mig: tuple[MIGUse, ...] = ()
 
     @property
     def namespace(self) -> str:
@@ -91,12 +103,16 @@ def parse_binding(item: Mapping[str, Any]) -> AgentBinding:
     except ValueError as exc:
         raise BindingError(f"cpuset: {exc}") from None
     devices: dict[str, list[tuple[int, ResourceVector]]] = {}
+    mig: list[MIGUse] = []
     for kind, grants in (item.get("devices") or {}).items():
         devices[kind] = []
         for i, grant in enumerate(grants or ()):
             try:
                 minor = int(grant["minor"])
                 amounts = ResourceVector.parse(grant.get("resources") or {})
+                if grant.get("mig") is not None:
+                    m = grant["mig"]
+                    mig.append(MIGUse(minor, str(m["profile"]), int(m["start"]), m.get("uuid") or None))
             except (KeyError, TypeError, ValueError) as exc:
                 raise BindingError(f"devices.{kind}.{i}: {exc}") from None
             devices[kind].append((minor, amounts))
@@ -121,6 +137,7 @@ def parse_binding(item: Mapping[str, Any]) -> AgentBinding:
         spec=spec,
         raw=raw,
         shared_numa=_shared_numa(item.get("annotations")),
+        mig=tuple(mig),
     )
 
 

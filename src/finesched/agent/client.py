@@ -1,11 +1,14 @@
 """The agent's HTTP client for the control plane (the contract in the API notes; agent-role token).
 
 Every failure is a `ServerError`: the HTTP status and the server's reasons, or status 0 when the
-server could not be reached, so callers decide between "retry later" and "give up on this one".
+server could not be reached (a TLS handshake refused included), so callers decide between "retry
+later" and "give up on this one".
 """
 
 from __future__ import annotations
 
+import ssl
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -13,6 +16,7 @@ import httpx
 from finesched.agent.executor import ServerError
 from finesched.model.manifest import to_manifest
 from finesched.model.node import Node
+from finesched.tls import client_options
 
 
 def _reasons(response: httpx.Response) -> str:
@@ -31,14 +35,30 @@ def _reasons(response: httpx.Response) -> str:
 
 
 class AgentClient:
-    """One node's calls: register, report, bindings, ack, reject, status, and log grants."""
+    """One node's calls: register, report, bindings, ack, reject, status, and log grants.
 
-    def __init__(self, server: str, token: str, timeout: float = 10.0, transport: httpx.BaseTransport | None = None):
+    The server's certificate is checked against `ca` (else the system's trust store, or `verify`
+    when given); the token is never sent over plain HTTP to a host that is not loopback unless
+    `insecure` (tls.py): the constructor raises TransportError instead."""
+
+    def __init__(
+        self,
+        server: str,
+        token: str,
+        timeout: float = 10.0,
+        transport: httpx.BaseTransport | None = None,
+        *,
+        ca: Path | None = None,
+        insecure: bool = False,
+        verify: ssl.SSLContext | None = None,
+    ):
+        options = client_options(server, ca, insecure)
         self.http = httpx.Client(
             base_url=server.rstrip("/"),
             headers={"Authorization": f"Bearer {token}"},
             timeout=timeout,
             transport=transport,
+            verify=verify or options["verify"],
         )
 
     def close(self) -> None:

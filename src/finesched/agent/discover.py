@@ -53,9 +53,11 @@ def discover(
     nvml: Any = None,
     labels: dict[str, str] | None = None,
     load: Callable[[], tuple[Any, str]] = load_nvml,
+    mig_mode: str = "static",
 ) -> Discovery:
     """Read the machine under `root`. `nvml` is an initialised pynvml-like module; None loads the
-    real one through `load` (tests pass a fake module, or a `load` that reports it absent)."""
+    real one through `load` (tests pass a fake module, or a `load` that reports it absent).
+    `mig_mode` is how GPUs in MIG mode are offered (agent/mig.py)."""
     sources: dict[str, str] = {}
     online, cpus = _cpus(root, sources)
     zones = _numa(root, cpus, sources)
@@ -72,7 +74,7 @@ def discover(
     devices: list[dict[str, Any]] = []
     if nvml is None:
         nvml, why = load()
-    gpus = discover_gpus(nvml, root) if nvml is not None else GPUInventory(available=False, problems=[why])
+    gpus = discover_gpus(nvml, root, mig_mode) if nvml is not None else GPUInventory(available=False, problems=[why])
     sources["gpu"] = _summary(gpus.available, len(gpus.devices), gpus.problems)
     if gpus.simulated:
         sources["gpu"] = f"SIMULATED (--fake-gpus), no real GPU: {sources['gpu']}"

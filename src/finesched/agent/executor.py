@@ -12,7 +12,9 @@ Each `sync` compares the server's bindings for this node with the processes the 
 3. The node's CPU pools are recomputed with the new bindings (state/pools.py, as koordlet keeps
    them) and every running LS/BE workload whose pool changed is moved (agent/pools.py) *before*
    the new ones start; then each good binding is launched in its cgroups, recorded, acked, and
-   reported Running with what took effect.
+   reported Running with what took effect. MIG instances are resolved first (mig.py): an existing
+   instance's UUID, or on a dynamic card one created through NVML, which is destroyed again when
+   its workload ends or its binding goes.
 4. An acked binding the agent has no record of (its state was lost, or it was bound while the
    agent was replaced) is rejected with a reason, never silently kept.
 
@@ -31,15 +33,17 @@ import logging
 import os
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
 from finesched.agent.aside import SetAside
-from finesched.agent.binding import AgentBinding
+from finesched.agent.binding import AgentBinding, MIGUse
 from finesched.agent.cgroup import CgroupSupport
 from finesched.agent.cgroup_groups import Group, make_group, sweep
 from finesched.agent.discover import Discovery
 from finesched.agent.launch import LaunchError, is_running, launch, limits_of, read_exit_code, stop
+from finesched.agent.mig import MIGControl, MIGError
 from finesched.agent.names import key_hash, safe_name
 from finesched.agent.pools import PoolKeeper
 from finesched.agent.state import AgentState, Record
@@ -84,12 +88,14 @@ class Executor:
         cgroups: CgroupSupport,
         base_env: Mapping[str, str] | None = None,
         stop_grace: float = 5.0,
+        mig: MIGControl | None = None,
     ):
         self.data = data
         self.server = server
         self.cgroups = cgroups
         self.base_env = base_env
         self.stop_grace = stop_grace
+        self.mig = mig
         self.state = AgentState.load(data / "agent-state.json")
         self.procs: dict[str, Any] = {}  # workload -> Popen, for children of this incarnation
         #: The CPUs this agent may use (a confined agent cannot pin a child outside them).
@@ -211,21 +217,60 @@ class Executor:
         if changed:
             self.state.save()
 
+    def _mig_instances(self, b: AgentBinding, discovery: Discovery) -> tuple[AgentBinding, list[list[int]]]:
+        """`b` with every MIG instance's UUID, and [minor, GPU instance id] of those created here."""
+        resolved, created = [], []
+        cards = {d.minor: d.mig for d in discovery.node.devices if d.type == "gpu" and d.mig is not None}
+        try:
+            for use in b.mig:
+                spec = cards.get(use.minor)
+                if spec is None:
+                    raise MIGError(f"gpu {use.minor} is not in MIG mode here")
+                here = next((i.uuid for i in spec.instances if (i.profile, i.start) == (use.profile, use.start)), None)
+                uuid = use.uuid or here
+                if uuid is None and spec.mode == "dynamic" and self.mig is not None:
+                    uuid, gi = self.mig.prepare(use.minor, use.profile, use.start)
+                    if gi is not None:
+                        created.append([use.minor, gi])
+                if uuid is None:
+                    raise MIGError(f"gpu {use.minor} has no {use.profile} instance at start {use.start}")
+                resolved.append(MIGUse(use.minor, use.profile, use.start, uuid))
+        except MIGError:
+            self._destroy(created)
+            raise
+        return replace(b, mig=tuple(resolved)), created
+
+    def _destroy(self, created: list[list[int]]) -> None:
+        for minor, gi in created:
+            problem = self.mig.destroy(minor, gi) if self.mig is not None else "NVML unavailable"
+            if problem:
+                log.warning("MIG instance not destroyed: %s", problem)
+
     def _start(self, b: AgentBinding, discovery: Discovery) -> None:
         where = self.keeper.placement(b.qos, b.cpuset, b.shared_numa)
         group = make_group(self.cgroups, self.scope, safe_name(b.workload), limits_of(b, where.cpus))
+        created: list[list[int]] = []
         try:
+            if b.mig:
+                b, created = self._mig_instances(b, discovery)
             done = launch(b, discovery.node, where.cpus, workdir_of(self.data, b.workload), group, self.base_env)
         except Exception as exc:
+            self._destroy(created)
             if group is not None:
                 group.remove()
-            if not isinstance(exc, LaunchError):
+            if not isinstance(exc, LaunchError | MIGError):
                 raise  # the caller sets this binding aside
             self._reject(b, str(exc))
             return
         done.info["pool"] = where.pool
         if group is None:  # why not: the describe of the agent's cgroup support
             done.info["cgroup"] = self.cgroups.describe()
+        if b.mig:
+            done.info["mig"] = [
+                {"minor": u.minor, "profile": u.profile, "start": u.start, "uuid": u.uuid} for u in b.mig
+            ]
+            if created:
+                done.info["migCreated"] = created
         rec = Record(
             workload=b.workload, placement=b.placement, pid=done.pid, start_time=done.start_time, log=str(done.log),
             exit_file=str(done.exit_file), cpuset=where.cpus.format(), info=done.info, exclusive=b.exclusive,
@@ -279,6 +324,7 @@ class Executor:
                 proc.poll()
         if group is not None:
             group.remove()
+        self._destroy(rec.info.pop("migCreated", None) or [])
         self.procs.pop(rec.workload, None)
         del self.state.records[rec.workload]
         self.state.save()
@@ -334,6 +380,7 @@ class Executor:
         stop(rec.pid, rec.start_time, 0.0, group)
         if group is not None:
             group.remove()
+        self._destroy(rec.info.pop("migCreated", None) or [])
 
     def _running(self) -> list[Record]:
         return [r for r in self.state.records.values() if r.phase == "Running"]

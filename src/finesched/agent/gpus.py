@@ -1,11 +1,12 @@
 """GPU discovery through NVML (the `pynvml` module of nvidia-ml-py).
 
 For each GPU: uuid, minor (/dev/nvidiaN), total memory, PCI bus id -> NUMA node and PCI root, and
-NVLink peers. A device whose required queries fail is kept with ``health: false`` (the scheduler
-stops placing there) and the error is listed; optional queries (NUMA id, NVLink) that a driver
-does not support are simply skipped. The module is passed in, so tests use a fake one
-(agent/fake_nvml.py); a fake that says it is `simulated` (``finesched up --fake-gpus``) gets its
-devices labelled ``finesched.io/simulated: "true"`` and the inventory marked simulated.
+NVLink peers; a GPU in MIG mode also gets its ``mig`` table and instances (mig.py). A device whose
+required queries fail is kept with ``health: false`` (the scheduler stops placing there) and the
+error is listed; optional queries (NUMA id, NVLink) that a driver does not support are simply
+skipped. The module is passed in, so tests use a fake one (agent/fake_nvml.py); a fake that says it
+is `simulated` (``finesched up --fake-gpus``) gets its devices labelled ``finesched.io/simulated:
+"true"`` and the inventory marked simulated.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from types import ModuleType
 from typing import Any
 
 from finesched.agent.fake_nvml import SIMULATED_LABEL
+from finesched.agent.mig import discover_mig
 from finesched.agent.sysfs import normalize_bus_id, pci_numa, pci_root
 
 
@@ -44,8 +46,10 @@ def load_nvml() -> tuple[ModuleType | None, str]:
     return nvml, ""
 
 
-def discover_gpus(nvml: Any, root: Path = Path("/")) -> GPUInventory:
-    """Every GPU NVML reports, in minor order. `nvml` is an initialised pynvml-like module."""
+def discover_gpus(nvml: Any, root: Path = Path("/"), mig_mode: str = "static") -> GPUInventory:
+    """Every GPU NVML reports, in minor order. `nvml` is an initialised pynvml-like module; a MIG
+    GPU is reported in `mig_mode` (static: finesched assigns existing instances; dynamic: it may
+    ask the agent to create them)."""
     inv = GPUInventory(simulated=bool(getattr(nvml, "simulated", False)))
     try:
         count = int(nvml.nvmlDeviceGetCount())
@@ -59,6 +63,11 @@ def discover_gpus(nvml: Any, root: Path = Path("/")) -> GPUInventory:
         device = _one_gpu(nvml, index, root, inv.problems)
         if device is None:
             continue
+        mig = discover_mig(
+            nvml, device["_handle"], mig_mode, _optional(getattr(nvml, "nvmlDeviceGetName", None), device["_handle"])
+        )
+        if mig is not None:
+            device["mig"] = mig
         bus = device.pop("_bus", None)
         handles[device["minor"]] = device.pop("_handle")
         if bus:

@@ -10,7 +10,7 @@ The child gets:
   starts are confined from their first instruction; the agent writes the pid again afterwards
   (a no-op when the wrapper did it) and records what took effect;
 * ``NVIDIA_VISIBLE_DEVICES`` and ``CUDA_VISIBLE_DEVICES`` (GPU UUIDs, minors when a GPU has none;
-  ``CUDA_DEVICE_ORDER=PCI_BUS_ID``); for a shared GPU the HAMi-core limits
+  ``MIG-<uuid>`` for MIG instances; ``CUDA_DEVICE_ORDER=PCI_BUS_ID``); for a shared GPU the HAMi-core limits
   ``CUDA_DEVICE_MEMORY_LIMIT_<i>`` (bytes) and ``CUDA_DEVICE_SM_LIMIT[_<i>]`` (percent), i = the
   device's position among the visible ones; ``FINESCHED_DEVICES_<TYPE>`` (minors) for every type;
   ``FINESCHED_BINDING`` (the binding as JSON), ``FINESCHED_WORKLOAD``, ``FINESCHED_CPUSET`` (the
@@ -73,6 +73,9 @@ def gpu_env(binding: AgentBinding, node: Node) -> dict[str, str]:
     grants = binding.devices.get(GPU, [])
     if not grants:
         return {"NVIDIA_VISIBLE_DEVICES": "none", "CUDA_VISIBLE_DEVICES": ""}
+    if binding.mig:  # MIG instances (the executor resolved their UUIDs): MIG.md §4
+        ids = ",".join(use.uuid for use in binding.mig if use.uuid)
+        return {"NVIDIA_VISIBLE_DEVICES": ids, "CUDA_VISIBLE_DEVICES": ids}
     by_minor = {d.minor: d for d in node.devices_of(GPU)}
     ids = []
     for minor, _ in grants:

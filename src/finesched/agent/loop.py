@@ -25,6 +25,7 @@ from finesched.agent.executor import Executor, ServerError
 from finesched.agent.fake_nvml import FakeNVML
 from finesched.agent.gpus import load_nvml
 from finesched.agent.logs import LogServer, advertised_host
+from finesched.agent.mig import MIGControl
 from finesched.agent.report import build_report
 from finesched.model.node import Node
 
@@ -51,10 +52,12 @@ class AgentConfig:
     logs_bind: str | None = None
     #: Simulated GPUs instead of NVML (`finesched up --fake-gpus N[:MEMORY]`): (count, bytes each).
     fake_gpus: tuple[int, int] | None = None
+    #: How GPUs in MIG mode are offered: static (assign existing instances) or dynamic (also create them).
+    mig_mode: str = "static"
 
 
 def default_discovery(
-    name: str | None, labels: dict[str, str], fake_gpus: tuple[int, int] | None = None
+    name: str | None, labels: dict[str, str], fake_gpus: tuple[int, int] | None = None, mig_mode: str = "static"
 ) -> Callable[[], Discovery]:
     """Discovery of this machine with NVML loaded once (an absent NVML is reported every time), or
     with `fake_gpus` (count, memory) simulated GPUs answering through the same NVML calls."""
@@ -65,8 +68,9 @@ def default_discovery(
         nvml, why = load_nvml()
 
     def run() -> Discovery:
-        return discover(name, nvml=nvml, labels=labels, load=lambda: (None, why))
+        return discover(name, nvml=nvml, labels=labels, load=lambda: (None, why), mig_mode=mig_mode)
 
+    run.nvml = nvml  # type: ignore[attr-defined]  # the executor creates MIG instances through it
     return run
 
 
@@ -80,10 +84,13 @@ class Agent:
     ):
         self.config = config
         self.client = client if client is not None else AgentClient(config.server, config.token)
-        self.discover = discovery or default_discovery(config.node_name, config.labels, config.fake_gpus)
+        self.discover = discovery or default_discovery(
+            config.node_name, config.labels, config.fake_gpus, config.mig_mode
+        )
         self.cgroups = cgroups if cgroups is not None else detect()
         config.data.mkdir(parents=True, exist_ok=True)
-        self.executor = Executor(config.data, self.client, self.cgroups)
+        nvml = getattr(self.discover, "nvml", None)
+        self.executor = Executor(config.data, self.client, self.cgroups, mig=MIGControl(nvml) if nvml else None)
         self.logs: LogServer | None = None
         self.discovery: Discovery | None = None
         self.node: Node | None = None  # as registered
@@ -167,8 +174,8 @@ class Agent:
         """Rediscover, re-register when new hardware appeared, and send the report (heartbeat)."""
         assert self.node is not None
         self.discovery = self.discover()
-        fresh = {(d.type, d.minor) for d in self.discovery.node.devices}
-        if fresh - {(d.type, d.minor) for d in self.node.devices}:
+        fresh = {(d.type, d.minor, d.mig is not None) for d in self.discovery.node.devices}
+        if fresh - {(d.type, d.minor, d.mig is not None) for d in self.node.devices}:
             try:
                 self.client.register(self.discovery.node)
                 self.node = self.discovery.node

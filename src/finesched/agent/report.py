@@ -6,8 +6,13 @@ free amount at bits ``[i*bits, (i+1)*bits)``, ``bits`` the fewest that hold the 
 that dimension on the node (so every free value fits and the server can check the width).
 
 Free = the device's total minus what the node's bindings hold: the agent does not guess at use
-outside finesched. Health comes from the latest discovery: a device that errors or is gone is
-reported unhealthy, so the scheduler stops placing there.
+outside finesched. GPUs in MIG mode are not shared in software, so they are not in those vectors:
+``mig`` reports each MIG card's instances as discovered now (profile, start, MIG device UUID) and,
+S0.2-encoded the same way, each card's occupied memory slices as a bit mask (minor order, ``bits``
+= the widest card's axis), which the server checks against the instances.
+
+Health comes from the latest discovery: a device that errors or is gone is reported unhealthy, so
+the scheduler stops placing there.
 """
 
 from __future__ import annotations
@@ -32,9 +37,9 @@ def device_free(node: Node, bindings: Iterable[AgentBinding]) -> dict[str, dict[
                 for name, amount in amounts.items():
                     slot[name] = slot.get(name, 0) + amount
     out: dict[str, dict[str, list[int]]] = {}
-    kinds = sorted({d.type for d in node.devices})
+    kinds = sorted({d.type for d in node.devices if d.mig is None})
     for kind in kinds:
-        devices = sorted(node.devices_of(kind), key=lambda d: d.minor)
+        devices = sorted((d for d in node.devices_of(kind) if d.mig is None), key=lambda d: d.minor)
         totals = [device_totals(d) for d in devices]
         # dimensions every device of the type has: a device without one could not be checked
         dims = sorted(set.intersection(*(set(t) for t in totals)))
@@ -51,13 +56,32 @@ def encode_devices(node: Node, free: dict[str, dict[str, list[int]]]) -> dict[st
     """Each free vector as ``{"k", "count", "bits"}`` (bits from the node's totals, see above)."""
     out: dict[str, dict[str, dict[str, int]]] = {}
     for kind, by_dim in free.items():
-        totals = [device_totals(d) for d in node.devices_of(kind)]
+        totals = [device_totals(d) for d in node.devices_of(kind) if d.mig is None]
         out[kind] = {}
         for dim, values in by_dim.items():
             bits = bits_for(max(t.get(dim, 0) for t in totals))
             ev = EncodedVector(encode(values, bits), len(values), bits)
             out[kind][dim] = {"k": ev.k, "count": ev.count, "bits": ev.bits}
     return out
+
+
+def mig_report(node: Node) -> dict[str, Any]:
+    """The ``mig`` part of the report for a node as just discovered ({} without MIG cards)."""
+    cards = sorted((d for d in node.devices if d.mig is not None), key=lambda d: d.minor)
+    if not cards:
+        return {}
+    masks, instances = [], {}
+    for device in cards:
+        assert device.mig is not None
+        geometry = device.mig.geometry
+        mask = 0
+        for inst in device.mig.instances:
+            mask |= geometry.masks[geometry.placement_lookup[(inst.profile, inst.start)]]
+        masks.append(mask)
+        instances[str(device.minor)] = [inst.model_dump(exclude_none=True) for inst in device.mig.instances]
+    bits = max(d.mig.geometry.memory_slices for d in cards if d.mig is not None)
+    slices = EncodedVector(encode(masks, bits), len(masks), bits)
+    return {"slices": {"k": slices.k, "count": slices.count, "bits": slices.bits}, "instances": instances}
 
 
 def health(node: Node, discovery: Discovery) -> dict[str, dict[str, bool]]:
@@ -92,6 +116,7 @@ def build_report(
     ``workloadCPUs``: S3.9, as the node applies them now) at the top."""
     return {
         "devices": encode_devices(node, device_free(node, bindings)),
+        **({"mig": mig} if (mig := mig_report(discovery.node)) else {}),
         "health": health(node, discovery),
         "totals": {"allocatable": dict(node.allocatable.items()), "available": scalar_available(node, bindings)},
         "discovery": {"sources": dict(discovery.sources), **(extra or {})},

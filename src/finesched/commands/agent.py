@@ -19,11 +19,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.markup import escape
+
+from finesched.commands.client import CaOption, InsecureOption
+from finesched.commands.serve import TlsCertOption, TlsKeyOption
 
 out = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
@@ -87,6 +90,8 @@ def agent_cmd(
     watch: Annotated[float, typer.Option("--watch", min=0.1, help="Seconds between binding checks.")] = 1.0,
     label: Annotated[list[str] | None, typer.Option("--label", help="Node label KEY=VALUE (repeatable).")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only warnings and errors.")] = False,
+    ca: CaOption = None,
+    insecure: InsecureOption = False,
     logs_port: Annotated[
         int,
         typer.Option("--logs-port", min=0, max=65535, help="Port the control plane reads workload logs on (0: any)."),
@@ -99,9 +104,14 @@ def agent_cmd(
         ),
     ] = None,
     fake_gpus: FakeGpusOption = None,
+    mig_mode: Annotated[
+        str, typer.Option("--mig-mode", help="GPUs in MIG mode: static (assign existing instances) or dynamic.")
+    ] = "static",
 ) -> None:
     """Run this machine's node agent: register, report resources, run bound workloads pinned."""
+    from finesched.agent.client import AgentClient
     from finesched.agent.loop import Agent, AgentConfig
+    from finesched.tls import TransportError
 
     simulated = parse_fake_gpus(fake_gpus)
     labels = {}
@@ -110,11 +120,18 @@ def agent_cmd(
         if not sep or not key:
             raise _fail(f"--label must be KEY=VALUE, got {item!r}", 2)
         labels[key] = value
+    if mig_mode not in ("static", "dynamic"):
+        raise _fail(f"--mig-mode must be static or dynamic, got {mig_mode!r}", 2)
     _logging(not quiet)
     config = AgentConfig(server, token, data or default_data(), node_name, interval, watch, labels,
-                         logs_port=logs_port, logs_host=logs_address, fake_gpus=simulated)  # fmt: skip
+                         logs_port=logs_port, logs_host=logs_address, fake_gpus=simulated,
+                         mig_mode=mig_mode)  # fmt: skip
     try:
-        agent = Agent(config)
+        client = AgentClient(server, token, ca=ca, insecure=insecure)
+    except TransportError as exc:  # a URL the token must not be sent to, an unreadable CA file
+        raise _fail(str(exc), 2) from None
+    try:
+        agent = Agent(config, client)
     except ValueError as exc:  # an unreadable state file
         raise _fail(str(exc)) from None
     _stop_on_signals(agent.stopping)
@@ -143,7 +160,9 @@ def _cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "finesched.cli", *args]
 
 
-def _wait_ready(url: str, server: subprocess.Popen[bytes], log: Path, timeout: float = 60.0) -> None:
+def _wait_ready(
+    url: str, server: subprocess.Popen[bytes], log: Path, timeout: float = 60.0, verify: object = True
+) -> None:
     """Until the server answers at all (401 without a token counts: it is up)."""
     import httpx
 
@@ -152,7 +171,7 @@ def _wait_ready(url: str, server: subprocess.Popen[bytes], log: Path, timeout: f
         if server.poll() is not None:
             raise _fail(f"the server exited with code {server.returncode}: {_last_error(log)} (see {log})")
         try:
-            if httpx.get(f"{url}/v1/nodes", timeout=2).status_code < 500:
+            if httpx.get(f"{url}/v1/nodes", timeout=2, verify=verify).status_code < 500:  # type: ignore[arg-type]
                 return
         except httpx.HTTPError:
             pass
@@ -188,22 +207,25 @@ def check_port(host: str, port: int) -> str | None:
     return None
 
 
-def _valid(url: str, token: str, path: str) -> bool:
+def _valid(url: str, token: str, path: str, verify: Any) -> bool:
     """Whether the running server takes `token` for GET `path`."""
     import httpx
 
+    headers = {"Authorization": f"Bearer {token}"}
     try:
-        return httpx.get(f"{url}{path}", headers={"Authorization": f"Bearer {token}"}, timeout=10).status_code == 200
+        return httpx.get(f"{url}{path}", headers=headers, timeout=10, verify=verify).status_code == 200
     except httpx.HTTPError:
         return False
 
 
-def _kept_or_new(path: Path, url: str, check: str, db: str, *role: str, new: bool = False) -> tuple[str, bool]:
+def _kept_or_new(
+    path: Path, url: str, check: str, verify: Any, db: str, *role: str, new: bool = False
+) -> tuple[str, bool]:
     """The token kept in `path` when the server still takes it (and `new` is not asked), else a new
     one written there (mode 600); and whether it was kept."""
     if not new and path.is_file():
         kept = path.read_text().strip()
-        if kept and _valid(url, kept, check):
+        if kept and _valid(url, kept, check, verify):
             return kept, True
     token = _token(db, *role)
     write_secret(path, token)
@@ -234,17 +256,30 @@ def up_cmd(
     node_name: Annotated[str | None, typer.Option("--node-name", help="This machine's node name.")] = None,
     interval: Annotated[float, typer.Option("--interval", min=0.2, help="Seconds between agent reports.")] = 5.0,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Agent logs only warnings and errors.")] = False,
+    tls_cert: TlsCertOption = None,
+    tls_key: TlsKeyOption = None,
     fake_gpus: FakeGpusOption = None,
     new_admin_token: Annotated[
         bool, typer.Option("--new-admin-token", help="Make a new admin token even if the data directory has one.")
     ] = False,
 ) -> None:
-    """Start a one-machine cluster: control plane + this machine's agent; print the URL and an admin token."""
+    """Start a one-machine cluster: control plane + this machine's agent; print the URL and an admin token.
+
+    With --tls-cert/--tls-key the server speaks HTTPS, and this machine's agent trusts exactly that
+    certificate; agents on other machines verify it with --ca."""
     import socket
 
+    from finesched.agent.client import AgentClient
     from finesched.agent.loop import Agent, AgentConfig
     from finesched.model.names import subdomain_problems
+    from finesched.tls import TransportError, pinned_context, server_tls
 
+    try:
+        tls = server_tls(tls_cert, tls_key)
+    except TransportError as exc:
+        raise _fail(str(exc), 2) from None
+    scheme, tls_args = ("https", ["--tls-cert", str(tls_cert), "--tls-key", str(tls_key)]) if tls else ("http", [])
+    verify = pinned_context(tls_cert) if tls and tls_cert is not None else None
     simulated = parse_fake_gpus(fake_gpus)
     busy = check_port(host, port)
     if busy is not None:  # before anything is written or started
@@ -255,19 +290,21 @@ def up_cmd(
     data = (data or default_data()).resolve()
     data.mkdir(parents=True, exist_ok=True)
     db = f"sqlite:///{data / 'finesched.db'}"
-    url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
+    url = f"{scheme}://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
     _logging(not quiet)
     server_log = (data / "server.log").open("ab")
     server = subprocess.Popen(
-        _cli("serve", "--db", db, "--host", host, "--port", str(port), "--heartbeat", str(interval)),
+        _cli("serve", "--db", db, "--host", host, "--port", str(port), "--heartbeat", str(interval), *tls_args),
         stdout=server_log, stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
     agent = None
     try:
-        _wait_ready(url, server, data / "server.log")
-        admin, kept = _kept_or_new(data / "admin.token", url, "/v1/nodes", db, "--role", "admin", new=new_admin_token)
+        trust = verify or True
+        _wait_ready(url, server, data / "server.log", verify=trust)
+        admin, kept = _kept_or_new(data / "admin.token", url, "/v1/nodes", trust, db, "--role", "admin",
+                                   new=new_admin_token)  # fmt: skip
         agent_token, _ = _kept_or_new(
-            data / "agent.token", url, f"/v1/bindings?node={name}", db, "--role", "agent", "--node", name
+            data / "agent.token", url, f"/v1/bindings?node={name}", trust, db, "--role", "agent", "--node", name
         )
         print(f"finesched is up: {url}  (node {name})")
         again = "kept from the last run; --new-admin-token makes another" if kept else "new"
@@ -276,18 +313,22 @@ def up_cmd(
               "--token TOKEN (or FINESCHED_SERVER / FINESCHED_TOKEN)")  # fmt: skip
         if simulated is not None:
             print(f"node {name} has {simulated[0]} SIMULATED GPU(s) (--fake-gpus): no real GPU is used", flush=True)
+        joining = "--ca CA.pem (the CA of --tls-cert)" if tls else "--insecure (the token crosses the network in clear)"
         print(
             f"add a machine: finesched token create --db {db} --role agent --node NODE, then on that machine: "
-            f"finesched agent --server http://<this host>:{port} --token TOKEN --node-name NODE",
+            f"finesched agent --server {scheme}://<this host>:{port} --token TOKEN --node-name NODE {joining}",
             flush=True,
         )
         # the local agent serves logs to the local server: on the loopback interface only
         config = AgentConfig(url, agent_token, data / "agent", name, interval, stop_workloads_on_exit=True,
                              logs_port=0, logs_host="127.0.0.1", fake_gpus=simulated)  # fmt: skip
-        agent = Agent(config)
+        client = AgentClient(url, agent_token, verify=verify)  # with TLS: exactly the server's own certificate
+        agent = Agent(config, client)
         _stop_on_signals(agent.stopping)
         _run(agent)
     finally:
+        if agent is not None:  # its keep-alive connection would hold the server's TLS shutdown up
+            agent.client.close()
         server.send_signal(signal.SIGTERM)
         try:
             server.wait(timeout=15)

@@ -1,7 +1,9 @@
 """Client commands against a running control plane: submit, get, describe, delete, watch, cordon.
 
-Every command takes `--server URL` and `--token T` (or FINESCHED_SERVER / FINESCHED_TOKEN) and
-`-o table|json|yaml` where it prints objects. Server errors are printed with their field paths
+Every command takes `--server URL` and `--token T` (or FINESCHED_SERVER / FINESCHED_TOKEN), `--ca FILE`
+for an HTTPS server whose certificate the system does not trust (FINESCHED_CA), and `-o
+table|json|yaml` where it prints objects. A token is never sent over plain HTTP to another machine
+unless `--insecure` (tls.py). Server errors are printed with their field paths
 and exit 1; a server that cannot be reached is one line and exit 1.
 """
 
@@ -21,6 +23,7 @@ from rich.table import Table
 
 from finesched.commands.node_view import render_node
 from finesched.model.manifest import load_manifests, to_manifest
+from finesched.tls import TransportError, client_options
 
 out = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
@@ -29,6 +32,14 @@ ServerOption = Annotated[
     str, typer.Option("--server", envvar="FINESCHED_SERVER", help="Control plane URL.", show_default=True)
 ]
 TokenOption = Annotated[str, typer.Option("--token", envvar="FINESCHED_TOKEN", help="Bearer token.")]
+CaOption = Annotated[
+    Path | None,
+    typer.Option("--ca", envvar="FINESCHED_CA", help="CA file (PEM) of the server's certificate (default: system's)."),
+]
+InsecureOption = Annotated[
+    bool,
+    typer.Option("--insecure", envvar="FINESCHED_INSECURE", help="Allow the token over plain HTTP to another host."),
+]
 OutputOption = Annotated[str, typer.Option("-o", "--output", help="table, json or yaml.")]
 NamespaceOption = Annotated[str, typer.Option("-n", "--namespace", help="Workload namespace.")]
 DEFAULT_SERVER = "http://127.0.0.1:8080"
@@ -38,11 +49,16 @@ OUTPUTS = ("table", "json", "yaml")
 class Client:
     """A thin httpx client that turns error answers into one readable failure."""
 
-    def __init__(self, server: str, token: str, timeout: float = 30.0):
+    def __init__(self, server: str, token: str, timeout: float | None = 30.0, *, ca: Path | None = None,
+                 insecure: bool = False):  # fmt: skip
         if not token:
             _fail("no token: pass --token or set FINESCHED_TOKEN (finesched token create prints one)", code=2)
+        try:
+            options = client_options(server, ca, insecure)  # never a token in clear over the network (tls.py)
+        except TransportError as exc:
+            _fail(str(exc), code=2)
         self.http = httpx.Client(base_url=server.rstrip("/"), headers={"Authorization": f"Bearer {token}"},
-                                 timeout=timeout)  # fmt: skip
+                                 timeout=timeout, **options)  # fmt: skip
 
     def call(self, method: str, path: str, **kwargs: Any) -> Any:
         try:
@@ -103,6 +119,8 @@ def submit(
     ],
     server: ServerOption = DEFAULT_SERVER,
     token: TokenOption = "",
+    ca: CaOption = None,
+    insecure: InsecureOption = False,
     output: OutputOption = "table",
 ) -> None:
     """Send manifests to the server (checked here first by the server's own rules, as `finesched
@@ -112,7 +130,7 @@ def submit(
     _check_output(output)
     admit_or_exit(file, warn=False)  # exits 1 naming every problem; references are the server's to check
     manifests = load_manifests(*file)  # sent as written: the server resolves what the files leave out
-    client = Client(server, token)
+    client = Client(server, token, ca=ca, insecure=insecure)
     results: list[dict[str, Any]] = []
     for tenant in manifests.tenants:
         client.call("PUT", f"/v1/tenants/{tenant.name}", json=to_manifest(tenant))
@@ -143,6 +161,8 @@ def get(
     what: Annotated[str, typer.Argument(help="workloads, jobs, nodes or tenants")],
     server: ServerOption = DEFAULT_SERVER,
     token: TokenOption = "",
+    ca: CaOption = None,
+    insecure: InsecureOption = False,
     output: OutputOption = "table",
     namespace: Annotated[str | None, typer.Option("-n", "--namespace")] = None,
     tenant: Annotated[str | None, typer.Option("--tenant")] = None,
@@ -161,7 +181,7 @@ def get(
     params = {k: v for k, v in filters.items() if v} if kind == "workloads" else None
     if kind == "jobs" and namespace:
         params = {"namespace": namespace}
-    items = Client(server, token).call("GET", f"/v1/{kind}", params=params)["items"]
+    items = Client(server, token, ca=ca, insecure=insecure).call("GET", f"/v1/{kind}", params=params)["items"]
     if output != "table":
         _dump(items, output)
         return
@@ -236,6 +256,8 @@ def describe(
     name: Annotated[str, typer.Argument(help="NAME or NAMESPACE/NAME")],
     server: ServerOption = DEFAULT_SERVER,
     token: TokenOption = "",
+    ca: CaOption = None,
+    insecure: InsecureOption = False,
     namespace: NamespaceOption = "default",
     output: OutputOption = "table",
 ) -> None:
@@ -247,7 +269,7 @@ def describe(
     if what not in ("workload", "workloads", "job", "jobs", "node", "nodes", "tenant", "tenants"):
         _fail(f"describe {what!r}: use workload, job, node or tenant", code=2)
     if what in ("node", "nodes"):
-        client = Client(server, token)
+        client = Client(server, token, ca=ca, insecure=insecure)
         node = client.call("GET", f"/v1/nodes/{name}")
         node_events = client.call("GET", "/v1/events", params={"kind": "Node", "object": name})["items"]
         if output != "table":
@@ -256,14 +278,14 @@ def describe(
             _print_conditions(node.get("status") or {})
             render_node(out, node, node_events)
         return
+    client = Client(server, token, ca=ca, insecure=insecure)
     if what in ("tenant", "tenants"):
-        _describe_tenant(name, Client(server, token), output)
+        _describe_tenant(name, client, output)
         return
     namespace, name = _workload_key(name, namespace)
     if what in ("job", "jobs"):
-        _describe_job(f"/v1/jobs/{namespace}/{name}", server, token, output)
+        _describe_job(f"/v1/jobs/{namespace}/{name}", client, output)
         return
-    client = Client(server, token)
     item = client.call("GET", f"/v1/workloads/{namespace}/{name}")
     events = client.call("GET", "/v1/events", params={"kind": "Workload", "object": f"{namespace}/{name}"})["items"]
     if output != "table":
@@ -314,10 +336,10 @@ def _describe_tenant(name: str, client: Client, output: str) -> None:
     out.print(_events_table(events))
 
 
-def _describe_job(path: str, server: str, token: str, output: str) -> None:
+def _describe_job(path: str, client: Client, output: str) -> None:
     from finesched.commands.job_views import print_job
 
-    item = Client(server, token).call("GET", path)
+    item = client.call("GET", path)
     if output != "table":
         _dump(item, output)
         return
@@ -329,12 +351,14 @@ def delete(
     name: Annotated[str, typer.Argument(help="NAME (workloads: NAME or NAMESPACE/NAME)")],
     server: ServerOption = DEFAULT_SERVER,
     token: TokenOption = "",
+    ca: CaOption = None,
+    insecure: InsecureOption = False,
     namespace: NamespaceOption = "default",
 ) -> None:
     """Delete a workload (its binding is released), a job (all its slots at once), a node (its
     workloads are requeued) or a tenant (refused while workloads, child tenants or open offers
     refer to it)."""
-    client = Client(server, token)
+    client = Client(server, token, ca=ca, insecure=insecure)
     if what in ("job", "jobs"):
         namespace, name = _workload_key(name, namespace)
         answer = client.call("DELETE", f"/v1/jobs/{namespace}/{name}")
@@ -358,23 +382,27 @@ def cordon(
     node: Annotated[str, typer.Argument(help="Node name")],
     server: ServerOption = DEFAULT_SERVER,
     token: TokenOption = "",
+    ca: CaOption = None,
+    insecure: InsecureOption = False,
     undo: Annotated[bool, typer.Option("--undo", help="Uncordon instead.")] = False,
 ) -> None:
     """Stop (or, with --undo, resume) placing new work on a node."""
-    Client(server, token).call("POST", f"/v1/nodes/{node}/{'uncordon' if undo else 'cordon'}")
+    Client(server, token, ca=ca, insecure=insecure).call("POST", f"/v1/nodes/{node}/{'uncordon' if undo else 'cordon'}")
     out.print(f"node {escape(node)} {'uncordoned' if undo else 'cordoned'}")
 
 
 def watch(
     server: ServerOption = DEFAULT_SERVER,
     token: TokenOption = "",
+    ca: CaOption = None,
+    insecure: InsecureOption = False,
     since: Annotated[int | None, typer.Option(help="Replay events after this id.")] = None,
     count: Annotated[int | None, typer.Option(min=1, help="Stop after this many events.")] = None,
     output: OutputOption = "table",
 ) -> None:
     """Stream events as they happen (Server-Sent Events); resumes after `--since`."""
     _check_output(output)
-    client = Client(server, token, timeout=None)  # type: ignore[arg-type]
+    client = Client(server, token, timeout=None, ca=ca, insecure=insecure)
     params = {"since": since} if since is not None else {}
     seen = 0
     try:

@@ -24,6 +24,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from finesched.commands.client import CaOption, InsecureOption
 from finesched.commands.devices import format_grants
 from finesched.dataflow import CompiledJob, compile_job, gang_workloads
 from finesched.dataflow.commands import command_problems
@@ -33,6 +34,7 @@ from finesched.model.job import Job
 from finesched.model.manifest import load_manifests, to_manifest
 from finesched.quantity import format_quantity
 from finesched.sched.diagnosis import FitError
+from finesched.tls import TransportError, client_options
 
 job_app = typer.Typer(
     name="job",
@@ -243,12 +245,18 @@ def submit_cmd(
         str | None, typer.Option("--token", "-t", envvar="FINESCHED_TOKEN", help="Bearer token.", show_default=False)
     ] = None,
     output: Annotated[str, typer.Option("--output", "-o", help="table or json.")] = "table",
+    ca: CaOption = None,
+    insecure: InsecureOption = False,
 ) -> None:
     """Compile JOB locally, send it to the server (POST /v1/jobs) and print the per-slot bindings."""
     if output not in OUTPUTS:
         raise _exit_with(f"--output must be one of {', '.join(OUTPUTS)}, got {output!r}", 2)
     if not server:
         raise _exit_with("--server (or FINESCHED_SERVER) is required", 2)
+    try:
+        tls = client_options(server, ca, insecure)  # never a token in clear over the network
+    except TransportError as exc:
+        raise _exit_with(str(exc), 2) from None
     job, compiled = _load_job(file)
     problems = command_problems(job, compiled)  # what the server refuses: said here, nothing sent
     if problems:
@@ -256,7 +264,7 @@ def submit_cmd(
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     url = server.rstrip("/") + "/v1/jobs"
     try:
-        response = httpx.post(url, json=to_manifest(job), headers=headers, timeout=TIMEOUT_SECONDS)
+        response = httpx.post(url, json=to_manifest(job), headers=headers, timeout=TIMEOUT_SECONDS, **tls)
     except httpx.HTTPError as exc:
         raise _exit_with(f"cannot reach {url}: {exc}") from None
     if response.status_code >= 400:

@@ -3,6 +3,8 @@
 Nodes come from the API server (``--kubeconfig PATH``, default ~/.kube/config, or ``--in-cluster``),
 which is also where binds are written and what the watches follow; or from finesched manifests
 (``--cluster FILE``), to try the extender without a cluster: binds then commit at once.
+``--tls-cert``/``--tls-key`` serve HTTPS; ``--tls-client-ca`` also requires kube-scheduler's client
+certificate.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+
+from finesched.commands.serve import TlsCertOption, TlsKeyOption, server_tls_options
 
 
 def k8s_extender(
@@ -32,8 +36,18 @@ def k8s_extender(
         float, typer.Option(min=1.0, help="Seconds an assumed bind waits for the API to show the pod bound.")
     ] = 300.0,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
+    tls_cert: TlsCertOption = None,
+    tls_key: TlsKeyOption = None,
+    tls_client_ca: Annotated[
+        Path | None,
+        typer.Option(help="Require a client certificate signed by this CA (kube-scheduler's tlsConfig.certFile)."),
+    ] = None,
 ) -> None:
-    """Run finesched as a kube-scheduler extender: POST /filter, /prioritize, /bind, /preempt."""
+    """Run finesched as a kube-scheduler extender: POST /filter, /prioritize, /bind, /preempt.
+
+    With --tls-cert/--tls-key it serves HTTPS (kube-scheduler: `enableHTTPS: true`, an https://
+    urlPrefix and `tlsConfig.caFile`); with --tls-client-ca only clients presenting a certificate
+    signed by that CA are answered."""
     import uvicorn
 
     from finesched.cli import fail, load_or_exit
@@ -47,6 +61,7 @@ def k8s_extender(
         raise fail(f"--log-level must be debug, info, warning or error, got {log_level!r}", code=2)
     if kubeconfig is not None and not kubeconfig.is_file():
         raise fail(f"--kubeconfig {kubeconfig}: no such file")
+    tls = server_tls_options(tls_cert, tls_key, tls_client_ca)
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if cluster:
         extender = build_extender(load_or_exit(cluster).nodes, profile=profile)
@@ -67,7 +82,7 @@ def k8s_extender(
         except Exception as exc:
             raise fail(f"cannot list the cluster's objects: {exc}") from None
     try:
-        uvicorn.run(create_app(extender), host=host, port=port, log_level=log_level.lower(), access_log=False)
+        uvicorn.run(create_app(extender), host=host, port=port, log_level=log_level.lower(), access_log=False, **tls)
     finally:
         if sync is not None:
             sync.stop.set()  # daemon threads: the process does not wait for their watches to end

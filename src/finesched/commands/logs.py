@@ -15,7 +15,16 @@ from typing import Annotated
 import httpx
 import typer
 
-from finesched.commands.client import DEFAULT_SERVER, Client, NamespaceOption, ServerOption, TokenOption, _fail
+from finesched.commands.client import (
+    DEFAULT_SERVER,
+    CaOption,
+    Client,
+    InsecureOption,
+    NamespaceOption,
+    ServerOption,
+    TokenOption,
+    _fail,
+)
 from finesched.commands.client import _fail_response as fail_response
 
 
@@ -30,6 +39,8 @@ def logs_cmd(
     tail: Annotated[int | None, typer.Option("--tail", min=0, help="Only the last N lines.")] = None,
     server: ServerOption = DEFAULT_SERVER,
     token: TokenOption = "",
+    ca: CaOption = None,
+    insecure: InsecureOption = False,
     data: Annotated[
         Path | None,
         typer.Option("--data", help="Read the log from this agent data directory on this machine, not the server."),
@@ -43,7 +54,7 @@ def logs_cmd(
     params: dict[str, str | int] = {"follow": "true"} if follow else {}
     if tail is not None:
         params["tail"] = tail
-    client = Client(server, token, timeout=None)  # type: ignore[arg-type]
+    client = Client(server, token, timeout=None, ca=ca, insecure=insecure)
     out = sys.stdout.buffer
     try:
         with client.http.stream("GET", f"/v1/workloads/{key}/logs", params=params) as response:

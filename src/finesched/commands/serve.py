@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+
+if TYPE_CHECKING:
+    from finesched.server.lease import ReplicaIdentity
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 DEFAULT_DB = f"sqlite:///{Path.home() / '.local/share/finesched/finesched.db'}"
@@ -14,6 +17,11 @@ DEFAULT_DB = f"sqlite:///{Path.home() / '.local/share/finesched/finesched.db'}"
 DbOption = Annotated[
     str, typer.Option("--db", envvar="FINESCHED_DB", help="sqlite:///PATH or postgresql+psycopg://...")
 ]
+
+TlsCertOption = Annotated[
+    Path | None, typer.Option("--tls-cert", help="Serve HTTPS with this certificate (PEM; chain after the leaf).")
+]
+TlsKeyOption = Annotated[Path | None, typer.Option("--tls-key", help="The private key of --tls-cert (PEM).")]
 
 token_app = typer.Typer(help="Create API tokens (stored hashed; printed once).", no_args_is_help=True)
 
@@ -31,8 +39,24 @@ def serve(
         float, typer.Option(min=-1.0, help="Requeue a NotReady node's workloads after this many seconds (-1: never).")
     ] = 60.0,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
+    data: Annotated[
+        Path | None,
+        typer.Option(
+            help="This replica's state directory (its identity); default: the SQLite file's directory, "
+            "else ~/.local/share/finesched."
+        ),
+    ] = None,
+    replica_id: Annotated[
+        str | None,
+        typer.Option(help="A stable name for this replica (e.g. the pod name); default: one kept in --data."),
+    ] = None,
+    tls_cert: TlsCertOption = None,
+    tls_key: TlsKeyOption = None,
 ) -> None:
-    """Run the control plane: HTTP API, store and scheduling loop (one leader per database)."""
+    """Run the control plane: HTTP API, store and scheduling loop (one leader per database).
+
+    A restarted replica takes the scheduler lease of its own previous life over at once (same
+    --replica-id, or same --data); other replicas wait for it to expire (--lease-ttl)."""
     import uvicorn
 
     from finesched.sched.profile import resolve_profile
@@ -44,6 +68,8 @@ def serve(
         raise typer.BadParameter(f"{log_level!r}: use one of {', '.join(LOG_LEVELS)}", param_hint="--log-level")
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     resolve_profile(profile)  # a bad profile is reported before anything starts
+    tls = server_tls_options(tls_cert, tls_key)
+    identity = _identity(db, data, replica_id)
     config = LoopConfig(
         profile=profile,
         batch_size=batch,
@@ -51,10 +77,41 @@ def serve(
         heartbeat_s=heartbeat,
         missed_heartbeats=missed,
         requeue_after_s=None if requeue_after < 0 else requeue_after,
+        holder=identity.name,
     )
     store = Store.open(db)
     app = create_app(store, config)
-    uvicorn.run(app, host=host, port=port, log_level=log_level.lower(), access_log=log_level.lower() == "debug")
+    uvicorn.run(app, host=host, port=port, log_level=log_level.lower(), access_log=log_level.lower() == "debug", **tls)
+
+
+def server_tls_options(cert: Path | None, key: Path | None, client_ca: Path | None = None) -> dict[str, object]:
+    """uvicorn's TLS arguments (tls.py), or a clear usage error."""
+    from finesched.tls import TransportError, server_tls
+
+    try:
+        return server_tls(cert, key, client_ca)
+    except TransportError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
+def _identity(db: str, data: Path | None, replica_id: str | None) -> ReplicaIdentity:
+    """This replica's lease identity (see server/lease.py), or a clear error and exit 2."""
+    from finesched.commands.agent import default_data
+    from finesched.errors import ValidationError
+    from finesched.server.db import parse_db_url
+    from finesched.server.lease import replica_identity
+
+    try:
+        url = parse_db_url(db)
+        if data is None:
+            data = Path(url.database).expanduser().parent if url.get_backend_name() == "sqlite" else default_data()
+        identity = replica_identity(data, replica_id)
+    except ValidationError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    except OSError as exc:
+        raise typer.BadParameter(f"{data}: {exc.strerror}", param_hint="--data") from None
+    logging.getLogger("finesched.server").info("replica identity %s (%s)", identity.name, identity.source)
+    return identity
 
 
 @token_app.command("create")

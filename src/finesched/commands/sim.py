@@ -3,9 +3,12 @@
 * ``sim fill``: the FGD paper's protocol (shuffle, inflate to ``--inflation`` x capacity, place one
   pod at a time, never depart) for each policy and seed; prints the allocation rate at 90-130 %
   arrived demand (table or ``-o json``) and with ``--out DIR`` writes CSV, JSON, PNG plots and an
-  HTML report.
+  HTML report. With ``--mig SHARE`` it compares software sharing, static MIG and dynamic MIG on a
+  cluster where that share of the GPU nodes are MIG nodes (sim/mig.py).
 * ``sim replay``: pods arrive and leave by their trace timestamps (``--time-scale`` compresses
-  arrivals), waiting in the scheduler's DRF queue; reports utilization and queueing delay.
+  arrivals), waiting in the scheduler's DRF queue; reports utilization and queueing delay. Like
+  ``fill``, ``--priorities`` gives pods seeded priority classes and ``--preemption`` lets a waiting
+  pod evict lower-priority running ones (the victims queue again); evictions per class are reported.
 
 Errors are one line on stderr: exit 1 for unusable input files or ``--out`` directory, 2 for bad
 options. Inputs and the ``--out`` directory are checked before the first run starts.
@@ -19,6 +22,7 @@ import platform
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from statistics import fmean
 from typing import Annotated, Any
@@ -47,6 +51,13 @@ sim_app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+#: `fill` and `replay` alike: a pod that fits nowhere may evict lower-priority ones, and seeded priority classes.
+PreemptionFlag = Annotated[
+    bool, typer.Option("--preemption", help="A pod that fits nowhere may evict lower-priority running pods.")
+]
+PriorityMix = Annotated[
+    str, typer.Option("--priorities", help="Priority mix: weights of classes 0,1,... (e.g. 60,30,10).")
+]
 out = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
 
@@ -172,25 +183,45 @@ def fill(
     lp: Annotated[
         bool | None, typer.Option("--lp-bound/--no-lp-bound", help="Compute the LP upper bound (default: with --out).")
     ] = None,
-    preemption: Annotated[
-        bool, typer.Option("--preemption", help="An arrival that fits nowhere may evict lower-priority pods.")
-    ] = False,
-    priorities: Annotated[
-        str, typer.Option("--priorities", help="Priority mix: weights of classes 0,1,... (e.g. 60,30,10).")
+    preemption: PreemptionFlag = False,
+    priorities: PriorityMix = "",
+    mig: Annotated[
+        float | None,
+        typer.Option("--mig", help="Share (0-1] of GPU nodes in MIG mode: compare share, static and dynamic MIG."),
+    ] = None,
+    mig_product: Annotated[str, typer.Option("--mig-product", help="MIG product of those nodes.")] = "A100-80GB",
+    gpu_partitions: Annotated[
+        str,
+        typer.Option("--gpu-partitions", help="Honor or Prefer: GPU nodes get a partition table of aligned blocks."),
     ] = "",
 ) -> None:
     """Fill protocol of the FGD paper: allocation rate at 90-130 % arrived GPU demand, per policy and seed."""
+    if mig is not None:
+        _mig_fill(nodes, pods, policy, inflation, seeds, jobs, output, out_dir, mig, mig_product)
+        return
     try:
         if not 0 < inflation <= 10:
             raise _Fail(f"--inflation must be in (0, 10], got {inflation}", 2)
         mix = _priority_mix(priorities)
+        if gpu_partitions not in ("", "Honor", "Prefer"):
+            raise _Fail(f"--gpu-partitions must be Honor or Prefer, got {gpu_partitions!r}", 2)
         names, seed_list = _runs_wanted(output, jobs, policy, seeds)
         node_path, pod_path = _preflight(nodes, pods)
         _prepare_out(out_dir)
         from finesched.sim.runner import RunSpec, bounds
 
         specs = [
-            RunSpec("fill", node_path, pod_path, p, s, inflation, preemption=preemption, priorities=mix)
+            RunSpec(
+                "fill",
+                node_path,
+                pod_path,
+                p,
+                s,
+                inflation,
+                preemption=preemption,
+                priorities=mix,
+                gpu_partitions=gpu_partitions,
+            )
             for p in names
             for s in seed_list
         ]
@@ -228,6 +259,67 @@ def fill(
     _fill_table(records, bound, wall, jobs)
     if mix:
         _priority_table(records)
+
+
+def _mig_fill(
+    nodes: Path, pods: Path, policy: str, inflation: float, seeds: str, jobs: int, output: str,
+    out_dir: Path | None, share: float, product: str,
+) -> None:  # fmt: skip
+    """`sim fill --mig`: the three-way table (sim/mig.py), per policy, mean over seeds."""
+    from finesched.model.mig import PRODUCTS
+    from finesched.sim.mig import MODES, summarize
+
+    try:
+        if not 0 < share <= 1:
+            raise _Fail(f"--mig must be in (0, 1], got {share}", 2)
+        if product not in PRODUCTS:
+            raise _Fail(f"--mig-product must be one of {', '.join(PRODUCTS)}, got {product!r}", 2)
+        if not 0 < inflation <= 10:
+            raise _Fail(f"--inflation must be in (0, 10], got {inflation}", 2)
+        names, seed_list = _runs_wanted(output, jobs, policy, seeds)
+        node_path, pod_path = _preflight(nodes, pods)
+        _prepare_out(out_dir)
+        from finesched.sim.runner import RunSpec
+
+        specs = [
+            RunSpec("mig", node_path, pod_path, p, s, inflation, mig_share=share, mig_product=product, mig_mode=m)
+            for p in names
+            for s in seed_list
+            for m in MODES
+        ]
+        started = time.perf_counter()
+        records = [r["record"] for r in _run_with_progress(specs, jobs, "sim fill --mig")]
+        wall = time.perf_counter() - started
+        summary = {p: summarize([r for r in records if r["policy"] == p]) for p in names}
+        meta = _meta(
+            "finesched sim fill --mig", node_path, pod_path, share=share, product=product, wall_s=round(wall, 1)
+        )
+        payload = {"results": records, "summary": summary, "meta": meta}
+        if out_dir is not None:
+            (out_dir / "mig.json").write_text(json.dumps(payload, indent=1), encoding="utf-8")
+            err.print(f"wrote {out_dir / 'mig.json'}", soft_wrap=True)
+    except _Fail as exc:
+        raise _fail(str(exc), exc.code) from None
+    except OSError as exc:
+        raise _fail(f"cannot write the report: {exc}", 1) from None
+    if output == "json":
+        out.print_json(json.dumps({"results": records, "summary": summary}))
+        return
+    title = (
+        f"{share:.0%} of GPU nodes as {product} MIG nodes: GPU allocation, held and fragmentation (% of capacity), "
+        f"mean over {len(seed_list)} seed(s) ({wall:.1f} s, {jobs} job(s))"
+    )
+    table = Table(title=title)
+    for column in ("policy", "mode", "alloc @100", f"alloc @{inflation * 100:.0f}", "held", "frag", "failed",
+                   "on MIG nodes"):  # fmt: skip
+        table.add_column(column, justify="left" if column in ("policy", "mode") else "right")
+    for p, modes in summary.items():
+        for mode, s in modes.items():
+            table.add_row(
+                p, mode, f"{s['alloc_100']:.2f}", f"{s['alloc_end']:.2f}", f"{s['held_end']:.2f}",
+                f"{s['frag_end']:.2f}", f"{s['failed']:.0f}", f"{s['on_mig']:.0f}",
+            )  # fmt: skip
+    _print_table(table)
 
 
 def _priority_mix(text: str) -> tuple[float, ...]:
@@ -315,24 +407,39 @@ def replay(
     jobs: Annotated[int, typer.Option("--jobs", "-j", help="Parallel worker processes.")] = 1,
     out_dir: Annotated[Path | None, typer.Option("--out", help="Write CSV, JSON, PNG and HTML here.")] = None,
     output: Annotated[str, typer.Option("--output", "-o", help="table or json.")] = "table",
+    preemption: PreemptionFlag = False,
+    priorities: PriorityMix = "",
 ) -> None:
     """Replay pods by their timestamps (arrive, run, leave; waiting pods queue with DRF by QoS class)."""
     try:
         if time_scale <= 0:
             raise _Fail(f"--time-scale must be > 0, got {time_scale}", 2)
+        mix = _priority_mix(priorities)
         names, seed_list = _runs_wanted(output, jobs, policy, seeds)
         node_path, pod_path = _preflight(nodes, pods, need_times=True)
         _prepare_out(out_dir)
         from finesched.sim.report import replay_summary, write_replay
         from finesched.sim.runner import RunSpec
 
-        specs = [RunSpec("replay", node_path, pod_path, p, s, time_scale=time_scale) for p in names for s in seed_list]
+        specs = [
+            RunSpec("replay", node_path, pod_path, p, s, time_scale=time_scale, preemption=preemption, priorities=mix)
+            for p in names
+            for s in seed_list
+        ]
         started = time.perf_counter()
         runs = _run_with_progress(specs, jobs, "sim replay")
         wall = time.perf_counter() - started
         records = [r["record"] for r in runs]
         if out_dir is not None:
-            meta = _meta("finesched sim replay", node_path, pod_path, time_scale=time_scale, wall_s=round(wall, 1))
+            meta = _meta(
+                "finesched sim replay",
+                node_path,
+                pod_path,
+                time_scale=time_scale,
+                preemption=preemption,
+                priorities=list(mix),
+                wall_s=round(wall, 1),
+            )
             written = write_replay(out_dir, runs, meta)
             err.print(f"wrote {', '.join(str(p) for p in written)}", soft_wrap=True)
     except _Fail as exc:
@@ -370,3 +477,32 @@ def replay(
             f"{s['unplaced']:.0f}",
         )
     _print_table(table)
+    if mix:
+        _replay_priority_table(records)
+
+
+def _replay_priority_table(records: list[dict[str, Any]]) -> None:
+    """Per policy, means over seeds: evictions by the victims' class, and per class the mean queueing
+    delay, pods never placed and evicted pods that never ran to their end."""
+    table = Table(title="Replay by priority class (class 0 / 1 / ...): evictions, delay and lost pods")
+    for column in ("policy", "evictions", "evicted by class", "delay mean s", "unplaced", "evicted, unfinished"):
+        table.add_column(column)
+    for policy in dict.fromkeys(r["policy"] for r in records):
+        rows = [r for r in records if r["policy"] == policy]
+        classes = sorted({k for r in rows for k in r["by_priority"]}, key=int)
+        table.add_row(
+            policy,
+            f"{fmean([r['evictions'] for r in rows]):.0f}",
+            _class_means(rows, classes, lambda r, k: r["evicted_by_priority"].get(k, 0)),
+            _class_means(rows, classes, lambda r, k: r["by_priority"][k]["delay_s"]["mean"], 2),
+            _class_means(rows, classes, lambda r, k: r["by_priority"][k]["unplaced"]),
+            _class_means(rows, classes, lambda r, k: r["by_priority"][k]["evicted_unfinished"]),
+        )
+    _print_table(table)
+
+
+def _class_means(
+    rows: list[dict[str, Any]], classes: list[str], get: Callable[[dict[str, Any], str], float], digits: int = 0
+) -> str:
+    """``a / b / c``: per class, the mean over `rows` of `get(row, class)`."""
+    return " / ".join(f"{fmean([get(r, k) for r in rows]):.{digits}f}" for k in classes)

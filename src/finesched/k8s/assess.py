@@ -23,7 +23,7 @@ import numpy.typing as npt
 from finesched.k8s.wire import MAX_PRIORITY
 from finesched.model.workload import Workload
 from finesched.sched.cycle_state import CycleState
-from finesched.sched.framework import MAX_SCORE, Code, FilterPlugin, FilterResult, NodeBatch
+from finesched.sched.framework import MAX_SCORE, Code, FilterPlugin, FilterResult, NodeBatch, unresolvable_where
 from finesched.sched.memo import request_shape
 from finesched.sched.request import RequestCompiler
 from finesched.sched.runtime import PreFilterFailed
@@ -79,29 +79,31 @@ class Assessment:
 
 def _attribute(results: Sequence[tuple[FilterPlugin, FilterResult]], feasible: npt.NDArray[np.bool_]) -> dict:
     """Each rejected node's reasons from the first filter that rejected it (joined with "; "), the rule
-    of sched/diagnosis.py. Unresolvable when some filter rejects it for UNRESOLVABLE reasons only
-    (then no preemption helps, whatever the first filter said); that filter's reasons are added."""
+    of sched/diagnosis.py. Unresolvable when some filter rejects it for a reason UNRESOLVABLE on it
+    (then no preemption helps, whatever the first filter said; diagnosis.unresolvable_nodes); every
+    such filter's reasons are added. Codes are per node, so a node's answer never depends on the others."""
     out: dict[int, tuple[str, bool]] = {}
+    n = len(feasible)
     for plugin, result in results:
         rejected = ~result.mask
         if not rejected.any():
             continue
         texts: dict[int, list[str]] = {}
-        resolvable: set[int] = set()
+        never: set[int] = set()
         explanation = result.explain() if result.explain is not None else {}
         for reason, (mask, code) in explanation.items():
-            for i in np.flatnonzero(rejected & mask).tolist():
+            hit = rejected & mask
+            for i in np.flatnonzero(hit).tolist():
                 texts.setdefault(i, []).append(reason)
-                if code != Code.UNRESOLVABLE:
-                    resolvable.add(i)
+            never.update(np.flatnonzero(hit & unresolvable_where(code, n)).tolist())
         for i in np.flatnonzero(rejected).tolist():
             given = texts.get(i)
-            final = given is not None and i not in resolvable
+            final = i in never
             text = f"{'; '.join(given)} ({plugin.NAME})" if given else f"rejected by {plugin.NAME}"
             before = out.get(i)
             if before is None:
                 out[i] = (text, final)
-            elif final and not before[1]:
+            elif final:  # every filter that rules the node out for good is named
                 out[i] = (f"{before[0]}; {text}", True)
     return out
 

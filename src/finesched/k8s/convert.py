@@ -27,6 +27,7 @@ import pydantic
 from finesched.cpuset import CPUSet
 from finesched.model.binding import Binding, NUMAGrant
 from finesched.model.device_allocated import DEVICE_ALLOCATED, AnnotationError, parse_device_allocated
+from finesched.model.gpu_partitions import ALLOCATE_POLICIES, ANNOTATION_GPU_PARTITION_SPEC, GPUPartitionSpec
 from finesched.model.resources import CPU, MEMORY, PODS, ResourceVector
 from finesched.model.workload import DeviceHint, DeviceJointAllocate, ResourceSpec, Workload
 from finesched.plugins.resource_status import ANNOTATION_RESOURCE_STATUS
@@ -51,6 +52,7 @@ _ANNOTATION_FIELDS: dict[str, dict[str, tuple[str, ...] | None]] = {
         "singleNUMANodeExclusive": ("Preferred", "Required"),
     },
     DEVICE_JOINT_ALLOCATE: {"deviceTypes": None, "requiredScope": ("SamePCIe",)},
+    ANNOTATION_GPU_PARTITION_SPEC: {"allocatePolicy": ALLOCATE_POLICIES, "ringBusBandwidth": None},
 }
 _HINT_FIELDS: dict[str, tuple[str, ...] | None] = {
     "selector": None,
@@ -209,6 +211,16 @@ def _policies(annotations: Mapping[str, str]) -> dict[str, Any]:
     hint = _annotation(annotations, DEVICE_ALLOCATE_HINT)
     if hint is not None:
         out["device_allocate_hint"] = _device_hint(hint)
+    partition = _annotation(annotations, ANNOTATION_GPU_PARTITION_SPEC)
+    if partition is not None:
+        _check_fields(ANNOTATION_GPU_PARTITION_SPEC, partition, _ANNOTATION_FIELDS[ANNOTATION_GPU_PARTITION_SPEC])
+        fields = {k: v for k, v in partition.items() if v not in (None, "")}
+        try:
+            out["gpu_partition_spec"] = GPUPartitionSpec.model_validate(fields)
+        except pydantic.ValidationError as exc:
+            first = exc.errors()[0]
+            field = ".".join(str(p) for p in first["loc"])
+            raise PodError(f"annotation {ANNOTATION_GPU_PARTITION_SPEC}: field {field}: {first['msg']}") from None
     return out
 
 

@@ -5,6 +5,9 @@
   left out of the scalar amounts, since the devices carry them.
 * Device (``scheduling.koordinator.sh/v1alpha1``, named after the node): one finesched Device per
   ``spec.devices[]`` entry (type, minor, UUID, health, NUMA node, PCIe switch, resources, labels).
+  The Device's annotation ``scheduling.koordinator.sh/gpu-partitions`` becomes the node's GPU
+  partition table and its label ``node.koordinator.sh/gpu-partition-policy`` the policy unless the
+  Node carries that label (model/gpu_partitions.py).
   Without a Device CR, a node that advertises GPUs (``koordinator.sh/gpu-core`` or
   ``nvidia.com/gpu``) gets that many whole GPUs, sharing ``koordinator.sh/gpu-memory`` evenly,
   with no topology: Koordinator's koordlet is what reports the real inventory.
@@ -31,6 +34,7 @@ import pydantic
 
 from finesched.cpuset import CPUSet
 from finesched.model.base import FrozenDict
+from finesched.model.gpu_partitions import ANNOTATION_GPU_PARTITIONS, LABEL_GPU_PARTITION_POLICY
 from finesched.model.node import Node, numa_policy_of
 from finesched.model.resources import (
     DEVICE_RESOURCE_NAMES,
@@ -131,6 +135,19 @@ def _advertised_gpus(allocatable: Mapping[str, int]) -> list[dict[str, Any]]:
     return [{"type": GPU, "minor": m, "health": True, "resources": resources} for m in range(count)]
 
 
+def _partitions(device_cr: Mapping[str, Any] | None, data: dict[str, Any], labels: Mapping[str, str]) -> None:
+    """The Device's partition table annotation and policy label (checked with the Node)."""
+    if device_cr is None:
+        return
+    meta = device_cr.get("metadata") or {}
+    table = _json_annotation(meta.get("annotations") or {}, ANNOTATION_GPU_PARTITIONS, dict)
+    if table:
+        data["gpuPartitions"] = table
+    policy = (meta.get("labels") or {}).get(LABEL_GPU_PARTITION_POLICY)
+    if policy and LABEL_GPU_PARTITION_POLICY not in labels:
+        data.setdefault("policies", {})["gpuPartitionPolicy"] = policy
+
+
 def _topology(nrt: Mapping[str, Any] | None, data: dict[str, Any], labels: Mapping[str, str]) -> None:
     if nrt is None:
         return
@@ -178,7 +195,7 @@ def _topology(nrt: Mapping[str, Any] | None, data: dict[str, Any], labels: Mappi
         policies = [_V1ALPHA2_POLICIES[attributes["topologyManagerPolicy"]]]
     labelled = any(k.startswith("node.koordinator.sh/numa-topology") for k in labels)
     if policies and not labelled and policies[0] in ("None", "BestEffort", "Restricted", "SingleNUMANode"):
-        data["policies"] = {"numaTopologyPolicy": policies[0]}
+        data.setdefault("policies", {})["numaTopologyPolicy"] = policies[0]
 
 
 def kubelet_cpusets(nrt: Mapping[str, Any] | None) -> dict[str, CPUSet]:
@@ -217,6 +234,7 @@ def node_from_k8s(
         "allocatable": ResourceVector(scalar),
         "devices": _devices(device_cr, allocatable),
     }
+    _partitions(device_cr, data, labels)
     _topology(nrt, data, labels)
     kubelet_cpusets(nrt)  # checked here too: a malformed annotation leaves the node out, with its reason
     numa_ids = {d["numa"] for d in data["devices"] if "numa" in d}

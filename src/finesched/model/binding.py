@@ -7,18 +7,30 @@ per-device grants (both gpu-memory and gpu-memory-ratio filled in), cpuset, per-
 
 from __future__ import annotations
 
-from pydantic import Field
+from typing import Any
+
+from pydantic import Field, SerializerFunctionWrapHandler, model_serializer
 
 from finesched.cpuset import CPUSet
 from finesched.model.base import Model
+from finesched.model.mig import MIGPlacement
 from finesched.model.resources import ResourceVector
 
 
 class DeviceGrant(Model):
-    """A share of one device: its minor and the amount taken per dimension."""
+    """A share of one device: its minor and the amount taken per dimension, or, on a GPU in MIG
+    mode, the MIG instance (`mig`) the workload holds there (then `resources` is empty)."""
 
     minor: int = Field(ge=0)
     resources: ResourceVector = Field(default_factory=ResourceVector)
+    mig: MIGPlacement | None = None
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> Any:
+        out = handler(self)
+        if isinstance(out, dict) and out.get("mig", 0) is None:
+            del out["mig"]  # grants of shared devices keep their two-field shape
+        return out
 
 
 class NUMAGrant(Model):

@@ -9,7 +9,9 @@ resource names sorted, no spaces::
     "koordinator.sh/gpu-memory-ratio":"50"}}]}
 
 We read ``koordinator.sh/*``, ``kubernetes.io/*`` and short names, quantities as strings or
-numbers, and ignore the optional ``id`` and ``extension`` fields. The prefixes are stripped for
+numbers, and ignore the optional ``id`` and ``extension`` fields, except ``extension.mig``: a MIG
+instance (model/mig.py) is written as ``{"minor": 0, "resources": {"nvidia.com/mig-3g.40gb": "1"},
+"extension": {"mig": {"profile": "3g.40gb", "start": 4, "uuid"?: "MIG-..."}}}``. The prefixes are stripped for
 every dimension, so a manifest-defined type (``koordinator.sh/xpu``) reads back as ``xpu``; we
 write such dimensions bare, as finesched names them. ``parse(format(x)) == x`` for any grants and
 ``format(parse(s)) == s`` for any value written as above.
@@ -25,7 +27,10 @@ import json
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
 
+import pydantic
+
 from finesched.model.binding import Binding, DeviceGrant
+from finesched.model.mig import MIGPlacement, mig_resource
 from finesched.model.resources import ResourceVector, device_dimension, koordinator_name, resource_kind
 from finesched.quantity import QuantityError, format_quantity, parse_quantity
 
@@ -49,9 +54,24 @@ def format_device_allocated(devices: Mapping[str, Sequence[DeviceGrant]]) -> str
     """The annotation value for a binding's ``devices`` (see the module docstring)."""
     parts = []
     for kind in sorted(devices):
-        grants = ",".join(f'{{"minor":{g.minor},"resources":{_resources_json(g.resources)}}}' for g in devices[kind])
+        grants = ",".join(_grant_json(g) for g in devices[kind])
         parts.append(f"{json.dumps(kind)}:[{grants}]")
     return "{" + ",".join(parts) + "}"
+
+
+def _grant_json(g: DeviceGrant) -> str:
+    if g.mig is None:
+        return f'{{"minor":{g.minor},"resources":{_resources_json(g.resources)}}}'
+    return _mig_json(g.minor, g.mig.profile, g.mig.start, g.mig.uuid)
+
+
+@lru_cache(maxsize=4096)
+def _mig_json(minor: int, profile: str, start: int, uuid: str | None) -> str:
+    """A MIG instance: one of its profile's resource, the placement under extension.mig."""
+    mig = {"profile": profile, "start": start, **({"uuid": uuid} if uuid else {})}
+    resources = json.dumps({mig_resource(profile): "1"}, separators=(",", ":"))
+    extension = json.dumps({"mig": mig}, separators=(",", ":"))
+    return f'{{"minor":{minor},"resources":{resources},"extension":{extension}}}'
 
 
 @lru_cache(maxsize=4096)
@@ -83,6 +103,15 @@ def _grant(where: str, entry: object) -> DeviceGrant:
     minor = entry.get("minor")
     if isinstance(minor, bool) or not isinstance(minor, int) or minor < 0:
         raise AnnotationError(f"{where}.minor: expected a non-negative integer, got {minor!r}")
+    mig = (entry.get("extension") or {}).get("mig") if isinstance(entry.get("extension"), dict) else None
+    if mig is not None:
+        try:
+            placement = MIGPlacement.model_validate(mig)
+        except pydantic.ValidationError as exc:
+            first = exc.errors()[0]
+            field = ".".join(str(p) for p in first["loc"])
+            raise AnnotationError(f"{where}.extension.mig.{field}: {first['msg']}") from None
+        return DeviceGrant.model_construct(minor=minor, resources=ResourceVector(), mig=placement)
     raw = entry.get("resources", {})
     if not isinstance(raw, dict):
         raise AnnotationError(f"{where}.resources: expected an object of name -> quantity")

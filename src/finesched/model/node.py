@@ -20,6 +20,14 @@ from pydantic import Field, PositiveInt, field_validator, model_validator
 
 from finesched.cpuset import MAX_CPU_ID, CPUSet
 from finesched.model.base import FrozenDict, FrozenStrDict, Loc, Model, raise_problems
+from finesched.model.gpu_partitions import (
+    LABEL_GPU_PARTITION_POLICY,
+    PARTITION_POLICIES,
+    GPUPartition,
+    GPUPartitionPolicy,
+    table_problems,
+)
+from finesched.model.mig import MIGSpec
 from finesched.model.names import ObjectName
 from finesched.model.resources import (
     CPU,
@@ -63,6 +71,7 @@ _POLICY_LABELS = {
     LABEL_NUMA_ALLOCATE_STRATEGY: NODE_NUMA_STRATEGIES,
     LABEL_NUMA_TOPOLOGY_POLICY: NUMA_POLICIES,
     LABEL_NUMA_TOPOLOGY_POLICY_OLD: NUMA_POLICIES,
+    LABEL_GPU_PARTITION_POLICY: PARTITION_POLICIES,
 }
 
 
@@ -200,6 +209,8 @@ class Device(Model):
     resources: ResourceVector = Field(default_factory=ResourceVector)
     #: What a workload's deviceAllocateHint selector matches (e.g. a NIC's role or a GPU's model).
     labels: FrozenStrDict = Field(default_factory=FrozenDict)
+    #: A GPU in MIG mode (model/mig.py): handed out as MIG instances, never shared in software.
+    mig: MIGSpec | None = None
 
     @model_validator(mode="after")
     def _default_resources(self) -> Device:
@@ -271,6 +282,8 @@ class NodePolicies(Model):
     numa_allocate_strategy: NUMAAllocateStrategy | None = None
     numa_topology_policy: NUMATopologyPolicy | None = None
     device_allocate_strategy: DeviceAllocateStrategy | None = None
+    #: Koordinator's gpu-partition-policy (model/gpu_partitions.py); unset = its label, else Prefer.
+    gpu_partition_policy: GPUPartitionPolicy | None = None
 
 
 class KubeletPolicy(Model):
@@ -311,6 +324,8 @@ class Node(Model):
     devices: tuple[Device, ...] = ()
     links: tuple[DeviceLink, ...] = ()
     foreign_allocations: tuple[ForeignAllocation, ...] = ()
+    #: GPU count -> the GPU sets allowed together (model/gpu_partitions.py), e.g. {2: [{minors: [0, 1]}]}.
+    gpu_partitions: dict[int, tuple[GPUPartition, ...]] = Field(default_factory=dict)
     policies: NodePolicies = Field(default_factory=NodePolicies)
     kubelet: KubeletPolicy = Field(default_factory=KubeletPolicy)
 
@@ -340,6 +355,8 @@ class Node(Model):
                 if (link.type, minor) not in seen:
                     problems.append((("links", i, end), f"no {link.type} device has this minor", minor))
         for i, device in enumerate(self.devices):
+            if device.mig is not None and device.type != GPU:
+                problems.append((("devices", i, "mig"), "only a gpu can be in MIG mode", device.type))
             if device.type != GPU:
                 continue
             for name in _GPU_PERCENT:
@@ -348,6 +365,9 @@ class Node(Model):
                     rule = f"a GPU has at most 100 {name} (100 = one whole GPU)"
                     problems.append((("devices", i, "resources", name), rule, _shown(name, amount)))
         problems += self.foreign_problems()
+        shared_gpus = {d.minor for d in self.devices if d.type == GPU and d.mig is None}
+        for loc, rule, value in table_problems(self.gpu_partitions, shared_gpus):
+            problems.append((("gpuPartitions", *loc), rule, value))
         label = self.labels.get(STRATEGY_LABEL)
         if label is not None and label not in DEVICE_STRATEGIES:
             rule = f"unknown device allocate strategy; allowed: {list(DEVICE_STRATEGIES)}"
@@ -366,6 +386,7 @@ class Node(Model):
         instead of silently capping what it claims.
         """
         totals = {(d.type, d.minor): device_totals(d) for d in self.devices}
+        mig = {(d.type, d.minor) for d in self.devices if d.mig is not None}
         problems: list[tuple[Loc, str, object]] = []
         used: dict[tuple[str, int, str], int] = {}
         for i, alloc in enumerate(self.foreign_allocations):
@@ -374,6 +395,10 @@ class Node(Model):
                 problems.append(
                     (("foreignAllocations", i, "minor"), f"no {alloc.type} device has this minor", alloc.minor)
                 )
+                continue
+            if (alloc.type, alloc.minor) in mig:
+                rule = f"{alloc.type} {alloc.minor} is in MIG mode: list what runs there as mig.instances"
+                problems.append((("foreignAllocations", i, "minor"), rule, alloc.minor))
                 continue
             where = f"{alloc.type} {alloc.minor}"
             for name, amount in alloc.resources.items():
@@ -456,3 +481,8 @@ class Node(Model):
 
     def devices_of(self, kind: str) -> tuple[Device, ...]:
         return tuple(d for d in self.devices if d.type == kind)
+
+    @property
+    def partition_policy(self) -> str:
+        """Honor or Prefer: policies.gpuPartitionPolicy, else the Koordinator label, else Prefer."""
+        return self.policies.gpu_partition_policy or self.labels.get(LABEL_GPU_PARTITION_POLICY) or "Prefer"

@@ -18,8 +18,10 @@ from typing import Literal
 from pydantic import AfterValidator, Field, PositiveInt, model_validator
 
 from finesched.model.base import FrozenDict, FrozenStrDict, Loc, Model, raise_problems
+from finesched.model.gpu_partitions import ALLOCATE_POLICIES, ANNOTATION_GPU_PARTITION_SPEC, GPUPartitionSpec
+from finesched.model.mig import MIG_RESOURCE_PREFIX, mig_profile_of
 from finesched.model.names import NamespaceName, ObjectName
-from finesched.model.resources import CPU, MEMORY, ResourceVector
+from finesched.model.resources import CPU, DEVICE_RESOURCE_NAMES, FPGA, MEMORY, RDMA, ResourceVector, canonical_name
 
 QoS = Literal["LSE", "LSR", "LS", "BE"]
 K8sQoS = Literal["Guaranteed", "Burstable", "BestEffort"]
@@ -156,6 +158,7 @@ KOORDINATOR_ANNOTATION_FIELDS: dict[str, dict[str, tuple[str, ...]]] = {
         "preferredCPUExclusivePolicy": ("Default", *typing.get_args(CPUExclusivePolicy)),
     },
     "scheduling.koordinator.sh/numa-topology-spec": {"numaTopologyPolicy": typing.get_args(NUMATopologyPolicy)},
+    ANNOTATION_GPU_PARTITION_SPEC: {"allocatePolicy": ALLOCATE_POLICIES},
 }
 
 
@@ -177,6 +180,25 @@ def _annotation_problems(annotations: dict[str, str]) -> list[tuple[Loc, str, ob
             given = value.get(field)
             if given not in (None, "") and given not in valid:  # "" means unset, as in Koordinator
                 problems.append((("annotations", key, field), f"is not one of {', '.join(valid)}", given))
+    return problems
+
+
+_GPU_NAMES = DEVICE_RESOURCE_NAMES - {RDMA, FPGA}
+
+
+def _mig_problems(requests: ResourceVector) -> list[tuple[Loc, str, object]]:
+    """MIG requests name a profile (``nvidia.com/mig-3g.40gb``) and never mix with GPU shares or
+    whole GPUs: a card is either MIG or shared in software, never both."""
+    problems: list[tuple[Loc, str, object]] = []
+    mig = [name for name in requests if name.startswith(MIG_RESOURCE_PREFIX)]
+    for name in mig:
+        if mig_profile_of(name) is None:
+            rule = "is not a MIG profile: nvidia.com/mig-<compute>g.<memory>gb[.me], e.g. nvidia.com/mig-3g.40gb"
+            problems.append((("requests", name), rule, requests[name]))
+    gpu = sorted(n for n in requests if canonical_name(n) in _GPU_NAMES and requests[n] > 0)
+    if mig and gpu:
+        rule = f"a workload asks for MIG instances or for GPUs {gpu}, not both (a card is MIG or shared, never both)"
+        problems.append((("requests", mig[0]), rule, requests[mig[0]]))
     return problems
 
 
@@ -232,6 +254,8 @@ class Workload(Model):
     device_allocate_hint: typing.Annotated[dict[str, DeviceHint], AfterValidator(_hints)] = Field(
         default_factory=DeviceHints
     )
+    #: Koordinator's gpu-partition-spec (model/gpu_partitions.py): keep to the nodes' GPU partition tables.
+    gpu_partition_spec: GPUPartitionSpec | None = None
     node_selector: FrozenStrDict = Field(default_factory=FrozenDict)
     node_affinity: tuple[NodeAffinityTerm, ...] = ()
     gang: Gang | None = None
@@ -274,6 +298,7 @@ class Workload(Model):
                     rule = f"{self.qos} needs limit == request ({shown[name]})"
                     problems.append((("limits", name), rule, limits.get(name)))
         problems += _annotation_problems(self.annotations)
+        problems += _mig_problems(self.requests)
         return problems
 
     @property

@@ -10,8 +10,11 @@ of sorting every node:
 * S4.2 its demand X selects bucket K (the one whose range holds X); in K the node whose
   remainder is closest to X comes first (smallest remainder >= X: best fit, least fragment);
 * S4.3 then buckets K+1 ... K+maxUp upward, smallest remainder first in each; then from the
-  largest bucket M downward to K+maxUp+1, *largest* remainder first (the node keeps room for
-  other tasks). With the default maxUp (every bucket above K) the downward phase is empty;
+  largest bucket M downward to K+maxUp+1: the first non-empty bucket P is the largest range
+  left, and inside P, as everywhere, the node whose remainder is closest to X comes first
+  (patent 004 step 209 and the claims: the same "preset condition", the smallest difference
+  between remainder and demand). With the default maxUp (every bucket above K) the downward
+  phase is empty;
 * S4.4 after the allocation every resource's buckets are updated: `ClusterState.assume` calls
   the index's `refresh`, which re-files the node in all of them.
 
@@ -22,7 +25,7 @@ Worked example: cpu buckets lower 0, width 2 cpu, count 4 -> [0,2) [2,4) [4,6) [
 with free cpu n0 = 5, n1 = 4.5, n2 = 7, n3 = 1 (all other classes plentiful).
 Demand 4 cpu -> K = 2 -> n1 (4.5, closest to 4), n0 (5); then K+1 = 3 -> n2 (7); n3 never fits.
 Demand 1.5 cpu with maxUp 0 -> K = 0 holds only n3 (1 < 1.5): no fit; no upward buckets; down
-from M = 3: n2 (7), then bucket 2 largest first: n0 (5), n1 (4.5); bucket 1 is empty.
+from M = 3: n2 (7), then bucket 2 closest to 1.5 first: n1 (4.5), n0 (5); bucket 1 is empty.
 
 Args (profile YAML)::
 
@@ -91,17 +94,16 @@ def search_order(index: BucketIndex, resource: str, demand: int, max_up: int | N
     """Every node with remaining `resource` >= `demand`, in S4.2-S4.3 order (no other filter).
 
     K = bucket of demand, M = the last bucket, top = min(M, K + max_up):
-    K ascending from demand (S4.2); K+1..top ascending (S4.3 upward); M..top+1 descending
-    (S4.3 downward). Buckets above K only hold amounts >= their lower edge > demand, and every
-    bucket is visited once, so each node appears at most once.
+    K ascending from demand (S4.2); K+1..top ascending (S4.3 upward); then the buckets M..top+1
+    from the largest down, each ascending: closest to the demand first (S4.3 downward, step
+    209). Buckets above K only hold amounts >= their lower edge > demand, and every bucket is
+    visited once, so each node appears at most once.
     """
     k = index.bucket_of(resource, demand)
     last = index.bucket_count(resource) - 1
     top = last if max_up is None else min(last, k + max_up)
-    for b in range(k, top + 1):
+    for b in (*range(k, top + 1), *range(last, top, -1)):
         yield from index.iter_bucket_ascending(resource, b, demand)
-    for b in range(last, top, -1):
-        yield from index.iter_bucket_descending(resource, b)
 
 
 class BucketFit:

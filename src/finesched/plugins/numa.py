@@ -3,15 +3,16 @@
 Koordinator's topologymanager, itself the kubelet's Topology Manager moved into the scheduler:
 
 1. **Hint providers** say, per resource, which sets of NUMA nodes could hold the request
-   (`generate_hints`): every non-empty set whose *available* amount covers the request is a
+   (`generate_hints`, plugins/numa_hints.py): every non-empty set whose *available* amount covers the request is a
    hint; it is *preferred* when it is as small as the smallest set whose *capacity* covers it.
    Providers here: cpu (exclusive requests count the CPUs their bind policy may use on each NUMA
    node: whole free cores under required FullPCPUs, one CPU per core under required
    SpreadByPCPUs; other requests count millicores left by NUMA-bound workloads), memory
    (per-NUMA bytes from the node's NUMA zones), and devices (per type: devices on the NUMA
    nodes where one instance of the DeviceShare request fits, against all healthy devices there;
-   devices without a NUMA node count nowhere).
-2. **A policy merges them** (`merge_hints`, the kubelet's mergeFilteredHints): every
+   with a deviceAllocateHint only the devices the hint admits, in one scope group when it
+   requires one; devices without a NUMA node count nowhere: plugins/numa_devices.py).
+2. **A policy merges them** (`merge_hints`, numa_hints.py, the kubelet's mergeFilteredHints): every
    combination of one hint per resource is ANDed; preferred beats non-preferred, then the
    narrower mask wins (fewer nodes, then lower ids). None admits without alignment; BestEffort
    admits with the best hint; Restricted admits only a preferred hint; SingleNUMANode considers
@@ -30,6 +31,8 @@ workloads run in the BE pool across NUMA nodes and are not aligned.
 The filter is vectorized: for SingleNUMANode it keeps only nodes where one NUMA node covers cpu,
 memory and every requested device type at once (per-NUMA arrays of state/cpus.py and the device
 accounts), a necessary condition of the exact merge; Restricted is decided exactly in reserve.
+Its "cannot fit on a single NUMA node" is unresolvable on a node where no NUMA node could hold
+the request even idle (capacity below the request), whatever the other nodes are.
 A workload without a policy of its own skips the filter while no node has a strict one (it
 could reject nothing).
 
@@ -46,26 +49,22 @@ Choices where the peers leave room (documented here, pinned by tests/test_numa.p
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from functools import lru_cache
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import numpy as np
 
 from finesched.errors import ValidationError
-from finesched.hashed import HashedOnce
 from finesched.model.binding import Binding
 from finesched.model.resources import CPU, MEMORY
-from finesched.plugins.cpu.config import NUMA_POLICIES
 from finesched.plugins.cpu.koordinator import split_by_numa
 from finesched.plugins.cpu.prefilter import (
     NO_NUMA,
     POLICY_MISMATCH,
     RESTRICTED,
     SINGLE,
-    DeviceFits,
+    SINGLE_NUMA,
+    Checks,
     filter_result,
     numa_checks,
     numa_inputs,
@@ -73,6 +72,10 @@ from finesched.plugins.cpu.prefilter import (
 )
 from finesched.plugins.cpu.request import CPU_OFFER, NUMA_OFFER, CPURequest, NUMAOffer, cpu_request
 from finesched.plugins.cpu.topology import InsufficientCPUs
+from finesched.plugins.deviceshare.hints import device_labels
+from finesched.plugins.deviceshare.request import compile_rule, fit_mask
+from finesched.plugins.numa_devices import device_fits, device_request, idle_counts, type_counts
+from finesched.plugins.numa_hints import Hints, TopologyHint, generate_hints, hints_by, merge_hints, single_hints
 from finesched.plugins.resource_status import merge_numa_grants, with_resource_status
 from finesched.plugins.shared_keys import NUMA_AFFINITY, NUMAAffinity
 from finesched.sched.cycle_state import CycleState, MissingState
@@ -80,154 +83,6 @@ from finesched.sched.framework import SKIP, SUCCESS, FilterResult, NodeBatch, St
 from finesched.sched.request import ScheduleRequest
 from finesched.state.cluster import ClusterState
 from finesched.state.cpus import CPUAccounts
-
-
-@dataclass(frozen=True, slots=True)
-class TopologyHint(HashedOnce):
-    """A set of NUMA ids that could hold a request (None: any node, no preference) and whether it is preferred."""
-
-    affinity: frozenset[int] | None
-    preferred: bool
-    _hash: int = field(default=0, init=False, repr=False, compare=False)
-
-    __hash__ = HashedOnce.__hash__  # merge memo keys hash hints: once each (finesched/hashed.py)
-
-
-_HINTS: dict[tuple[frozenset[int] | None, bool], TopologyHint] = {}
-
-
-def _hint(affinity: frozenset[int] | None, preferred: bool) -> TopologyHint:
-    """The shared TopologyHint of these values (hints are values; sharing saves building them)."""
-    hint = _HINTS.get((affinity, preferred))
-    if hint is None:
-        if len(_HINTS) >= 4096:
-            _HINTS.clear()
-        hint = _HINTS[affinity, preferred] = TopologyHint(affinity, preferred)
-    return hint
-
-
-#: resource -> its hints; None = no preference (don't care), [] = no NUMA set can hold it.
-Hints = Mapping[str, Sequence[TopologyHint] | None]
-
-
-# Hints and merging -----------------------------------------------------------------------------------------
-
-
-@lru_cache(maxsize=256)
-def _masks(numa_ids: tuple[int, ...]) -> tuple[frozenset[int], ...]:
-    """Every non-empty set of NUMA ids, smallest first (the kubelet's IterateBitMasks order)."""
-    ids = sorted(numa_ids)
-    return tuple(frozenset(combo) for k in range(1, len(ids) + 1) for combo in itertools.combinations(ids, k))
-
-
-def generate_hints(
-    numa_ids: Sequence[int],
-    request: int,
-    available: Mapping[int, int],
-    capacity: Mapping[int, int],
-    single_only: bool = False,
-) -> list[TopologyHint]:
-    """Koordinator's generateResourceHints / the kubelet's generateCPUTopologyHints for one resource.
-
-    A set is a hint when its available amount covers `request`; it is preferred when its size
-    equals the smallest size whose capacity covers the request. E.g. 2 nodes with 8 CPUs each,
-    available {0: 2, 1: 6}, request 4 -> hints {1} (preferred), {0, 1} (not preferred).
-
-    `single_only` (for SingleNUMANode, which keeps nothing else) yields the single-node hints
-    only: a single node is preferred iff some single node's capacity covers the request, which
-    is what comparing with the smallest size over all sets gives.
-    """
-    min_size = len(numa_ids)
-    hints = []
-    masks = _masks(tuple(numa_ids))
-    if single_only:
-        # The single-node masks come first, one per id ascending; a sum over one node is that
-        # node's amount, and every single hint shares one preferred flag (see above).
-        preferred = any(capacity.get(n, 0) >= request for n in numa_ids)
-        return [
-            _hint(mask, preferred)
-            for mask, n in zip(masks, sorted(numa_ids), strict=False)
-            if available.get(n, 0) >= request
-        ]
-    for mask in masks:
-        if sum(capacity.get(n, 0) for n in mask) >= request and len(mask) < min_size:
-            min_size = len(mask)
-        if sum(available.get(n, 0) for n in mask) >= request:
-            hints.append(mask)
-    return [_hint(mask, len(mask) == min_size) for mask in hints]
-
-
-def _single_hints(
-    numa_ids: tuple[int, ...], request: int, available: Sequence[int], capacity: Sequence[int]
-) -> list[TopologyHint]:
-    """`generate_hints(..., single_only=True)` for per-slot sequences aligned with `numa_ids` (ascending)."""
-    preferred = any(c >= request for c in capacity)
-    return [_hint(mask, preferred) for mask, a in zip(_masks(numa_ids), available, strict=False) if a >= request]
-
-
-def _narrower(a: frozenset[int], b: frozenset[int]) -> bool:
-    """The kubelet's IsNarrowerThan: fewer nodes, or as many with a lower bitmask value."""
-    if len(a) != len(b):
-        return len(a) < len(b)
-    return sum(1 << n for n in a) < sum(1 << n for n in b)
-
-
-def merge_hints(policy: str, numa_ids: Sequence[int], providers: Iterable[Hints]) -> tuple[TopologyHint, bool]:
-    """Merge every provider's hints under `policy`; return (best hint, admit)."""
-    if policy not in NUMA_POLICIES:
-        raise ValueError(f"unknown NUMA topology policy {policy!r}; valid: {', '.join(NUMA_POLICIES)}")
-    per_resource: list[tuple[TopologyHint, ...]] = []
-    for hints in providers:
-        for resource_hints in hints.values():
-            if resource_hints is None:
-                per_resource.append((_hint(None, True),))
-            elif not resource_hints:
-                per_resource.append((_hint(None, False),))
-            else:
-                per_resource.append(tuple(resource_hints))
-    return _merge(policy, tuple(numa_ids), tuple(per_resource))
-
-
-@lru_cache(maxsize=4096)
-def _merge(
-    policy: str, numa_ids: tuple[int, ...], resources: tuple[tuple[TopologyHint, ...], ...]
-) -> tuple[TopologyHint, bool]:
-    """`merge_hints` on hashable inputs (memoized: a node's hints take few distinct forms)."""
-    everything = frozenset(numa_ids)
-    per_resource: Sequence[Sequence[TopologyHint]] = resources
-    if policy == "SingleNUMANode":
-        per_resource = [
-            [h for h in hints if h.preferred and (h.affinity is None or len(h.affinity) == 1)] for hints in per_resource
-        ]
-    best = TopologyHint(everything, False)
-    for permutation in itertools.product(*per_resource):
-        merged = _merge_permutation(everything, permutation)
-        if not merged.affinity:
-            continue
-        better = merged.preferred and not best.preferred
-        if better or (merged.preferred == best.preferred and _narrower(merged.affinity, best.affinity or everything)):
-            best = merged
-    if policy == "SingleNUMANode" and best.affinity == everything:
-        best = TopologyHint(None, best.preferred)
-    return best, policy in ("None", "BestEffort") or best.preferred
-
-
-def _merge_permutation(everything: frozenset[int], permutation: Sequence[TopologyHint]) -> TopologyHint:
-    preferred = True
-    affinity = everything
-    first: frozenset[int] | None = None
-    for hint in permutation:
-        if hint.affinity is not None:
-            first = hint.affinity if first is None else first
-            if hint.affinity != first:
-                preferred = False
-            affinity = affinity & hint.affinity
-        if not hint.preferred:
-            preferred = False
-    return TopologyHint(affinity, preferred)
-
-
-# The plugin ---------------------------------------------------------------------------------------------------
 
 #: Bound on NUMAAlign's memo of reserve decisions (cleared when full).
 _DECIDED_LIMIT = 4096
@@ -300,7 +155,51 @@ class NUMAAlign:
 
     def filter(self, cycle: CycleState, request: ScheduleRequest, nodes: NodeBatch) -> FilterResult:
         req = cpu_request(cycle, request.workload, request.shape)
-        return filter_result(numa_checks(self.accounts, req, nodes, _device_fits(cycle, self.state, nodes)), nodes.n)
+        checks = numa_checks(self.accounts, req, nodes, device_fits(cycle, self.state, nodes))
+        result = filter_result(checks, nodes.n)
+        if SINGLE_NUMA not in checks:
+            return result
+        return FilterResult(result.mask, lambda: self._explain(cycle, req, nodes, checks))
+
+    def _explain(self, cycle: CycleState, req: CPURequest, nodes: NodeBatch, checks: Checks) -> Checks:
+        """The checks with "cannot fit on a single NUMA node" unresolvable where no NUMA node of the
+        node could hold cpu, memory and the devices even idle (per node: the module docstring)."""
+        failed, _ = checks[SINGLE_NUMA]
+        at = np.flatnonzero(failed)
+        never = np.zeros(nodes.n, dtype=bool)
+        never[at] = ~self._single_numa_possible(cycle, req, at if nodes.index is None else nodes.index[at])
+        return {**checks, SINGLE_NUMA: (failed, never)}
+
+    def _single_numa_possible(self, cycle: CycleState, req: CPURequest, rows: np.ndarray) -> np.ndarray:
+        """[len(rows)] whether some NUMA node of each node, idle, could hold the whole request: the
+        SingleNUMANode filter's conditions (cpu_prefilter.numa_checks) on capacities, not free amounts."""
+        acc = self.accounts
+        ok = acc.numa_valid[rows].copy()  # [rows, NUMA slots]
+        if req.cpu_milli > 0:
+            ok &= (acc.numa_cpu_cap[rows] >= req.cpu_milli) | ~acc.has_topo[rows][:, None]
+        if req.memory > 0:
+            ok &= (acc.numa_mem_cap[rows] >= req.memory) | ~acc.mem_tracked[rows][:, None]
+        found = device_request(cycle, self.state)
+        if found is None or self.state is None:
+            return ok.any(axis=1)
+        dreq, devices = found
+        numa_id = acc.numa_id[rows]
+        for kind, tr in dreq.types.items():
+            typed = devices.types.get(kind)
+            if typed is None:
+                return np.zeros(len(rows), dtype=bool)
+            if tr.hint is None:
+                total = typed.total[:, rows]
+                fits = fit_mask(compile_rule(tr, typed.dims), total, total, typed.valid[rows])  # idle cards
+                same = fits[:, None, :] & (typed.numa[rows][:, None, :] == numa_id[:, :, None])
+                ok &= same.sum(axis=2) >= tr.count
+                continue
+            for r, node in enumerate(rows.tolist()):  # a hint's verdict is taken per node (hints.py)
+                nd = devices.node_devices(node, kind, copy=False)
+                counts = None if nd is None else idle_counts(tr, nd, device_labels(self.state.nodes[node], kind))
+                holds = counts.holds(counts.available) if counts is not None else (lambda _mask: False)
+                ok[r] &= [holds(frozenset((int(n),))) for n in numa_id[r]]
+        return ok.any(axis=1)
 
     def reserve(self, cycle: CycleState, request: ScheduleRequest, node: int) -> Status:
         req = cpu_request(cycle, request.workload, request.shape)
@@ -313,7 +212,7 @@ class NUMAAlign:
         numa_ids = acc.numa_ids[node]
         if not numa_ids:
             return SUCCESS if policy == "BestEffort" else Status.unschedulable(NO_NUMA)
-        if _device_request(cycle, self.state) is None:
+        if device_request(cycle, self.state) is None:
             # Without devices the decision reads only the request, the node's config and a few
             # of its per-NUMA numbers (`numa_inputs`): memoized, since nodes of one shape pass
             # through the same numbers again and again.
@@ -377,9 +276,9 @@ class NUMAAlign:
         out: dict[str, list[TopologyHint] | None] = {}
         if single_only:  # the same hints from the view's aligned tuples, without building dicts
             if req.cpu_milli > 0 and acc.topo[node] is not None:
-                out[CPU] = _single_hints(view.numa_ids, req.cpu_milli, self._cpu_available(req, node), view.cpu_cap)
+                out[CPU] = single_hints(view.numa_ids, req.cpu_milli, self._cpu_available(req, node), view.cpu_cap)
             if req.memory > 0 and view.mem_free is not None and view.mem_cap is not None:
-                out[MEMORY] = _single_hints(view.numa_ids, req.memory, view.mem_free, view.mem_cap)
+                out[MEMORY] = single_hints(view.numa_ids, req.memory, view.mem_free, view.mem_cap)
             return out
         if req.cpu_milli > 0 and acc.topo[node] is not None:
             available, capacity = self.cpu_free(req, node)
@@ -393,9 +292,10 @@ class NUMAAlign:
     def device_hints(
         self, cycle: CycleState, node: int, single_only: bool = False
     ) -> dict[str, list[TopologyHint] | None]:
-        """The device provider's hints on `node`, one entry per requested device type."""
-        found = _device_request(cycle, self.state)
-        if found is None:
+        """The device provider's hints on `node`, one entry per requested device type: sets of
+        NUMA nodes holding the devices the request may take there (plugins/numa_devices.py)."""
+        found = device_request(cycle, self.state)
+        if found is None or self.state is None:
             return {}
         dreq, devices = found
         numa_ids = self.accounts.numa_ids[node]
@@ -405,7 +305,12 @@ class NUMAAlign:
             if nd is None:
                 out[kind] = []
                 continue
-            fits = _fit_mask(tr, nd.dims, nd.free, nd.total, nd.healthy)
+            if tr.hint is not None:
+                counts = type_counts(tr, nd, device_labels(self.state.nodes[node], kind))
+                holds, could = counts.holds(counts.available), counts.holds(counts.capacity)
+                out[kind] = hints_by(numa_ids, holds, could, single_only)
+                continue
+            fits = fit_mask(compile_rule(tr, nd.dims), nd.free, nd.total, nd.healthy)
             # Counted in Python over the node's few devices (numpy calls per NUMA id cost more).
             available, capacity = dict.fromkeys(numa_ids, 0), dict.fromkeys(numa_ids, 0)
             for fit, healthy, numa in zip(fits.tolist(), nd.healthy.tolist(), nd.numa.tolist(), strict=True):
@@ -449,49 +354,3 @@ def effective_policy(req: CPURequest, node_policy: str) -> str:
     if req.numa_policy and node_set and req.numa_policy != node_policy:
         return "mismatch"
     return req.numa_policy or node_policy or "None"
-
-
-#: DeviceShare's request key, imported on first use (deviceshare imports this package's modules).
-_DEVICE_REQUEST: Any = None
-
-
-def _device_request(cycle: CycleState, state: ClusterState | None) -> tuple[Any, Any] | None:
-    """(DeviceShare's normalized request, the device accounts) when this cycle asks for devices."""
-    global _DEVICE_REQUEST
-    if state is None or "devices" not in state.extras:
-        return None
-    if _DEVICE_REQUEST is None:
-        from finesched.plugins.deviceshare.plugin import DEVICE_REQUEST
-
-        _DEVICE_REQUEST = DEVICE_REQUEST
-    dreq = cycle.get(_DEVICE_REQUEST)
-    if dreq is None or not dreq.types:
-        return None
-    return dreq, state.extras["devices"]
-
-
-def _fit_mask(tr: Any, dims: Sequence[str], free: np.ndarray, total: np.ndarray, healthy: np.ndarray) -> np.ndarray:
-    from finesched.plugins.deviceshare.request import compile_rule, fit_mask
-
-    return fit_mask(compile_rule(tr, dims), free, total, healthy)
-
-
-def _device_fits(cycle: CycleState, state: ClusterState | None, nodes: NodeBatch) -> DeviceFits:
-    found = _device_request(cycle, state)
-    if found is None or state is None:
-        return []
-    from functools import partial
-
-    from finesched.plugins.deviceshare.request import compile_rule, fit_mask
-
-    dreq, devices = found
-    out: list[tuple[int, np.ndarray, np.ndarray]] = []
-    for kind, tr in dreq.types.items():
-        acc = devices.types.get(kind)
-        if acc is None:
-            out.append((tr.count, np.zeros((nodes.n, 0), dtype=bool), np.zeros((nodes.n, 0), dtype=np.int64)))
-            continue
-        rule = compile_rule(tr, acc.dims)
-        _, where = devices.fit_counts(kind, rule, partial(fit_mask, rule), state.n)
-        out.append((tr.count, nodes.take(where), nodes.take(acc.numa)))
-    return out

@@ -1,26 +1,33 @@
 """DefaultPreemption: when a workload fits nowhere, evict the fewest, cheapest lower-priority workloads.
 
-The post_filter point (kube-scheduler's DefaultPreemption, with device- and CPU-level precision):
+The post_filter point (kube-scheduler's DefaultPreemption, with device- and CPU-level precision;
+the rules themselves are in plugins/preemption_rules.py):
 
 1. Eligible victims: bound (committed) workloads of lower priority; with quota reclaim
    (sched/elastic.py), also equal-priority workloads of tenants borrowing above their `min`. A gang member goes only
    with its whole gang (the gang is one *unit*: its members on other nodes count as victims too).
    A workload whose `preemptionPolicy` is Never preempts nothing.
-2. One vectorized pass over all nodes (PreemptionIndex): nodes where free + what eligible
-   victims hold covers the request (scalar amounts per node, device amounts per device under
-   the allocator's rule), ordered by the lowest priority level whose eviction could suffice.
-3. On the first `candidates` of them (default 16; kube-scheduler samples at least 100 nodes in
-   arbitrary order, finesched the best by that bound), victims are chosen as kube-scheduler does: evict every
-   eligible unit, then re-admit (*reprieve*) units one by one — those whose eviction would break
-   a disruption budget first, each group by priority high to low, older first — keeping a unit
-   whenever the workload still fits. "Fits" here is a node model with per-device free amounts
-   (the allocator's per-GPU fit rule) and scalar free amounts.
-4. Nodes are ranked by (budget violations, highest victim priority, sum of victim priorities,
-   number of victims, earliest start among the highest-priority victims — later is better, node
-   order). Best first, the victims are checked with the profile's real filters, reserve and
-   pre_bind on the state minus the victims (`PreemptionHandle.try_without`: exact GPU shares,
-   cpusets, NUMA). When the node model's choice fails that check, the node is retried with
-   every eligible unit evicted and an exact reprieve.
+2. Candidate nodes: one vectorized pass over all nodes (PreemptionIndex) finds where free + what
+   eligible victims hold covers the request (scalar amounts per node, device amounts per device
+   under the allocator's per-device rule), ordered by the lowest priority level whose eviction
+   could suffice. Nodes where the workload could not fit even with every workload gone are
+   *unresolvable* (`PreemptionHandle.unresolvable`: a property of the node alone, e.g. no card
+   with enough memory, a node selector it does not match) and are skipped, as kube-scheduler
+   skips UnschedulableAndUnresolvable nodes. The first `candidates` of the rest (default 16;
+   kube-scheduler samples at least 100 nodes in arbitrary order, finesched the best by that
+   bound) are looked at.
+3. Victims on a candidate, as kube-scheduler's SelectVictimsOnNode: evict every eligible unit,
+   then re-admit (*reprieve*) units one by one — budget-violating first, each group by priority
+   high to low, older first — keeping a unit whenever the workload still fits. "Fits" is the
+   fast node model (plugins/preemption_model.py: scalar free amounts, per-device fit) when it
+   states every constraint of the request on that node; otherwise (an exclusive cpuset, a
+   strict NUMA policy, a device hint, a joint allocation) the *exact path*: the profile's real
+   filters and reserve on the state minus the victims (`PreemptionHandle.try_without`), with the
+   model only skipping checks it already answers no to (it is a relaxation of the exact step).
+4. Nodes are ranked as pickOneNodeForPreemption does (preemption_rules.NodePlan.key). Best
+   first, the victims are checked with the real filters, reserve and pre_bind; when a model
+   plan fails that check, the node is planned again on the exact path and ranked again with
+   its exact victims.
 
 The result names the node, the victims and the preemptor's exact binding there; the scheduler
 applies it (sched/preempt.py). Nothing here changes the state.
@@ -28,11 +35,13 @@ applies it (sched/preempt.py). Nothing here changes the state.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+import heapq
+import itertools
+from collections.abc import Hashable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from finesched.errors import ValidationError
 from finesched.model.binding import Binding
@@ -40,8 +49,9 @@ from finesched.model.resources import translate_gpu_shortcuts
 from finesched.model.workload import Workload
 from finesched.plugins.deviceshare.plugin import DEVICE_REQUEST
 from finesched.plugins.deviceshare.request import compile_rule, fit_mask
-from finesched.plugins.preemption_index import ANNOTATION_PREEMPTION, Bound, Grant, PreemptionIndex, annotation_for
-from finesched.plugins.preemption_model import NodeModel
+from finesched.plugins.preemption_index import ANNOTATION_PREEMPTION, PreemptionIndex, annotation_for
+from finesched.plugins.preemption_model import NodeModel, expresses
+from finesched.plugins.preemption_rules import NodePlan, Unit, eligible, reclaim_keeps_min, reprieve_order
 from finesched.sched.cycle_state import CycleState
 from finesched.sched.elastic import ReclaimRule
 from finesched.sched.framework import Preemption, PreemptionHandle
@@ -49,41 +59,8 @@ from finesched.sched.request import ScheduleRequest
 from finesched.state.cluster import ClusterState
 from finesched.state.device_types import NodeDevices
 
-
-@dataclass
-class Unit:
-    """Workloads evicted together: one workload, or a whole gang."""
-
-    members: list[Bound]
-    reason: str
-    amounts: dict[str, int] = field(default_factory=dict)  # held on the node being looked at (needed names)
-    grants: list[Grant] = field(default_factory=list)  # device grants there
-    violating: bool = False
-    priority: int = 0  # the highest member priority
-    start: int = 0  # the earliest member start
-
-    def __post_init__(self) -> None:
-        self.priority = max(m.priority for m in self.members)
-        self.start = min(m.seq for m in self.members)
-
-
-@dataclass
-class NodePlan:
-    node: int
-    victims: list[Unit]
-    violations: int
-    rank: int
-
-    @property
-    def key(self) -> tuple[int, ...]:
-        members = [m for u in self.victims for m in u.members]
-        top = max(m.priority for m in members)
-        earliest_top = min(m.seq for m in members if m.priority == top)
-        return (self.violations, top, sum(m.priority for m in members), len(members), -earliest_top, self.rank)
-
-    @property
-    def keys(self) -> list[str]:
-        return [m.key for u in self.victims for m in u.members]
+#: Request shapes whose unresolvable verdicts are kept (all dropped when full).
+_VERDICT_SHAPES = 256
 
 
 class DefaultPreemption:
@@ -95,6 +72,11 @@ class DefaultPreemption:
         self.candidates = candidates
         self.state: ClusterState | None = None
         self.index = PreemptionIndex()
+        #: Unresolvable verdicts per request shape (int8 per node: -1 not asked yet, 0 no, 1 yes). A
+        #: verdict reads only the node's own fixed properties (diagnosis.unresolvable_nodes), never
+        #: what is bound, so it holds until the node set changes (`nodes_version`).
+        self._verdicts: dict[Hashable, npt.NDArray[np.int8]] = {}
+        self._verdicts_version = -1
 
     @classmethod
     def from_args(cls, args: Mapping[str, Any]) -> DefaultPreemption:
@@ -135,29 +117,69 @@ class DefaultPreemption:
             return None, "no nodes"
         rule = handle.reclaim_rule(w)
         need = {n: a for n, a in translate_gpu_shortcuts(w.requests).items() if a > 0}
-        order = self._possible_nodes(cycle, w.priority, need, rule is not None)
-        if len(order) == 0:
+        order = self._candidates(cycle, request, handle, self._ranked_nodes(cycle, w.priority, need, rule is not None))
+        if not order:
             return None, "no node would fit even with every lower-priority workload evicted"
         groups = self.index.budget_groups()
+        dreq = cycle.get(DEVICE_REQUEST)
         plans = []
-        for rank, i in enumerate(order[: self.candidates]):
-            plan = self._plan_node(cycle, request, int(i), need, rule, groups, rank)
+        for rank, i in enumerate(order):
+            exact = not expresses(cycle, state, dreq, i)
+            plan = self._plan_node(cycle, request, handle, i, need, rule, groups, rank, exact)
             if plan is not None:
                 plans.append(plan)
-        plans.sort(key=lambda p: p.key)
-        for plan in plans:
-            binding = handle.try_without(cycle, request, plan.node, plan.keys)
+        heap = [(plan.key, plan) for plan in plans]  # keys are unique: the rank ends each
+        heapq.heapify(heap)
+        while heap:
+            _, plan = heapq.heappop(heap)
+            binding = plan.binding or handle.try_without(cycle, request, plan.node, plan.keys)
             if binding is None:
-                plan = self._exact_plan(cycle, request, handle, plan, rule, groups)
-                if plan is None:
-                    continue
-                binding = handle.try_without(cycle, request, plan.node, plan.keys)
-                if binding is None:
-                    continue
+                if not plan.exact:  # the model missed a constraint: plan the node exactly, rank it again
+                    exact = self._plan_node(cycle, request, handle, plan.node, need, rule, groups, plan.rank, True)
+                    if exact is not None:
+                        heapq.heappush(heap, (exact.key, exact))
+                continue
             reasons = {m.key: u.reason for u in plan.victims for m in u.members}
             victims = tuple(m.binding for u in plan.victims for m in u.members)
             return Preemption(w.key, state.names[plan.node], victims, binding, reasons, plan.violations), ""
         return None, f"evicting lower-priority workloads makes it fit on none of the {len(order)} nodes tried"
+
+    def _candidates(
+        self, cycle: CycleState, request: ScheduleRequest, handle: PreemptionHandle, ranked: Iterator[int]
+    ) -> list[int]:
+        """The first `candidates` nodes of `ranked` that are not unresolvable for the request.
+
+        Asked in growing chunks (16, 32, ...): usually the first chunk has no unresolvable node
+        and one small filter pass decides.
+        """
+        verdicts = self._verdicts_of(request)
+        picked: list[int] = []
+        chunk = self.candidates
+        while len(picked) < self.candidates:
+            nodes = np.fromiter(itertools.islice(ranked, chunk), dtype=np.intp)
+            if len(nodes) == 0:
+                break
+            unknown = nodes[verdicts[nodes] < 0]
+            if len(unknown):
+                verdicts[unknown] = handle.unresolvable(cycle, request, unknown)
+            picked += nodes[verdicts[nodes] == 0].tolist()
+            chunk *= 2
+        return picked[: self.candidates]
+
+    def _verdicts_of(self, request: ScheduleRequest) -> npt.NDArray[np.int8]:
+        """The unresolvable verdicts kept for the request's shape (a fresh array when it has none)."""
+        state = self.state
+        assert state is not None
+        if self._verdicts_version != state.nodes_version:
+            self._verdicts, self._verdicts_version = {}, state.nodes_version
+        if request.shape is None:
+            return np.full(state.n, -1, dtype=np.int8)
+        verdicts = self._verdicts.get(request.shape)
+        if verdicts is None:
+            if len(self._verdicts) >= _VERDICT_SHAPES:
+                self._verdicts.clear()
+            verdicts = self._verdicts[request.shape] = np.full(state.n, -1, dtype=np.int8)
+        return verdicts
 
     def _free(self, name: str, n: int) -> np.ndarray:
         state = self.state
@@ -183,25 +205,26 @@ class DefaultPreemption:
         held = sum(int(cols[name][node]) for cols in self.index.held.values() if name in cols)
         return int(capacity[node]) - held
 
-    def _possible_nodes(self, cycle: CycleState, priority: int, need: Mapping[str, int], inclusive: bool) -> np.ndarray:
+    def _ranked_nodes(
+        self, cycle: CycleState, priority: int, need: Mapping[str, int], inclusive: bool
+    ) -> Iterator[int]:
         """Nodes where evicting every eligible workload could free enough, best lower bound first.
 
         The bound: the lowest priority level whose eviction (with every level below it) would
         leave enough free — scalar amounts summed per node, device amounts per device under the
         allocator's per-device rule — a lower bound of the highest victim priority on the node.
+        Lazy: a level is computed only when the caller wants more nodes than the lower levels gave.
         """
         state = self.state
         assert state is not None
         n = state.n
         levels = sorted(p for p in self.index.held if p < priority or (inclusive and p == priority))
-        if not levels:
-            return np.zeros(0, dtype=np.intp)  # nothing bound that this workload may evict
-        bound = np.full(n, len(levels), dtype=np.int64)
-        cumulative = {name: self._free(name, n).copy() for name in need}
         devices = self._device_inputs(cycle, n)
-        if devices is None:
-            return np.zeros(0, dtype=np.intp)
-        for level, p in enumerate(levels):
+        if not levels or devices is None:
+            return  # nothing bound that this workload may evict, or a device type no node has
+        cumulative = {name: self._free(name, n).copy() for name in need}
+        seen = np.zeros(n, dtype=bool)
+        for p in levels:
             ok = np.ones(n, dtype=bool)
             for name, amount in need.items():
                 column = self.index.held[p].get(name)
@@ -215,19 +238,9 @@ class DefaultPreemption:
                         free[k] += held
                 rule = compile_rule(tr, acc.dims)
                 ok &= fit_mask(rule, free, acc.total[:, :n], acc.healthy[:n]).sum(axis=1) >= tr.count
-            bound = np.where((bound == len(levels)) & ok, level, bound)
-            if np.count_nonzero(bound <= level) >= self.candidates:
-                break  # the first `candidates` nodes in bound order are known: higher levels come after
-        # Only the first `candidates` nodes in (bound, index) order are looked at: take them level by level.
-        picked: list[np.ndarray] = []
-        remaining = self.candidates
-        for level in range(len(levels)):
-            if remaining <= 0:
-                break
-            at = np.flatnonzero(bound == level)[:remaining]
-            picked.append(at)
-            remaining -= len(at)
-        return np.concatenate(picked) if picked else np.zeros(0, dtype=np.intp)
+            fresh = ok & ~seen
+            seen |= ok
+            yield from map(int, np.flatnonzero(fresh))  # lazily: the caller takes a few
 
     def _device_inputs(self, cycle: CycleState, n: int) -> list[tuple[Any, Any, np.ndarray]] | None:
         """(type request, type accounts, a copy of free [K, n, D]) per requested device type; None
@@ -272,7 +285,7 @@ class DefaultPreemption:
             else:
                 members = self.index.gang_members(bound)
                 seen.update(m.key for m in members)
-            reason = _eligible(members, priority, rule)
+            reason = eligible(members, priority, rule)
             if reason is None or not all(committed(m.key) for m in members):
                 continue
             unit = Unit(members, reason)
@@ -306,12 +319,22 @@ class DefaultPreemption:
         self,
         cycle: CycleState,
         request: ScheduleRequest,
+        handle: PreemptionHandle,
         node: int,
         need: Mapping[str, int],
         rule: ReclaimRule | None,
         groups: list[tuple[Any, set[str]]],
         rank: int,
+        exact: bool,
     ) -> NodePlan | None:
+        """The victims on `node` (module docstring, step 3), or None when no eviction there helps.
+
+        Every eligible unit out, then each offered back in reprieve order. With the model alone a
+        unit stays out when the model says the workload no longer fits; on the exact path it
+        stays out unless the real filters and reserve accept the state without it (a model "no"
+        needs no exact check: the model is a relaxation). A model plan that evicts nothing means
+        the model missed a constraint the filters saw: the node is planned on the exact path.
+        """
         units = self._units(node, request.workload, rule, need)
         if not units:
             return None
@@ -320,99 +343,54 @@ class DefaultPreemption:
             model.apply(unit.amounts, unit.grants, +1)
         if not model.fits():
             return None
-        ordered = _reprieve_order(units, groups)
-        victims = []
-        for unit in ordered:
-            model.apply(unit.amounts, unit.grants, -1)
-            if not model.fits():
-                model.apply(unit.amounts, unit.grants, +1)
-                victims.append(unit)
-        if not victims:
-            return None  # it fits without evicting anyone: the filters said otherwise, so the model is short
-        if not _reclaim_keeps_min(victims, request.workload.priority, rule):
+        ordered = reprieve_order(units, groups)
+        binding = None
+        if exact:
+            found = self._reprieve_exactly(cycle, request, handle, node, ordered, model)
+            if found is None:
+                return None
+            victims, binding = found
+        else:
+            victims = []
+            for unit in ordered:
+                model.apply(unit.amounts, unit.grants, -1)
+                if not model.fits():
+                    model.apply(unit.amounts, unit.grants, +1)
+                    victims.append(unit)
+            if not victims:  # the model fits it with nobody evicted, which the filters refused
+                return self._plan_node(cycle, request, handle, node, need, rule, groups, rank, True)
+        if not reclaim_keeps_min(victims, request.workload.priority, rule):
             return None
-        return NodePlan(node, victims, _violations(victims, groups), rank)
+        return NodePlan(node, victims, rank, binding, exact)
 
-    def _exact_plan(
-        self,
+    @staticmethod
+    def _reprieve_exactly(
         cycle: CycleState,
         request: ScheduleRequest,
         handle: PreemptionHandle,
-        plan: NodePlan,
-        rule: ReclaimRule | None,
-        groups: list[tuple[Any, set[str]]],
-    ) -> NodePlan | None:
-        """Every eligible unit evicted, then reprieve checked with the real filters (slow, exact)."""
-        need = {n: a for n, a in translate_gpu_shortcuts(request.workload.requests).items() if a > 0}
-        units = _reprieve_order(self._units(plan.node, request.workload, rule, need), groups)
-        victims = list(units)
-        if handle.try_without(cycle, request, plan.node, [m.key for u in victims for m in u.members]) is None:
+        node: int,
+        ordered: list[Unit],
+        model: NodeModel,
+    ) -> tuple[list[Unit], Binding] | None:
+        """SelectVictimsOnNode with the real filters: (victims, the preemptor's binding without them),
+        or None when it does not fit even with every unit out. `model` has every unit out; a unit
+        the model says cannot come back stays out without an exact check."""
+        binding = handle.try_without(cycle, request, node, [k for u in ordered for k in u.keys])
+        if binding is None:
             return None
-        for unit in units:
-            rest = [u for u in victims if u is not unit]
-            if rest and handle.try_without(cycle, request, plan.node, [m.key for u in rest for m in u.members]):
-                victims = rest
-        if not _reclaim_keeps_min(victims, request.workload.priority, rule):
-            return None
-        return NodePlan(plan.node, victims, _violations(victims, groups), plan.rank)
-
-
-def _eligible(members: list[Bound], priority: int, rule: ReclaimRule | None) -> str | None:
-    """Why this unit may be evicted for a workload of `priority`, or None when it may not."""
-    top = max(m.priority for m in members)
-    if top < priority:
-        return f"priority {top} < {priority}"
-    if rule is None or top > priority:
-        return None
-    by_tenant: dict[str, dict[str, int]] = {}
-    for m in members:
-        amounts = by_tenant.setdefault(m.binding.tenant, {})
-        for name, amount in m.amounts.items():
-            amounts[name] = amounts.get(name, 0) + amount
-    if all(rule.victim_ok(t, a) for t, a in by_tenant.items()):
-        tenants = ", ".join(sorted(by_tenant))
-        return f"reclaim: tenant {tenants} borrows above its min (priority {top} = {priority})"
-    return None
-
-
-def _reclaim_keeps_min(victims: list[Unit], priority: int, rule: ReclaimRule | None) -> bool:
-    """Whether the equal-priority (reclaim) victims, all together, leave every guarantee at its min."""
-    if rule is None:
-        return True
-    by_group: dict[str, tuple[str, dict[str, int]]] = {}
-    for unit in victims:
-        for m in unit.members:
-            if m.priority < priority:
-                continue
-            tenant = m.binding.tenant
-            _, amounts = by_group.setdefault(rule.group(tenant), (tenant, {}))
-            for name, amount in m.amounts.items():
-                amounts[name] = amounts.get(name, 0) + amount
-    return all(rule.victim_ok(t, a) for t, a in by_group.values())
-
-
-def _reprieve_order(units: list[Unit], groups: list[tuple[Any, set[str]]]) -> list[Unit]:
-    """Units in the order they are offered back: budget-violating first, then by priority (high
-    first) and start (older first), as kube-scheduler's reprieve."""
-    ordered = sorted(units, key=lambda u: (-u.priority, u.start))
-    if not groups:
-        return ordered
-    allowed = {id(budget): len(members) - budget.min_available for budget, members in groups}
-    for unit in ordered:
-        keys = {m.key for m in unit.members}
-        unit.violating = False
-        for budget, members in groups:
-            hit = len(keys & members)
-            if hit:
-                if hit > allowed[id(budget)]:
-                    unit.violating = True
-                allowed[id(budget)] -= hit
-    return [u for u in ordered if u.violating] + [u for u in ordered if not u.violating]
-
-
-def _violations(victims: list[Unit], groups: list[tuple[Any, set[str]]]) -> int:
-    keys = {m.key for u in victims for m in u.members}
-    return sum(1 for budget, members in groups if len(members - keys) < budget.min_available and members & keys)
+        reprieved: set[int] = set()  # ids of the units offered back and kept
+        for unit in ordered:
+            model.apply(unit.amounts, unit.grants, -1)
+            trial = None
+            if model.fits():
+                rest = [k for u in ordered if u is not unit and id(u) not in reprieved for k in u.keys]
+                trial = handle.try_without(cycle, request, node, rest) if rest else None
+            if trial is None:
+                model.apply(unit.amounts, unit.grants, +1)
+            else:
+                reprieved.add(id(unit))
+                binding = trial
+        return [u for u in ordered if id(u) not in reprieved], binding
 
 
 def _no_devices(kind: str) -> NodeDevices:

@@ -5,8 +5,13 @@ per decision, so this model is plain Python over one node: scalar free amounts, 
 of each requested type its free amounts and whether one instance of the request fits there
 (`slot_fits`, the per-device rule of the exact allocator's `fit_mask`, on one device). A victim
 changes the devices it holds grants on, so only those are re-checked, and "fits" is a counter
-comparison. It approximates the exact step (no NUMA, joint or cpuset rules); the plugin always
-confirms its answer with the real filters (plugins/preemption.py).
+comparison.
+
+The model is a *relaxation* of the exact step: it checks conditions every placement needs (the
+scalar amounts, enough devices that each fit one instance), so "does not fit" here means the real
+filters say no too. It does not see cpusets, NUMA alignment, device hints or joint allocation:
+for a request that has any of these on a node (`expresses`), the plugin takes the node's victims
+from the exact path, using the model only to skip exact checks it can already answer no to.
 """
 
 from __future__ import annotations
@@ -14,9 +19,17 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from finesched.plugins.deviceshare.request import FitRule, TypeRequest, compile_rule
+from finesched.plugins.cpu.request import CPU_REQUEST
+from finesched.plugins.deviceshare.request import DeviceRequest, FitRule, TypeRequest, compile_rule
+from finesched.plugins.numa import effective_policy
 from finesched.plugins.preemption_index import Grant
+from finesched.sched.cycle_state import CycleState
+from finesched.state.cluster import ClusterState
+from finesched.state.cpus import CPUAccounts
 from finesched.state.device_types import NodeDevices
+
+#: NUMA policies whose alignment the model cannot check (BestEffort and None always admit).
+_STRICT_NUMA = ("Restricted", "SingleNUMANode")
 
 
 def slot_fits(
@@ -91,3 +104,26 @@ class NodeModel:
             if free[name] < amount:
                 return False
         return all(model.fitting >= model.count for model in self.types)
+
+
+def expresses(cycle: CycleState, state: ClusterState, dreq: DeviceRequest | None, node: int) -> bool:
+    """Whether the model states every constraint of the cycle's request on `node` (module docstring).
+
+    Not when the request has, on that node, an exclusive cpuset (LSE/LSR, or Guaranteed whole
+    CPUs on a kubelet-static node), a ConstrainedBurst pool, a Restricted or SingleNUMANode
+    policy (the workload's or the node's), a deviceAllocateHint, or a joint device allocation.
+    Example: an LSR workload asking FullPCPUs sees "4 CPUs free" here while the victims' pinned
+    CPUs split every core; only the exact path can tell which victims free whole cores.
+    """
+    if dreq is not None and (dreq.joint is not None or any(tr.hint is not None for tr in dreq.types.values())):
+        return False
+    req = cycle.get(CPU_REQUEST)
+    if req is None:
+        return True
+    accounts = state.extras.get(CPUAccounts.name)
+    if not isinstance(accounts, CPUAccounts):
+        return not (req.exclusive or req.constrained_burst or req.numa_policy in _STRICT_NUMA)
+    config = accounts.config[node]
+    if req.exclusive_on(config.kubelet_static) or req.constrained_burst:
+        return False
+    return req.qos == "BE" or effective_policy(req, config.numa_policy) not in _STRICT_NUMA

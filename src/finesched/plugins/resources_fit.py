@@ -43,16 +43,17 @@ class ResourcesFit:
 
     @staticmethod
     def _explain(request: ScheduleRequest, nodes: NodeBatch) -> Explanation:
+        """One reason per short resource, "insufficient <name>"; unresolvable on the nodes whose
+        allocatable is below the request (kube-scheduler's Fit does the same per node)."""
         state = nodes.state
-        out: dict[str, tuple[np.ndarray, Code]] = {
+        out: dict[str, tuple[np.ndarray, Code | np.ndarray]] = {
             f"insufficient {name} (no node offers it)": (np.ones(nodes.n, dtype=bool), Code.UNRESOLVABLE)
             for name in request.unknown
         }
         for r, amount in request.pairs:
             short = nodes.row(state.free, r) < amount
             never = nodes.row(state.allocatable, r) < amount
-            code = Code.UNRESOLVABLE if bool(np.all(never[short])) else Code.UNSCHEDULABLE
-            out[f"insufficient {state.resources[r]}"] = (short, code)
+            out[f"insufficient {state.resources[r]}"] = (short, never)
         return out
 
     def pre_score(self, cycle: CycleState, request: ScheduleRequest, nodes: NodeBatch) -> Status:

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from finesched.sched.framework import BoolArray, Code, FilterPlugin, FilterResult
+from finesched.sched.framework import BoolArray, FilterPlugin, FilterResult, unresolvable_where
 
 
 class FitError(Exception):
@@ -84,32 +84,61 @@ def diagnose(
     results: Sequence[tuple[FilterPlugin, FilterResult]],
     reserve_failures: Mapping[str, int] | None = None,
 ) -> FitError:
-    """Build the FitError for a cycle where no node passed (or every reserve failed)."""
+    """Build the FitError for a cycle where no node passed (or every reserve failed).
+
+    Unresolvable when every node is (`unresolvable_nodes`) and no reserve failed: then no
+    eviction anywhere could make the workload fit.
+    """
     counts: Counter[str] = Counter()
     pending: BoolArray = np.ones(n, dtype=bool)  # nodes not yet attributed to a filter
-    unresolvable_all = n > 0
+    explained: list[tuple[BoolArray, Mapping]] = []
     for plugin, result in results:
-        rejected = pending & ~result.mask
+        rejected = ~result.mask
         if not rejected.any():
             continue
-        pending &= result.mask
         explanation = result.explain() if result.explain is not None else {}
+        explained.append((rejected, explanation))
+        first = pending & rejected
+        if not first.any():
+            continue
+        pending &= result.mask
         covered = np.zeros(n, dtype=bool)
-        resolvable = np.zeros(n, dtype=bool)
-        for reason, (mask, code) in explanation.items():
-            hit = rejected & mask
+        for reason, (mask, _code) in explanation.items():
+            hit = first & mask
             if hit.any():
                 counts[reason] += int(hit.sum())
                 covered |= hit
-                if code != Code.UNRESOLVABLE:
-                    resolvable |= hit
-        rest = rejected & ~covered
+        rest = first & ~covered
         if rest.any():
             counts[f"rejected by {plugin.NAME}"] += int(rest.sum())
-            resolvable |= rest
-        if resolvable.any():
-            unresolvable_all = False
     for reason, count in (reserve_failures or {}).items():
         counts[reason] += count
-        unresolvable_all = False
+    unresolvable_all = n > 0 and not reserve_failures and bool(_unresolvable(explained, n).all())
     return FitError(workload, n, counts, unresolvable=unresolvable_all)
+
+
+def unresolvable_nodes(results: Sequence[tuple[FilterPlugin, FilterResult]], n: int) -> BoolArray:
+    """[n] True where a filter rejects the node for a reason that is UNRESOLVABLE on it.
+
+    Such a node could not fit the workload even with every workload on it gone (one condition no
+    eviction can change is enough, as kube-scheduler's Fit returns UnschedulableAndUnresolvable
+    when any insufficient resource is), so preemption skips it and the Kubernetes extender
+    reports it in FailedAndUnresolvableNodes. The answer for a node reads only that node's
+    verdicts (explanation codes are per node) and only conditions of the node itself, so adding
+    or changing another node, or binding and releasing workloads, never changes it. A rejection
+    without reasons counts as resolvable.
+    """
+    explained = []
+    for _plugin, result in results:
+        rejected = ~result.mask
+        if rejected.any():
+            explained.append((rejected, result.explain() if result.explain is not None else {}))
+    return _unresolvable(explained, n)
+
+
+def _unresolvable(explained: Sequence[tuple[BoolArray, Mapping]], n: int) -> BoolArray:
+    out = np.zeros(n, dtype=bool)
+    for rejected, explanation in explained:
+        for mask, code in explanation.values():
+            out |= rejected & mask & unresolvable_where(code, n)
+    return out

@@ -78,7 +78,17 @@ SUCCESS = Status()
 SKIP = Status(Code.SKIP)
 
 #: A filter's explanation of its rejections: reason text -> (mask of nodes it applies to, code).
-Explanation = Mapping[str, tuple[BoolArray, Code]]
+#: The code is one Code for every node of the mask, or a per-node bool array: True where the
+#: reason is UNRESOLVABLE on that node (it could not fit the workload even with every workload on
+#: it gone), False where it is UNSCHEDULABLE. Either way a node's code depends on that node alone.
+Explanation = Mapping[str, tuple[BoolArray, "Code | BoolArray"]]
+
+
+def unresolvable_where(code: Code | BoolArray, n: int) -> BoolArray:
+    """[n] True where an explanation's `code` (one Code, or per node) is UNRESOLVABLE."""
+    if isinstance(code, np.ndarray):
+        return code.astype(bool, copy=False)
+    return np.full(n, code == Code.UNRESOLVABLE, dtype=bool)
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,7 +258,7 @@ class Preemption:
     `binding` is the preemptor's exact binding on the state minus the victims (devices, cpuset,
     NUMA), checked with the profile's real filters and reserve; `reason` says why each victim
     may go ("priority 5 < 10", or "reclaim: tenant b borrows above its min"). `violations` is
-    how many disruption budgets the eviction breaks.
+    how many victims break a disruption budget by their eviction (kube-scheduler's NumPDBViolations).
     """
 
     preemptor: str
@@ -278,6 +288,12 @@ class PreemptionHandle(Protocol):
 
         Runs the profile's filters, reserve and pre_bind on the state minus the victims, then
         restores the state exactly (nothing changes)."""
+        ...
+
+    def unresolvable(self, cycle: CycleState, request: ScheduleRequest, nodes: IndexArray) -> BoolArray:
+        """[len(nodes)] True where the workload could not fit on that node even with every workload
+        on it gone (a filter rejects it for a reason unresolvable there): no eviction helps there,
+        whatever the other nodes are (kube-scheduler's UnschedulableAndUnresolvable)."""
         ...
 
 

@@ -126,6 +126,7 @@ def _shape_fields(w: Workload) -> tuple[Hashable, ...]:
         w.device_allocate_strategy,
         (joint.device_types, joint.required_scope) if joint is not None else None,
         w.device_allocate_hint or None,
+        w.gpu_partition_spec,
         frozenset(w.labels.items()) if w.labels else None,
         frozenset(w.annotations.items()) if w.annotations else None,
     )

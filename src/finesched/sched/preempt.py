@@ -28,14 +28,15 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
+import numpy.typing as npt
 
 from finesched.errors import ValidationError
 from finesched.model.binding import Binding
 from finesched.model.workload import Workload
 from finesched.sched.cycle_state import CycleState
-from finesched.sched.diagnosis import FitError, gang_fit_error
+from finesched.sched.diagnosis import FitError, gang_fit_error, unresolvable_nodes
 from finesched.sched.elastic import ReclaimRule
-from finesched.sched.framework import NodeBatch, Preemption
+from finesched.sched.framework import BoolArray, NodeBatch, Preemption
 from finesched.sched.memo import request_shape
 from finesched.sched.queue import demand_of
 from finesched.sched.request import ScheduleRequest
@@ -54,6 +55,23 @@ class Handle:
     def __init__(self, scheduler: Scheduler, skipped: set[str]):
         self.scheduler = scheduler
         self.skipped = skipped
+        self._everywhere: npt.NDArray[np.bool_] | None = None  # unresolvable over all nodes, when computed
+
+    def unresolvable(self, cycle: CycleState, request: ScheduleRequest, nodes: npt.NDArray[np.intp]) -> BoolArray:
+        """Per node of `nodes`: no eviction can make the workload fit there (diagnosis.unresolvable_nodes).
+
+        Node-local filters are asked about `nodes` only; otherwise all nodes are filtered once
+        per decision and the answer is read from that.
+        """
+        framework, state = self.scheduler.framework, self.scheduler.state
+        if framework.node_local:
+            trial = cycle.clone()
+            _, results = framework.run_filter(trial, request, NodeBatch(state, index=nodes), self.skipped)
+            return unresolvable_nodes(results, len(nodes))
+        if self._everywhere is None:
+            _, results = framework.run_filter(cycle.clone(), request, NodeBatch(state), self.skipped)
+            self._everywhere = unresolvable_nodes(results, state.n)
+        return self._everywhere[nodes]
 
     def reclaim_rule(self, workload: Workload) -> ReclaimRule | None:
         return self.scheduler.queue.reclaim_rule(workload.tenant, demand_of(workload))

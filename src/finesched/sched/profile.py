@@ -69,8 +69,11 @@ class Profile(Model):
         return [p.name for p in self.plugins]
 
 
-def _profile(name: str, *plugins: tuple[str, int] | str, **extra: Any) -> Profile:
-    configs = [{"name": p} if isinstance(p, str) else {"name": p[0], "weight": p[1]} for p in plugins]
+def _profile(name: str, *plugins: tuple[str, int] | str | dict[str, Any], **extra: Any) -> Profile:
+    configs = [
+        p if isinstance(p, dict) else {"name": p} if isinstance(p, str) else {"name": p[0], "weight": p[1]}
+        for p in plugins
+    ]
     return Profile.model_validate({"name": name, "plugins": configs, **extra})
 
 
@@ -80,10 +83,16 @@ _FILTERS = ("NodeUnschedulable", "NodeSelector", "ResourcesFit", "NUMAAlign", "C
 
 #: Built-in profiles. "default" spreads like kube-scheduler's default (least requested + balanced,
 #: device classes included, and preemption on: DefaultPreemption); "binpack" packs nodes and their
-#: devices (DeviceScore MostAllocated).
+#: devices: DeviceScore MostAllocated picks the node, and DeviceShare's card-level default is
+#: MostAllocated (the most-used card that still fits, S0.5) instead of LeastAllocated.
 BUILTIN_PROFILES: dict[str, Profile] = {
     "default": _profile("default", *_FILTERS, ("LeastRequested", 1), ("MostBalanced", 1), "DefaultPreemption"),
-    "binpack": _profile("binpack", *_FILTERS, ("MostAllocated", 1), ("DeviceScore", 1)),
+    "binpack": _profile(
+        "binpack",
+        *(f if f != "DeviceShare" else {"name": f, "args": {"strategy": "MostAllocated"}} for f in _FILTERS),
+        ("MostAllocated", 1),
+        ("DeviceScore", 1),
+    ),
     "spread": _profile("spread", *_FILTERS, ("LeastRequested", 1)),
     "buckets": _profile("buckets", *_FILTERS, "BucketFit"),
 }

@@ -28,6 +28,7 @@ from finesched import __version__
 from finesched.server import jobs, logs, offers, openapi, routes_nodes, routes_tenants, routes_workloads
 from finesched.server.auth import TokenCache
 from finesched.server.context import MAX_BODY_BYTES, Ctx, ServerContext
+from finesched.server.lease import LostLease
 from finesched.server.loop import LoopConfig, SchedulerLoop
 from finesched.server.metrics import Metrics
 from finesched.server.store import Conflict, NotFound, Store
@@ -209,6 +210,10 @@ def create_app(store: Store, config: LoopConfig | None = None, *, max_body_bytes
     @app.exception_handler(NotFound)
     async def not_found(request: Request, exc: NotFound) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, 404)
+
+    @app.exception_handler(LostLease)
+    async def not_leader(request: Request, exc: LostLease) -> JSONResponse:
+        return JSONResponse({"detail": "this replica does not hold the scheduling lease; retry"}, 503)
 
     @app.exception_handler(OperationalError)
     async def store_down(request: Request, exc: OperationalError) -> JSONResponse:

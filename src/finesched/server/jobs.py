@@ -25,7 +25,7 @@ from finesched.server.auth import ADMIN, TENANT, Identity
 from finesched.server.cluster_view import binding_view
 from finesched.server.context import Caller, Ctx, ServerContext
 from finesched.server.job_status import job_view
-from finesched.server.placement import commit_after_write, insert_bound, log_own
+from finesched.server.placement import commit_after_write, insert_bound, leader_write, log_own
 from finesched.server.store import Event, NotFound, Store
 from finesched.server.views import InputError, canonical, detail_of, invalid, namespace_of, parse_kind
 
@@ -78,7 +78,7 @@ def submit_job(body: JobBody, ctx: Ctx, caller: Caller) -> dict[str, Any]:
             submitted = Event("Job", job_key, "Submitted", f"{len(workloads)} slots, {len(regions)} region(s): bound")
 
             def write() -> None:
-                with ctx.store.write() as conn:
+                with leader_write(ctx.loop) as conn:
                     job_store.insert_job(conn, job.namespace, job.name, spec, regions)
                     events = insert_bound(conn, workloads, bindings, job=job_key, why=f" (job {job_key})")
                     log_own(ctx.loop, conn, [*events, submitted])

@@ -40,15 +40,17 @@ from finesched.sched.framework import Preemption
 from finesched.sched.scheduler import Scheduler
 from finesched.server import job_store, lifecycle
 from finesched.server.cluster_view import binding_from_row, node_from_row, tenant_from_row, workload_from_row
-from finesched.server.feed import FeedCursor
+from finesched.server.feed import FeedCursor, read_changes, read_workloads, touched
 from finesched.server.lease import Lease, LostLease
 from finesched.server.lifecycle import Backoff
+from finesched.server.locking import LoopLock
 from finesched.server.metrics import Metrics, cluster_figures
 from finesched.server.setaside import SetAside, Unusable
 from finesched.server.store import HOLDING, PENDING, REJECTED, Event, NotFound, Store, now
 from finesched.server.upkeep import HeartbeatMonitor, WaitingReasons
 from finesched.state.cluster import ClusterState, StateError
 from finesched.state.device_wire import EncodedUpdateError, apply_encoded_updates
+from finesched.state.mig_slices import apply_mig_report
 
 log = logging.getLogger("finesched.loop")
 
@@ -84,9 +86,14 @@ class SchedulerLoop:
         self.metrics = metrics or Metrics()
         self.lease = Lease(store, self.config.lease_ttl_s, self.config.holder)
         #: Guards `scheduler` (and its state) between the loop thread and API handlers that read it.
-        self.lock = threading.RLock()
+        #: Taken before the store's writer, never inside a write transaction (server/locking.py).
+        self.lock = LoopLock()
+        #: A leaf lock for `_own_events` alone: event ids are recorded inside write transactions.
+        self._own_lock = threading.Lock()
         self.scheduler: Scheduler | None = None
         self.queued: dict[str, Queued] = {}
+        #: (created, version) of the node rows the state reflects: a row seen again unchanged is skipped.
+        self._node_rows: dict[str, tuple[Any, int]] = {}
         #: Pending workloads backing off (rejected, or a job slot to place again): key -> not before.
         self.deferred: dict[str, datetime] = {}
         self._feed = FeedCursor(0)
@@ -201,10 +208,12 @@ class SchedulerLoop:
         cursor = self.store.last_event_id()  # changes after this are replayed by the feed (idempotent)
         renew = self._renew_while_busy(self.config.lease_ttl_s / 3)
         state = ClusterState()
+        node_rows: dict[str, tuple[Any, int]] = {}
         for row in self.store.list_nodes():
             renew()
             try:
                 state.add_node(node_from_row(row))
+                node_rows[row["name"]] = (row["created"], row["version"])
                 self.set_aside.clear("Node", row["name"])
             except Exception as exc:  # one node that cannot be loaded is left out, not the cluster
                 self.set_aside.node(row["name"], f"cannot be loaded: {exc}")
@@ -232,7 +241,10 @@ class SchedulerLoop:
         with self.lock:
             self.scheduler = scheduler
             self.queued = queued
-            self._feed, self._own_events = FeedCursor(cursor), set()
+            self._node_rows = node_rows
+            self._feed = FeedCursor(cursor)
+            with self._own_lock:
+                self._own_events = set()
         log.info("scheduler state rebuilt: %d nodes, %d bindings, %d queued", state.n, len(state.bindings), len(queued))
         # The rebuilt state is millions of long-lived objects: keep the collector from walking them
         # on every full collection (a multi-second pause of every thread on a large cluster).
@@ -295,18 +307,20 @@ class SchedulerLoop:
             due = [key for key, at in self.deferred.items() if at <= stamp]
             for key in due:
                 del self.deferred[key]
+        rows = read_workloads(self.store, due) if due else {}  # one read for all of them (feed.py)
         for key in due:
-            self.reconcile_workload(key)
+            self._isolated("Workload", key, self._apply_workload, key, rows.get(key))
 
     def own(self, event_ids: Iterable[int]) -> None:
-        """Events this process wrote and already applied: the feed skips them."""
-        with self.lock:
+        """Events this process wrote and already applied: the feed skips them. Safe inside a write
+        transaction (it takes only a leaf lock)."""
+        with self._own_lock:
             self._own_events.update(event_ids)
 
     def submitted(self, rows: Iterable[tuple[int, Workload]], event_ids: Iterable[int]) -> None:
         """Workloads this process just stored as Pending (id, workload): queue them without a reload."""
+        self.own(event_ids)
         with self.lock:
-            self._own_events.update(event_ids)
             scheduler = self.scheduler
             if scheduler is not None:
                 for workload_id, workload in rows:
@@ -319,31 +333,36 @@ class SchedulerLoop:
     def changed(self, kind: str, obj: str) -> None:
         """This process just changed `obj` in the store: apply it now, so the next request sees it
         (the feed applies it again later, which changes nothing)."""
+        reconcile = {"Node": self.reconcile_node, "Workload": self.reconcile_workload, "Tenant": self.reconcile_tenant}
         if self.scheduler is not None:
-            self._isolated(kind, obj)
+            self._isolated(kind, obj, reconcile[kind], obj)
         self.wake()
 
     # Change feed -----------------------------------------------------------------------------------
     def _follow_feed(self) -> None:
+        """Apply what other writers changed: the objects of one poll are read together (feed.py)."""
         events = self._feed.read(self.store, limit=5000)
         if not events:
             return
-        touched: dict[tuple[str, str], None] = {}
-        with self.lock:
-            for event in events:
-                if event["id"] in self._own_events:
-                    self._own_events.discard(event["id"])
-                    continue
-                touched[(event["kind"], event["object"])] = None
-        for kind, obj in touched:
-            if kind in ("Node", "Workload", "Tenant"):
-                self._isolated(kind, obj)
+        with self._own_lock:
+            objects = touched(events, self._own_events)
+        changes = read_changes(self.store, objects)
+        capacity_changed = False
+        for name, row in changes.nodes.items():
+            capacity_changed |= bool(self._isolated("Node", name, self._apply_node, name, row))
+        if capacity_changed:
+            with self.lock:
+                if self.scheduler is not None:
+                    self.scheduler.queue.cluster_changed()
+        for key, row in changes.workloads.items():
+            self._isolated("Workload", key, self._apply_workload, key, row)
+        for name, row in changes.tenants.items():
+            self._isolated("Tenant", name, self._apply_tenant, name, row)
 
-    def _isolated(self, kind: str, obj: str) -> None:
-        """Apply one object's change; if that raises, set the object aside and go on with the others."""
-        reconcile = {"Node": self.reconcile_node, "Workload": self.reconcile_workload, "Tenant": self.reconcile_tenant}
+    def _isolated(self, kind: str, obj: str, apply: Callable[..., Any], *args: Any) -> Any:
+        """`apply(*args)`: one object's change; if that raises, set the object aside and go on with the others."""
         try:
-            reconcile[kind](obj)
+            return apply(*args)
         except SQLAlchemyError:
             raise  # the store, not the object: the loop's own handling
         except Exception as exc:
@@ -356,19 +375,30 @@ class SchedulerLoop:
                 self.set_aside.node(obj, why)
             else:
                 self.set_aside.tenant(obj, why)
+            return None
 
     def reconcile_node(self, name: str) -> None:
-        row = self.store.find_node(name)
+        if self._apply_node(name, self.store.find_node(name)):
+            with self.lock:
+                if self.scheduler is not None:
+                    self.scheduler.queue.cluster_changed()
+
+    def _apply_node(self, name: str, row: dict[str, Any] | None) -> bool:
+        """Bring node `name` in line with its store row (None: deleted); True when it may have room now."""
         with self.lock:
             scheduler = self.scheduler
             if scheduler is None:
-                return
+                return False
             state = scheduler.state
             if row is None:
+                self._node_rows.pop(name, None)
                 if name in state.index:
                     for binding in state.remove_node(name, force=True):  # the store requeued them
                         self.queued.pop(binding.workload, None)
-                return
+                return False
+            seen = (row["created"], row["version"])
+            if name in state.index and self._node_rows.get(name) == seen:
+                return False  # applied already (by the API handler that made the change, or an earlier poll)
             try:
                 node = node_from_row(row)
                 if name in state.index:
@@ -380,17 +410,24 @@ class SchedulerLoop:
                     encoded = {kind: {dim: (v["k"], v["count"], v["bits"]) for dim, v in dims.items()}
                                for kind, dims in devices.items()}  # fmt: skip
                     apply_encoded_updates(state, {name: encoded})
+                mig = (row.get("report") or {}).get("mig")
+                if mig:
+                    apply_mig_report(state, name, mig.get("instances") or {})
             except (ValidationError, StateError, EncodedUpdateError) as exc:
                 log.warning("node %s: change not applied: %s", name, exc)
-                self._own_events.update(self.store.note([Event("Node", name, "UpdateRefused", str(exc))]))
+                self.own(self.store.note([Event("Node", name, "UpdateRefused", str(exc))]))
                 if name not in state.index:  # nothing of it is in the state: left out until it loads
                     raise Unusable(f"cannot be loaded: {exc}") from None
-                return
-            self.set_aside.clear("Node", name)
-            scheduler.queue.cluster_changed()
+                return False
+            self._node_rows[name] = seen
+        self.set_aside.clear("Node", name)
+        return True
 
     def reconcile_workload(self, key: str) -> None:
-        row = self.store.find_workload(*key.split("/", 1))
+        self._apply_workload(key, self.store.find_workload(*key.split("/", 1)))
+
+    def _apply_workload(self, key: str, row: dict[str, Any] | None) -> None:
+        """Bring workload `key` in line with its store row (None: deleted)."""
         with self.lock:
             scheduler = self.scheduler
             if scheduler is None:
@@ -425,10 +462,17 @@ class SchedulerLoop:
 
     def reconcile_tenant(self, name: str) -> None:
         try:
-            tenant = tenant_from_row(self.store.get_tenant(name))
+            row: dict[str, Any] | None = self.store.get_tenant(name)
         except NotFound:
+            row = None
+        self._apply_tenant(name, row)
+
+    def _apply_tenant(self, name: str, row: dict[str, Any] | None) -> None:
+        if row is None:
             self.set_aside.clear("Tenant", name)
             return
+        try:
+            tenant = tenant_from_row(row)
         except ValidationError as exc:
             raise Unusable(f"the stored manifest is invalid: {exc}") from None
         with self.lock:
@@ -506,8 +550,8 @@ class SchedulerLoop:
         conflicted = set(conflicts)
         stamp = time.time()
         bound, victims = 0, []
+        self.own(event_ids)
         with self.lock:
-            self._own_events.update(event_ids)
             scheduler = self.scheduler
             for entry, binding in decisions:
                 key = binding.workload

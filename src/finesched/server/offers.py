@@ -33,7 +33,7 @@ from finesched.server import schema as t
 from finesched.server.auth import ADMIN, TENANT
 from finesched.server.cluster_view import binding_view, pinned
 from finesched.server.context import Caller, Ctx, ServerContext
-from finesched.server.placement import commit_after_write, insert_bound, log_own
+from finesched.server.placement import commit_after_write, insert_bound, leader_write, log_own
 from finesched.server.routes_workloads import parse_workloads
 from finesched.server.store import Event, Store, as_dict, aware, now
 from finesched.server.views import InputError, invalid
@@ -115,7 +115,7 @@ def make_offer(body: OfferRequest, ctx: Ctx, caller: Caller) -> dict[str, Any]:
                "created": stamp}  # fmt: skip
 
         def write() -> None:
-            with ctx.store.write() as conn:
+            with leader_write(ctx.loop) as conn:
                 conn.execute(insert(t.offers), row)
                 log_own(ctx.loop, conn, [Event("Offer", offer_id, "Offered", f"{node} for {body.tenant}")])
 
@@ -209,7 +209,7 @@ def _reassume(scheduler: Scheduler, hold: Binding) -> None:
 
 def _write_accept(ctx: ServerContext, offer_id: str, workloads: list[Workload], bindings: list[Binding]) -> None:
     """One transaction: the offer closes only if it is still open, and the workloads are stored bound."""
-    with ctx.store.write() as conn:
+    with leader_write(ctx.loop) as conn:
         closed = conn.execute(
             update(t.offers).where(t.offers.c.id == offer_id, t.offers.c.state == OPEN).values(state=ACCEPTED)
         )
@@ -223,19 +223,22 @@ def _write_accept(ctx: ServerContext, offer_id: str, workloads: list[Workload], 
 @router.post("/{offer_id}/decline")
 def decline_offer(offer_id: str, ctx: Ctx, caller: Caller) -> dict[str, Any]:
     row = _open_offer(ctx, offer_id, caller)
-    close_offer(ctx.store, ctx.loop, row, DECLINED)
+    close_offer(ctx.loop, row, DECLINED)
     return {"offer": offer_id, "state": DECLINED}
 
 
-def close_offer(store: Store, loop: Any, row: dict[str, Any], state: str) -> None:
-    """Close an open offer (declined or expired) and release its hold."""
-    with store.write() as conn:
-        closed = conn.execute(
-            update(t.offers).where(t.offers.c.id == row["id"], t.offers.c.state == OPEN).values(state=state)
-        )
-        if closed.rowcount == 1:
-            log_own(loop, conn, [Event("Offer", row["id"], state)])
+def close_offer(loop: Any, row: dict[str, Any], state: str) -> None:
+    """Close an open offer (declined or expired) and release its hold.
+
+    Like making and accepting an offer, this takes the loop's lock first and writes inside it
+    (server/locking.py), so the offer's row and the hold in memory change together."""
     with loop.lock:
+        with leader_write(loop) as conn:
+            closed = conn.execute(
+                update(t.offers).where(t.offers.c.id == row["id"], t.offers.c.state == OPEN).values(state=state)
+            )
+            if closed.rowcount == 1:
+                log_own(loop, conn, [Event("Offer", row["id"], state)])
         scheduler = loop.scheduler
         key = hold_key(row["id"])
         if scheduler is not None and key in scheduler.state.bindings:
@@ -265,4 +268,4 @@ def expire_offers(store: Store, loop: Any) -> None:
     stamp = now()
     for row in open_offers(store):
         if aware(row["expires"]) <= stamp:
-            close_offer(store, loop, row, EXPIRED)
+            close_offer(loop, row, EXPIRED)

@@ -1,13 +1,15 @@
 """Placing a group of workloads at once, outside the queue (offer accept, dataflow jobs).
 
 The handler holds the loop's lock, asks the scheduler to place the whole group (`schedule_gang`:
-all or none, assumed only), writes workloads and bindings in one transaction, and commits the
-assumed bindings only after that transaction succeeded; if it fails they are forgotten.
+all or none, assumed only), writes workloads and bindings in one transaction fenced by the lease
+(`leader_write`), and commits the assumed bindings only after that transaction succeeded; if it
+fails they are forgotten.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from sqlalchemy import Connection, insert
@@ -55,6 +57,16 @@ def commit_after_write(loop: SchedulerLoop, bindings: Sequence[Binding], write: 
         for binding in bindings:
             state.commit(binding.workload)
     return result
+
+
+@contextmanager
+def leader_write(loop: SchedulerLoop) -> Iterator[Connection]:
+    """A write transaction fenced by the scheduler lease, like the loop's own binding writes: it
+    commits only while this replica still holds the lease, else raises LostLease (503 to a client).
+    Opened with the loop's lock held (server/locking.py)."""
+    with loop.store.write() as conn:
+        loop.lease.fence(conn)
+        yield conn
 
 
 def log_own(loop: SchedulerLoop, conn: Connection, events: Sequence[Event]) -> None:

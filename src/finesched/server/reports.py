@@ -4,7 +4,9 @@ An agent sends, per device type and dimension, the free amounts of its devices (
 one integer `k` with the bit width and device count. The server decodes them and refuses the
 whole report, keeping the last good state, when the count is not the node's device count of that
 type, a value is out of range for the width, or a decoded value is above the device's total.
-Health flags must name devices the node has.
+Health flags must name devices the node has. GPUs in MIG mode are not in the free vectors; the
+``mig`` part lists each MIG card's instances (valid together for the card's profile table) and,
+S0.2-encoded, the card's occupied memory slices, which must be what those instances occupy.
 
 With them the agent reports its CPU pools as it applies them now (S3.9): ``cpuSharedPools`` and
 ``beCPUSharedPools`` (``[{socket, node, cpuset}]``, one per NUMA node, as koordlet's
@@ -17,10 +19,12 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
+import pydantic
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
 from finesched.codec import MAX_BITS, CodecError, decode
 from finesched.cpuset import MAX_CPU_ID, CPUSet
+from finesched.model.mig import MIGInstance, MIGSpec
 from finesched.model.node import Node, device_totals
 from finesched.server.views import Integer
 
@@ -36,6 +40,7 @@ class EncodedDim(BaseModel):
 #: naming one must not be refused, or the node would go silent.
 Name = Annotated[str, Field(max_length=4096)]
 POOL_FIELDS = ("cpuSharedPools", "beCPUSharedPools", "podCPUAllocs", "workloadCPUs")
+OPTIONAL_PARTS = (*POOL_FIELDS, "mig")
 
 
 class SharedPool(BaseModel):
@@ -58,6 +63,14 @@ class WorkloadCPUs(BaseModel):
     pool: str | None = Field(default=None, max_length=200)
 
 
+class MIGReport(BaseModel):
+    """``slices``: S0.2 occupied-slice masks of the MIG cards (minor order); ``instances``: per minor."""
+
+    model_config = ConfigDict(extra="forbid")
+    slices: EncodedDim
+    instances: dict[str, list[MIGInstance]] = Field(default_factory=dict)
+
+
 class NodeReport(BaseModel):
     """`devices`: {type: {dimension: {k, count, bits}}}; `health`: {type: {minor: healthy}}; the pools."""
 
@@ -70,12 +83,13 @@ class NodeReport(BaseModel):
     beCPUSharedPools: list[SharedPool] | None = Field(default=None, max_length=4096)
     podCPUAllocs: list[WorkloadCPUs] | None = Field(default=None, max_length=65536)
     workloadCPUs: list[WorkloadCPUs] | None = Field(default=None, max_length=65536)
+    mig: MIGReport | None = None
 
     @model_serializer(mode="wrap")
-    def _without_absent_pools(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        """A report without pools (an older agent) is stored as it came, not with nulls."""
+    def _without_absent_parts(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """A report without pools (an older agent) or MIG cards is stored as it came, not with nulls."""
         data: dict[str, Any] = handler(self)
-        return {k: v for k, v in data.items() if v is not None or k not in POOL_FIELDS}
+        return {k: v for k, v in data.items() if v is not None or k not in OPTIONAL_PARTS}
 
 
 def check_report(node: Node, report: NodeReport) -> list[dict[str, Any]]:
@@ -83,7 +97,8 @@ def check_report(node: Node, report: NodeReport) -> list[dict[str, Any]]:
     problems: list[dict[str, Any]] = []
     inventory: dict[str, list[Any]] = {}
     for device in sorted(node.devices, key=lambda d: (d.type, d.minor)):
-        inventory.setdefault(device.type, []).append(device)
+        if device.mig is None:  # MIG cards are reported under "mig"
+            inventory.setdefault(device.type, []).append(device)
     for kind, dims in report.devices.items():
         devices = inventory.get(kind)
         if devices is None:
@@ -110,8 +125,10 @@ def check_report(node: Node, report: NodeReport) -> list[dict[str, Any]]:
                     problems.append(
                         _problem([*loc, "k"], f"{kind} {device.minor}: free {value} is above its total {total}", value)
                     )
+    if report.mig is not None:
+        problems += _mig_problems(node, report.mig)
     for kind, flags in report.health.items():
-        minors = {str(d.minor) for d in inventory.get(kind, ())}
+        minors = {str(d.minor) for d in node.devices if d.type == kind}
         for minor in flags:
             if minor not in minors:
                 problems.append(_problem(["health", kind, minor], f"node {node.name} has no {kind} {minor}", minor))
@@ -143,6 +160,46 @@ def _pool_problems(node: Node, report: NodeReport) -> list[dict[str, Any]]:
             if not entry.cpuset.is_subset(everything):
                 msg = f"CPUs {entry.cpuset - everything} are not CPUs of node {node.name} ({everything})"
                 problems.append(_problem([field, str(i), "cpuset"], msg, str(entry.cpuset)))
+    return problems
+
+
+def _mig_problems(node: Node, report: MIGReport) -> list[dict[str, Any]]:
+    cards = {str(d.minor): d.mig for d in sorted(node.devices, key=lambda d: d.minor) if d.type == "gpu" and d.mig}
+    problems: list[dict[str, Any]] = []
+    masks = []
+    for minor, spec in cards.items():
+        assert spec is not None
+        found = report.instances.get(minor, [])
+        try:
+            fresh = MIGSpec.model_validate(
+                {**spec.model_dump(by_alias=True), "instances": [i.model_dump() for i in found]}
+            )
+        except pydantic.ValidationError as exc:
+            for e in exc.errors():
+                problems.append(
+                    _problem(["mig", "instances", minor, *map(str, e["loc"][1:])], e["msg"], e.get("input"))
+                )
+            masks.append(None)
+            continue
+        g = fresh.geometry
+        masks.append(sum(g.masks[g.placement_lookup[(i.profile, i.start)]] for i in fresh.instances))
+    for minor in sorted(set(report.instances) - set(cards)):
+        problems.append(_problem(["mig", "instances", minor], f"node {node.name} has no MIG gpu {minor}", minor))
+    enc = report.slices
+    if enc.count != len(cards):
+        problems.append(
+            _problem(["mig", "slices", "count"], f"node {node.name} has {len(cards)} MIG gpu(s)", enc.count)
+        )
+        return problems
+    try:
+        values = decode(enc.k, enc.count, enc.bits)
+    except CodecError as exc:
+        return [*problems, _problem(["mig", "slices", "k"], f"does not decode with bits={enc.bits}: {exc}", enc.k)]
+    for minor, value, want in zip(cards, values, masks, strict=True):
+        if want is not None and value != want:
+            problems.append(
+                _problem(["mig", "slices", "k"], f"gpu {minor}: slices {value:#b} != its instances' {want:#b}", value)
+            )
     return problems
 
 

@@ -9,22 +9,26 @@ when the object is gone. Rows come back as plain dicts (no ORM objects leak out)
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
-from sqlalchemy import Connection, Row, delete, func, insert, or_, select, update
+from sqlalchemy import Connection, Row, case, delete, func, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
 
 from finesched.server import schema as t
 from finesched.server.correlator import correlator_for
 from finesched.server.db import Engines, open_engines
+from finesched.server.locking import writing
 
 PENDING, BOUND, RUNNING, SUCCEEDED, FAILED, REJECTED = "Pending", "Bound", "Running", "Succeeded", "Failed", "Rejected"
 PHASES = (PENDING, BOUND, RUNNING, SUCCEEDED, FAILED, REJECTED)
 HOLDING = (BOUND, RUNNING)  # phases that hold a binding
 TERMINAL = (SUCCEEDED, FAILED, REJECTED)
+CHUNK = 1000  # rows per statement when a batch is read or written with IN (...) lists
+T = TypeVar("T")
 
 
 class Conflict(Exception):
@@ -68,6 +72,12 @@ def binding_row(workload_id: int, key: str, node: str, data: Mapping[str, Any], 
             "version": 1, "created": stamp}  # fmt: skip
 
 
+def chunks(items: Sequence[T], size: int = CHUNK) -> Iterator[Sequence[T]]:
+    """`items` in slices of at most `size` (keeps every statement under the drivers' parameter limits)."""
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
 class Store:
     """All reads and writes of the control plane's tables."""
 
@@ -82,8 +92,12 @@ class Store:
         self.engines.dispose()
 
     # Transactions ------------------------------------------------------------------------------------
-    def write(self) -> Any:
-        return self.engines.writer.begin()
+    @contextmanager
+    def write(self) -> Iterator[Connection]:
+        """A write transaction: committed when the block ends, rolled back if it raises. Inside it
+        the loop's lock may not be taken (server/locking.py: the loop's lock first, then the writer)."""
+        with writing(), self.engines.writer.begin() as conn:
+            yield conn
 
     def read(self) -> Any:
         return self.engines.reader.connect()
@@ -224,7 +238,8 @@ class Store:
              "job": job, "version": 1, "created": stamp, "updated": stamp}
             for ns, name, tenant, spec in items
         ]  # fmt: skip
-        result = conn.execute(insert(t.workloads).returning(t.workloads.c.id), rows)
+        inserted = insert(t.workloads).returning(t.workloads.c.id, sort_by_parameter_order=True)
+        result = conn.execute(inserted, rows)
         ids = [r[0] for r in result]
         events = cls.log(conn, [Event("Workload", f"{ns}/{name}", "Submitted") for ns, name, _, _ in items])
         return ids, events
@@ -303,30 +318,44 @@ class Store:
         preemptor needs gone: they are released and requeued in the same transaction, and only if
         that preemptor is bound. `fence(conn)` runs first and must raise when this writer may no
         longer schedule."""
-        conflicts: list[int] = []
         evictions = evictions or {}
         with self.write() as conn:
             if fence is not None:
                 fence(conn)
             stamp = now()
-            events, rows = [], []
-            for workload_id, version, key, node, data in decisions:
-                result = conn.execute(
+            bindable = self._still_pending(conn, {d[0]: d[1] for d in decisions})
+            chosen = [d for d in decisions if d[0] in bindable]
+            for part in chunks(chosen):  # a few statements per batch, not one per workload
+                nodes = case({workload_id: node for workload_id, _, _, node, _ in part}, value=t.workloads.c.id)
+                conn.execute(
                     update(t.workloads)
-                    .where(t.workloads.c.id == workload_id, t.workloads.c.version == version,
-                           t.workloads.c.phase == PENDING)
-                    .values(phase=BOUND, node=node, reason="", version=version + 1, updated=stamp)
-                )  # fmt: skip
-                if result.rowcount != 1:
-                    conflicts.append(workload_id)
-                    continue
+                    .where(t.workloads.c.id.in_([d[0] for d in part]))
+                    .values(phase=BOUND, node=nodes, reason="", version=t.workloads.c.version + 1, updated=stamp)
+                )
+            events, rows = [], []
+            for workload_id, _, key, node, data in chosen:
                 for victim, reason in evictions.get(workload_id, ()):
                     events += self._evict(conn, victim, f"preempted by {key} on {node}: {reason}")
                 rows.append(binding_row(workload_id, key, node, data, stamp))
                 events.append(Event("Workload", key, "Bound", f"bound to {node}"))
             if rows:
                 conn.execute(insert(t.bindings), rows)
-            return conflicts, self.log(conn, events)
+            return [d[0] for d in decisions if d[0] not in bindable], self.log(conn, events)
+
+    @staticmethod
+    def _still_pending(conn: Connection, seen: Mapping[int, int]) -> set[int]:
+        """The ids of `seen` (id -> version the scheduler read) still Pending at that version, their rows
+        locked for this transaction (PostgreSQL; SQLite's writer is exclusive anyway) in id order."""
+        found: set[int] = set()
+        for part in chunks(sorted(seen)):
+            query = (
+                select(t.workloads.c.id, t.workloads.c.version)
+                .where(t.workloads.c.id.in_(part), t.workloads.c.phase == PENDING)
+                .order_by(t.workloads.c.id)
+                .with_for_update()
+            )
+            found.update(workload_id for workload_id, version in conn.execute(query) if seen[workload_id] == version)
+        return found
 
     def _evict(self, conn: Connection, key: str, reason: str) -> list[Event]:
         """Release a preemption victim's binding and requeue it (its agent stops its process)."""

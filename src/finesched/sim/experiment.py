@@ -1,4 +1,4 @@
-"""Experiments that drive the real Scheduler with a trace: the FGD fill protocol and a timed replay.
+"""Experiments that drive the real Scheduler with a trace: the FGD fill protocol (the timed replay: sim/replay.py).
 
 **Fill** (FGD-PROTOCOL.md §2, "workload inflation"). With a seeded generator: shuffle the original
 pods (sorted by name first), then append clones drawn uniformly with replacement while the total
@@ -10,26 +10,18 @@ arrival: allocation rate, arrived demand, fragmentation amount and ratio.
 Deviation: the generator is numpy's PCG64 (`numpy.random.default_rng(seed)`), not Go's
 math/rand, so seed 42 here is a different shuffle, clone set and tie order than seed 42 in the
 paper's artifact; results agree in distribution, not bit for bit.
-
-**Replay**. Pods arrive at their creation time (divided by ``time_scale`` to raise the load) and,
-once placed, run for their trace duration (deletion − creation) and leave. Pods that do not fit
-wait in the Scheduler's queue (priority, then DRF between tenants = the trace's QoS classes, FIFO
-within a tenant) and are retried whenever a pod leaves. Reported: GPU allocation over time,
-queue length over time and queueing delay (placement − arrival).
 """
 
 from __future__ import annotations
 
-import heapq
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from finesched.model.binding import Binding
 from finesched.model.node import Node
 from finesched.plugins.fragmentation import FragmentationIndex, TargetWorkload
 from finesched.sched.diagnosis import FitError
@@ -42,14 +34,16 @@ from finesched.state.cluster import ClusterState
 FloatArray = npt.NDArray[np.float64]
 Progress = Callable[[int, int], None]
 
-_NODE_CACHE: dict[int, list[Node]] = {}
+_NODE_CACHE: dict[tuple[int, str | None], list[Node]] = {}
 
 
-def cluster_nodes(table: NodeTable) -> list[Node]:
-    """The Node objects of a node table (built once per table per process; Nodes are immutable)."""
-    nodes = _NODE_CACHE.get(id(table))
+def cluster_nodes(table: NodeTable, gpu_partitions: str | None = None) -> list[Node]:
+    """The Node objects of a node table (built once per table and partition policy per process;
+    Nodes are immutable)."""
+    key = (id(table), gpu_partitions or None)
+    nodes = _NODE_CACHE.get(key)
     if nodes is None:
-        nodes = _NODE_CACHE[id(table)] = to_nodes(table)
+        nodes = _NODE_CACHE[key] = to_nodes(table, gpu_partitions)
     return nodes
 
 
@@ -142,11 +136,12 @@ def _round(value: float) -> float | None:
 
 
 def make_scheduler(
-    nodes: NodeTable, policy: str, seed: int, target: TargetWorkload, *, preemption: bool = False, **overrides: Any
-) -> tuple[Scheduler, ClusterState]:
-    """A fresh cluster of `nodes` and a Scheduler running `policy`'s profile with tie seed `seed`
-    (plus DefaultPreemption with `preemption`)."""
-    state = ClusterState.from_nodes(cluster_nodes(nodes))
+    nodes: NodeTable, policy: str, seed: int, target: TargetWorkload, *, preemption: bool = False,
+    gpu_partitions: str | None = None, **overrides: Any,
+) -> tuple[Scheduler, ClusterState]:  # fmt: skip
+    """A fresh cluster of `nodes` (with partition tables under `gpu_partitions`, trace.py) and a
+    Scheduler running `policy`'s profile with tie seed `seed` (plus DefaultPreemption with `preemption`)."""
+    state = ClusterState.from_nodes(cluster_nodes(nodes, gpu_partitions))
     profile = policy_profile(policy, seed, target.to_specs())
     if preemption:
         profile["plugins"] = [*profile["plugins"], {"name": "DefaultPreemption"}]
@@ -165,6 +160,7 @@ def run_fill(
     progress: Progress | None = None,
     preemption: bool = False,
     priorities: tuple[float, ...] = (),
+    gpu_partitions: str | None = None,
 ) -> FillRun:
     """Run the fill protocol for one policy and seed through the real Scheduler.
 
@@ -177,8 +173,8 @@ def run_fill(
     target = target or metrics.target_workload(pods)
     arrivals = inflate(pods, inflation, capacity, np.random.default_rng(seed))
     started = time.perf_counter()
-    scheduler, state = make_scheduler(nodes, policy, seed, target, preemption=preemption)
-    classes = _priority_classes(len(arrivals), priorities, seed)
+    scheduler, state = make_scheduler(nodes, policy, seed, target, preemption=preemption, gpu_partitions=gpu_partitions)
+    classes = priority_classes(len(arrivals), priorities, seed)
     evicted: dict[int, int] = {p: 0 for p in range(len(priorities))}
     held_by: dict[str, int] = {}
     index = FragmentationIndex.shared(state, target)
@@ -234,7 +230,7 @@ def run_fill(
     )
 
 
-def _priority_classes(n: int, weights: tuple[float, ...], seed: int) -> npt.NDArray[np.int64] | None:
+def priority_classes(n: int, weights: tuple[float, ...], seed: int) -> npt.NDArray[np.int64] | None:
     """A seeded priority class per arrival (None without a mix); its own stream, so the arrival
     order of the run is the one without priorities."""
     if not weights:
@@ -250,137 +246,3 @@ def _alloc_by_priority(state: ClusterState, held_by: dict[str, int], classes: in
     for key, milli in held_by.items():
         out[state.bindings[key].priority] += milli
     return {p: 100.0 * v / capacity if capacity else 0.0 for p, v in out.items()}
-
-
-# Replay --------------------------------------------------------------------------------------------------
-@dataclass
-class ReplayRun:
-    """One policy x seed replay: time series (trace seconds) and per-pod queueing delays."""
-
-    policy: str
-    seed: int
-    time_scale: float
-    times: FloatArray
-    alloc: FloatArray
-    queued: npt.NDArray[np.int64]
-    delays: FloatArray
-    unplaced: int
-    wall_s: float
-    trace: str = ""
-    by_tenant: dict[str, dict[str, float]] = field(default_factory=dict)
-    #: Time of the last arrival: utilization is averaged over the arrival window, since the
-    #: trace's long-running pods keep a few GPUs busy long after the last arrival.
-    last_arrival: float = 0.0
-
-    def mean_alloc(self, start: float, end: float) -> float:
-        """Time-weighted mean GPU allocation (%) over [start, end] (the step function of `alloc`)."""
-        if len(self.times) == 0:
-            return 0.0
-        if end <= start:
-            return float(self.alloc[0])
-        edges = np.clip(np.append(self.times, np.inf), start, end)
-        return float((self.alloc * np.diff(edges)).sum() / (end - start))
-
-    def record(self) -> dict[str, Any]:
-        mean_alloc = self.mean_alloc(self.times[0] if len(self.times) else 0.0, self.last_arrival)
-        return {
-            "policy": self.policy,
-            "seed": self.seed,
-            "trace": self.trace,
-            "time_scale": self.time_scale,
-            "alloc_mean": round(mean_alloc, 4),
-            "alloc_peak": round(float(self.alloc.max()), 4) if len(self.alloc) else 0.0,
-            "queue_peak": int(self.queued.max()) if len(self.queued) else 0,
-            "delay_s": {k: round(v, 3) for k, v in metrics.queueing_stats(self.delays).items()},
-            "delay_by_tenant_s": self.by_tenant,
-            "placed": len(self.delays),
-            "waited": int((self.delays > 0).sum()),
-            "unplaced": self.unplaced,
-            "wall_s": round(self.wall_s, 3),
-        }
-
-
-def run_replay(
-    nodes: NodeTable,
-    pods: PodTable,
-    policy: str,
-    seed: int,
-    time_scale: float = 1.0,
-    *,
-    target: TargetWorkload | None = None,
-    progress: Progress | None = None,
-) -> ReplayRun:
-    """Replay `pods` by their timestamps through the Scheduler's queue (see the module docstring)."""
-    if not pods.has_times:
-        raise ValueError(f"{pods.source or 'pod list'} has no creation/deletion times; replay needs them")
-    if time_scale <= 0:
-        raise ValueError("time_scale must be > 0")
-    policy = resolve_policy(policy)
-    capacity = nodes.gpu_capacity_milli
-    target = target or metrics.target_workload(pods)
-    started = time.perf_counter()
-    scheduler, _ = make_scheduler(nodes, policy, seed, target)
-    factory = WorkloadFactory()
-    arrival = pods.creation / time_scale
-    duration = np.maximum(pods.deletion - pods.creation, 0).astype(np.float64)
-    order = np.argsort(arrival, kind="stable").tolist()
-    keys = {factory.make(pods, 0).namespace + "/" + name: i for i, name in enumerate(pods.names)}
-    request = pods.gpu_request_milli.tolist()
-    departures: list[tuple[float, int, str]] = []
-    times: list[float] = []
-    alloc: list[float] = []
-    queued: list[int] = []
-    delays = np.full(len(pods), np.nan)
-    used = 0
-    next_arrival = 0
-    handled = 0
-    while next_arrival < len(order) or departures:
-        now = min(
-            arrival[order[next_arrival]] if next_arrival < len(order) else np.inf,
-            departures[0][0] if departures else np.inf,
-        )
-        released = False
-        while departures and departures[0][0] <= now:
-            _, i, key = heapq.heappop(departures)
-            scheduler.release(key)
-            used -= request[i]
-            released = True
-        batch = []
-        while next_arrival < len(order) and arrival[order[next_arrival]] <= now:
-            batch.append(factory.make(pods, order[next_arrival]))
-            next_arrival += 1
-        scheduler.submit(batch)
-        if released:
-            scheduler.queue.flush_backoff()  # offline: retry parked pods now, not after wall-clock backoff
-        for result in scheduler.run():
-            if isinstance(result, Binding):
-                i = keys[result.workload]
-                delays[i] = now - arrival[i]
-                used += request[i]
-                heapq.heappush(departures, (now + duration[i], i, result.workload))
-        times.append(float(now))
-        alloc.append(100.0 * used / capacity)
-        queued.append(len(scheduler.queue))
-        handled += len(batch)
-        if progress is not None and batch:
-            progress(handled, len(pods))
-    placed = ~np.isnan(delays)
-    by_tenant = {
-        tenant: {k: round(v, 3) for k, v in metrics.queueing_stats(delays[placed & (qos == tenant)]).items()}
-        for tenant in sorted(set(pods.qos))
-        for qos in [np.asarray(pods.qos, dtype=object)]
-    }
-    return ReplayRun(
-        policy=policy,
-        seed=seed,
-        time_scale=time_scale,
-        times=np.asarray(times),
-        alloc=np.asarray(alloc),
-        queued=np.asarray(queued, dtype=np.int64),
-        delays=delays[placed],
-        unplaced=int((~placed).sum()),
-        wall_s=time.perf_counter() - started,
-        trace=pods.source,
-        by_tenant=by_tenant,
-        last_arrival=float(arrival.max()),
-    )

@@ -247,6 +247,8 @@ def replay_summary(records: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, 
             "queue_peak": round(float(np.mean([r["queue_peak"] for r in rows])), 1),
             "unplaced": round(float(np.mean([r["unplaced"] for r in rows])), 1),
         }
+        if all("evictions" in r for r in rows):  # runs with a priority mix
+            out[policy]["evictions"] = round(float(np.mean([r["evictions"] for r in rows])), 1)
     return out
 
 

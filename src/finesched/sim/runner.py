@@ -20,8 +20,9 @@ from typing import Any
 import numpy as np
 
 from finesched.sim import metrics
-from finesched.sim.experiment import inflate, run_fill, run_replay
+from finesched.sim.experiment import inflate, run_fill
 from finesched.sim.lp_bound import lp_bound
+from finesched.sim.replay import run_replay
 from finesched.sim.trace import NodeTable, PodTable, load_nodes, load_pods
 
 #: Curves are binned at every integer percent of arrived demand up to this.
@@ -34,7 +35,7 @@ OnProgress = Callable[[float], None]
 class RunSpec:
     """One run: which protocol, trace files, policy and seed, and the protocol's knob."""
 
-    mode: str  # "fill" | "replay"
+    mode: str  # "fill" | "replay" | "mig" (sim/mig.py: one MIG mode of `sim fill --mig`)
     nodes: str
     pods: str
     policy: str
@@ -43,6 +44,12 @@ class RunSpec:
     time_scale: float = 1.0
     preemption: bool = False
     priorities: tuple[float, ...] = ()
+    #: `sim fill --mig`: share of GPU nodes in MIG mode, the product, and this run's mode.
+    mig_share: float = 0.0
+    mig_product: str = "A100-80GB"
+    mig_mode: str = ""
+    #: `sim fill --gpu-partitions`: give every GPU node a partition table under this policy.
+    gpu_partitions: str = ""
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -82,18 +89,24 @@ def _pods(path: str) -> PodTable:
 def execute(spec: RunSpec, progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     """Run one spec in this process; the result row plus what plots need."""
     nodes, pods = _nodes(spec.nodes), _pods(spec.pods)
+    if spec.mode == "mig":
+        from finesched.sim.mig import run_mig_fill
+
+        run = run_mig_fill(
+            nodes, pods, spec.policy, spec.seed, share=spec.mig_share, product=spec.mig_product,
+            mode=spec.mig_mode, inflation=spec.inflation,
+        )  # fmt: skip
+        return {"record": run.record()}
     target = metrics.target_workload(pods)
+    common: dict[str, Any] = {
+        "target": target,
+        "progress": progress,
+        "preemption": spec.preemption,
+        "priorities": spec.priorities,
+    }
     if spec.mode == "fill":
         run = run_fill(
-            nodes,
-            pods,
-            spec.policy,
-            spec.seed,
-            spec.inflation,
-            target=target,
-            progress=progress,
-            preemption=spec.preemption,
-            priorities=spec.priorities,
+            nodes, pods, spec.policy, spec.seed, spec.inflation, gpu_partitions=spec.gpu_partitions or None, **common
         )
         xs = list(range(CURVE_MAX + 1))
         curves = {
@@ -103,7 +116,7 @@ def execute(spec: RunSpec, progress: Callable[[int, int], None] | None = None) -
             "frag_ratio": list(metrics.bin_at(run.arrived, run.frag_ratio, xs).values()),
         }
         return {"record": run.record(), "curves": curves}
-    replay = run_replay(nodes, pods, spec.policy, spec.seed, spec.time_scale, target=target, progress=progress)
+    replay = run_replay(nodes, pods, spec.policy, spec.seed, spec.time_scale, **common)
     # The plot shows the arrival window (and a little after): long-running pods leave much later.
     shown = replay.times <= replay.last_arrival * 1.1 + 1.0
     times, alloc, queued = replay.times[shown], replay.alloc[shown], replay.queued[shown]

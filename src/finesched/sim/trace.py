@@ -13,7 +13,8 @@ Every malformed row is rejected with its file and line number (`TraceError`). Th
 
 * a node gets cpu, memory (MiB -> bytes) and one ``gpu`` device per trace GPU with gpu-core 100
   and gpu-memory-ratio 100 (1000 trace milli = 100 %; gpu-memory from `GPU_MEMORY_BY_MODEL`), and
-  its model as label ``gpu-model``;
+  its model as label ``gpu-model``; with a partition policy (``sim fill --gpu-partitions``) also a
+  GPU partition table of aligned power-of-two blocks (`partition_table`) under that policy;
 * a share pod (one GPU, ``gpu_milli`` d < 1000) asks ``gpu-core: d/10`` and
   ``gpu-memory-ratio: d/10`` (the trace's milli values are multiples of 10); a pod of k whole GPUs
   asks ``nvidia.com/gpu: k``; ``gpu_spec`` "A|B" becomes the node affinity
@@ -295,8 +296,22 @@ def models_of(spec: str) -> tuple[str, ...]:
 
 
 # Mapping onto finesched -----------------------------------------------------------------------------------
-def to_nodes(table: NodeTable) -> list[Node]:
-    """One finesched Node per row: cpu, memory, GPUs as devices, the model as label ``gpu-model``."""
+def partition_table(gpus: int) -> dict[str, list[dict[str, Any]]]:
+    """A GPU partition table of aligned blocks, the shape of an NVLink fabric of pairs, quads and
+    eights: for every power of two s <= gpus, the sets [k·s, (k+1)·s). E.g. 4 GPUs: {0..3}, {0,1},
+    {2,3}, {0}..{3}."""
+    out, size = {}, 1
+    while size <= gpus:
+        out[str(size)] = [
+            {"minors": list(range(k, k + size)), "allocationScore": 1} for k in range(0, gpus - size + 1, size)
+        ]
+        size *= 2
+    return out
+
+
+def to_nodes(table: NodeTable, gpu_partitions: str | None = None) -> list[Node]:
+    """One finesched Node per row: cpu, memory, GPUs as devices, the model as label ``gpu-model``;
+    with `gpu_partitions` (Honor or Prefer) a partition table (`partition_table`) under that policy."""
     nodes = []
     for i, name in enumerate(table.names):
         memory = GPU_MEMORY_BY_MODEL.get(table.models[i], NOMINAL_GPU_MEMORY)
@@ -317,6 +332,9 @@ def to_nodes(table: NodeTable) -> list[Node]:
                 for g in range(int(table.gpus[i]))
             ],
         }
+        if gpu_partitions and table.gpus[i]:
+            data["gpuPartitions"] = partition_table(int(table.gpus[i]))
+            data["policies"] = {"gpuPartitionPolicy": gpu_partitions}
         nodes.append(Node.model_validate(data))
     return nodes
 

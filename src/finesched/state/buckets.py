@@ -183,21 +183,6 @@ class BucketIndex:
         for _value, i in bucket.irange(minimum=(int(from_amount), -1)):
             yield i
 
-    def iter_bucket_descending(self, resource: str, k: int) -> Iterator[int]:
-        """Nodes in bucket k, largest remaining first; equal remainders still go lowest index first.
-
-        Walks runs of equal remaining from the top (one bisect per distinct amount), so it stays
-        lazy: the caller pays only for the nodes it consumes.
-        """
-        bucket = self._ring(resource).buckets[k]
-        hi = len(bucket)
-        while hi > 0:
-            value = bucket[hi - 1][0]
-            lo = bucket.bisect_left((value, -1))
-            for _value, i in bucket.islice(lo, hi):
-                yield i
-            hi = lo
-
     def members(self, resource: str, k: int) -> list[tuple[int, int]]:
         """``(remaining, node index)`` of bucket k, ascending (for tests and diagnostics)."""
         return list(self._ring(resource).buckets[k])

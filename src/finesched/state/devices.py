@@ -131,7 +131,8 @@ class DeviceAccounts:
             acc.clear(i)
         by_type: dict[str, list[Device]] = {}
         for device in node.devices:
-            by_type.setdefault(device.type, []).append(device)
+            if device.mig is None:  # a MIG card is never shared in software: state/mig_slices.py owns it
+                by_type.setdefault(device.type, []).append(device)
         for kind, devices in by_type.items():
             self._write_type(i, node, kind, sorted(devices, key=lambda d: d.minor))
         for acc in self.types.values():
@@ -174,7 +175,8 @@ class DeviceAccounts:
 
     @staticmethod
     def _link_matrix(node: Node, kind: str, slot_of_minor: dict[int, int]) -> Int64Array | None:
-        links = [link for link in node.links if link.type == kind]
+        # links of MIG cards (not in these arrays) do not count: a MIG instance never spans cards
+        links = [ln for ln in node.links if ln.type == kind and ln.a in slot_of_minor and ln.b in slot_of_minor]
         if not links:
             return None
         matrix = np.zeros((len(slot_of_minor), len(slot_of_minor)), dtype=np.int64)
@@ -214,6 +216,10 @@ class DeviceAccounts:
             if text is None:
                 return
             devices = self._annotated_devices(i, key, text)
+        if GPU in devices and any(g.mig is not None for g in devices[GPU]):  # MIG: state/mig_slices.py
+            devices = {k: kept for k, gs in devices.items() if (kept := [g for g in gs if g.mig is None])}
+            if not devices:
+                return
         where = f"{self._names[i]}"
         replay = key in self._replay[i] or self.rebuilding
         plan: list[tuple[DeviceTypeAccounts, int, int, int]] = []

@@ -1,8 +1,10 @@
 """The rules a ClusterState must satisfy after every operation (DESIGN.md "State and concurrency rules").
 
 `check` returns every violation instead of stopping at the first, so a failing property test
-or ``--validate`` run shows the whole picture. Extras (devices, CPUs) add their own rules
-through `NodeExtra.violations`.
+or ``--validate`` run shows the whole picture. Extras (devices, CPUs, MIG slices, GPU partition
+tables) add their own rules through `NodeExtra.violations`: no MIG memory slice held twice and
+every held instance a placement its product allows (state/mig_slices.py); whole-GPU sets on Honor
+nodes inside the partition table (state/gpu_partitions.py).
 """
 
 from __future__ import annotations
@@ -54,4 +56,8 @@ def check(state: ClusterState) -> list[Violation]:
         out.append(Violation("index-consistent", "node names and indices disagree"))
     for extra in state.extras.values():
         out += [Violation(extra.name, v) for v in extra.violations()]
+    if "mig" not in state.extras:  # MIG instances are counted only by the "mig" extra (state/mig_slices.py)
+        for key, binding in state.bindings.items():
+            if any(g.mig is not None for grants in binding.devices.values() for g in grants):
+                out.append(Violation("mig-accounted", f"{key} holds MIG instances but no MIG slice counters exist"))
     return out

@@ -60,7 +60,12 @@ def filter_result(checks: Checks, n: int) -> FilterResult:
 
 
 #: Per requested device type: (count, [n, D] one instance fits on the device, [n, D] its NUMA id), batch rows.
-DeviceFits = Sequence[tuple[int, np.ndarray, np.ndarray]]
+#: The count is one int, or [n] per node (a deviceAllocateHint's ApplyForAll takes every matching device).
+DeviceFits = Sequence[tuple["int | np.ndarray", np.ndarray, np.ndarray]]
+
+
+def _count_at(count: int | np.ndarray, k: int) -> int:
+    return count if isinstance(count, int) else int(count[k])
 
 
 def exclusive_checks(acc: CPUAccounts, req: CPURequest, nodes: NodeBatch, small: int = SMALL_BATCH) -> Checks:
@@ -160,7 +165,9 @@ def numa_checks(
     if nodes.n <= small:
         if not devices:
             return _by_node(nodes, lambda k, i: _numa_reasons_memo(acc, req, i))
-        return _by_node(nodes, lambda k, i: _numa_reasons(acc, req, i, [(c, w[k], d[k]) for c, w, d in devices]))
+        return _by_node(
+            nodes, lambda k, i: _numa_reasons(acc, req, i, [(_count_at(c, k), w[k], d[k]) for c, w, d in devices])
+        )
     n, take = nodes.n, nodes.take
     node_policy = take(acc.numa_policy)
     out: Checks = {}
@@ -189,7 +196,7 @@ def numa_checks(
     numa_id = acc.numa_id[node_rows]
     for count, where, dev_numa in devices:
         same = where[rows][:, None, :] & (dev_numa[rows][:, None, :] == numa_id[:, :, None])
-        ok &= same.sum(axis=2) >= count
+        ok &= same.sum(axis=2) >= (count if isinstance(count, int) else count[rows][:, None])
     failed = np.zeros(n, dtype=bool)
     failed[rows] = ~ok.any(axis=1)
     out[SINGLE_NUMA] = (failed, CODES[SINGLE_NUMA])

@@ -38,7 +38,7 @@ import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -70,6 +70,16 @@ from finesched.state.devices import STRATEGIES
 Int64Array = npt.NDArray[np.int64]
 #: chooser(device type, fitting minors ascending, count) -> chosen minors, or None to decide here.
 ChooseFn = Callable[[str, Sequence[int], int], Sequence[int] | None]
+
+
+class PartitionPick(Protocol):
+    """A node's GPU partition table as it applies to one request (partitions.py `PartitionRule`)."""
+
+    honor: bool
+
+    def pick(self, slots: Sequence[int], count: int) -> tuple[int, ...] | None: ...
+    def refusal(self, count: int) -> str: ...
+
 
 #: Above this many candidate sets, multi-device choice is greedy instead of exhaustive.
 SEARCH_LIMIT = 5000
@@ -314,11 +324,14 @@ def allocate_devices(
     affinity: NUMAAffinity | None = None,
     chooser: ChooseFn | None = None,
     labels: Mapping[str, Labels] | None = None,
+    partition: PartitionPick | None = None,
 ) -> DeviceAllocation:
     """Choose the devices of `request` on one node; raise InsufficientDevices when it cannot.
 
     `node_devices` maps each requested type to the node's devices of it (missing/None: none);
-    `labels` their device labels in slot order (read only for hinted types with a selector).
+    `labels` their device labels in slot order (read only for hinted types with a selector);
+    `partition` the node's GPU partition table for a whole-GPU request (partitions.py): its pick
+    comes first, and when it is binding (`honor`) nothing else is taken.
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown device allocate strategy {strategy!r}; valid: {list(STRATEGIES)}")
@@ -335,6 +348,13 @@ def allocate_devices(
         if kind in chosen:
             continue
         pool = pools[kind]
+        if partition is not None and kind == GPU and not pool.request.shared and pool.request.hint is None:
+            pick = partition.pick(pool.slots, pool.request.count)
+            if pick is None and partition.honor:
+                raise InsufficientDevices(partition.refusal(pool.request.count), kind)
+            if pick is not None:
+                chosen[kind] = pick
+                continue
         pick = _chosen(pool, chooser)
         if pick is not None and not _in_scope(pool, pick):
             pick = None  # a chooser's set outside the hint's required scope is not taken

@@ -4,12 +4,14 @@ A hint's verdict depends on device labels, exclusivity and scopes, which the vec
 do not see, so it is taken per node in Python: over all nodes through the accounts' per-node cache
 (first call O(N), then only changed nodes), or directly on a subset batch. Requests without hints
 never reach this module. A joint request with a hinted type asks the exact allocator itself, so
-the filter never passes a node the offer then fails on.
+the filter never passes a node the offer then fails on. A hint reason is unresolvable on a node
+whose devices could not serve the hint even idle and healthy (e.g. no device matches the selector).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -23,7 +25,7 @@ from finesched.state.cluster import ClusterState
 from finesched.state.devices import DeviceAccounts
 
 BoolArray = npt.NDArray[np.bool_]
-Reasons = dict[str, tuple[BoolArray, Code]]
+Reasons = dict[str, tuple[BoolArray, Code | BoolArray]]
 
 
 class HintChecks:
@@ -42,9 +44,12 @@ class HintChecks:
         kinds = [k for k, tr in dreq.types.items() if tr.hint is not None and tr.hint.selector is not None]
         return tuple((k, self.labels_of(node, k)) for k in kinds) or None
 
-    def problem(self, tr: TypeRequest, rule: FitRule, node: int) -> str | None:
-        """hints.py's verdict for one hinted type on one node (the allocator reaches the same one)."""
+    def problem(self, tr: TypeRequest, rule: FitRule, node: int, idle: bool = False) -> str | None:
+        """hints.py's verdict for one hinted type on one node (the allocator reaches the same one);
+        with `idle`, the verdict were every device of the node healthy and unused."""
         nd = self.accounts.node_devices(node, tr.type, copy=False)
+        if nd is not None and idle:
+            nd = replace(nd, free=nd.total, healthy=np.ones(len(nd), dtype=bool))
         fits = None if nd is None else fit_mask(rule, nd.free, nd.total, nd.healthy)
         return hint_problem(nd, tr, self.labels_of(node, tr.type) if nd is not None else (), fits)
 
@@ -91,8 +96,18 @@ class HintChecks:
     ) -> None:
         """Add the hint reasons of the nodes the counts passed (`per_type_ok`, updated) to `out`."""
 
-        def add(reason: str, row: int) -> None:
-            out.setdefault(reason, (np.zeros(len(node_ids), dtype=bool), Code.UNSCHEDULABLE))[0][row] = True
+        own: set[str] = set()  # reasons whose arrays this call made (others' arrays may be shared)
+
+        def add(reason: str, row: int, never: bool) -> None:
+            if reason not in own:
+                n = len(node_ids)
+                hit, code = out.get(reason, (np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)))
+                out[reason] = (hit.copy(), code.copy() if isinstance(code, np.ndarray) else code)
+                own.add(reason)
+            hit, code = out[reason]
+            hit[row] = True
+            if isinstance(code, np.ndarray):
+                code[row] = never
             per_type_ok[row] = False
 
         for tr, rule in rules:
@@ -100,9 +115,9 @@ class HintChecks:
                 continue
             for row, node in enumerate(node_ids):
                 if per_type_ok[row] and (problem := self.problem(tr, rule, node)) is not None:
-                    add(problem, row)
+                    add(problem, row, self.problem(tr, rule, node, idle=True) is not None)
         joint = dreq.joint
         if joint is not None and any(dreq.types[t].hint is not None for t in joint.types):
             for row, node in enumerate(node_ids):
                 if per_type_ok[row] and not mask[row]:
-                    add(self.joint_problem(dreq, node) or "no joint allocation fits", row)
+                    add(self.joint_problem(dreq, node) or "no joint allocation fits", row, False)

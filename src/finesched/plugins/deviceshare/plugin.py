@@ -12,17 +12,23 @@ state/devices.py (accounts); this file only wires them into the cycle:
 * reserve: the exact offer on the candidate node, computed once, kept under "DeviceShare/offers";
 * pre_bind: the binding gets the offer's grants and the device-allocated annotation.
 
-Card-level strategy: the workload's deviceAllocateStrategy, else the node's (policies or label
-`STRATEGY_LABEL`), else this plugin's ``strategy`` arg (default LeastAllocated).
+MIG instances (mig.py, counters in state/mig_slices.py) and GPU partition tables (partitions.py,
+tables in state/gpu_partitions.py) join each point through their own module. ``nvidia.com/mig-*``
+names belong to this plugin once a node has a MIG GPU (before that they stay scalar resources, as
+a device plugin's advertised counts).
+
+Card-level strategy (S0.5), first set wins: the workload's deviceAllocateStrategy, the node's
+(policies or label `STRATEGY_LABEL`), this plugin's ``strategy`` arg — MostAllocated in the
+built-in ``binpack`` profile, LeastAllocated (the default) in ``default``, ``spread`` and ``buckets``.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Hashable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
@@ -30,10 +36,20 @@ from finesched.hashed import HashedOnce
 from finesched.model.base import fast_copy
 from finesched.model.binding import Binding
 from finesched.model.device_allocated import DEVICE_ALLOCATED, format_device_allocated
+from finesched.model.mig import mig_profile_of
+from finesched.model.resources import GPU
 from finesched.model.workload import Workload
 from finesched.plugins.deviceshare.allocator import DeviceAllocation, InsufficientDevices, allocate_devices
 from finesched.plugins.deviceshare.hint_filter import HintChecks
 from finesched.plugins.deviceshare.hints import Labels
+from finesched.plugins.deviceshare.mig import choose_mig, explain_mig, mig_grants, mig_mask, mig_request, mig_share
+from finesched.plugins.deviceshare.partitions import (
+    PartitionRule,
+    explain_partitions,
+    partition_mask,
+    partition_request,
+    rule_for,
+)
 from finesched.plugins.deviceshare.request import (
     DeviceRequest,
     FitRule,
@@ -53,6 +69,8 @@ from finesched.sched.framework import SKIP, SUCCESS, BoolArray, Code, Explanatio
 from finesched.sched.request import ScheduleRequest
 from finesched.state.cluster import ClusterState
 from finesched.state.devices import DeviceAccounts, attach_device_accounts, node_rows
+from finesched.state.gpu_partitions import PartitionTables, attach_partition_tables
+from finesched.state.mig_slices import MIGSlices, attach_mig_slices
 
 DEVICE_REQUEST = StateKey("DeviceShare/request", DeviceRequest)
 
@@ -85,6 +103,13 @@ _Prepared = tuple[DeviceRequest, _Rules] | InvalidDeviceRequest | None
 _NORMALIZED_CACHE = 512
 _OFFERS_CACHE = 4096
 _MISSING = object()
+E = TypeVar("E")
+
+
+def _attached(extra: E | None) -> E:
+    if extra is None:
+        raise MissingState("DeviceShare: not attached to a ClusterState")
+    return extra
 
 
 class DeviceShare:
@@ -97,6 +122,8 @@ class DeviceShare:
     def __init__(self, strategy: str = "LeastAllocated"):
         self.strategy = strategy
         self.accounts: DeviceAccounts | None = None
+        self.mig: MIGSlices | None = None
+        self.partitions: PartitionTables | None = None
         self._hints: HintChecks | None = None
         self._normalized: OrderedDict[tuple[Any, ...], object] = OrderedDict()
         self._offers: dict[tuple[Any, ...], DeviceAllocation | Status] = {}  # see `reserve`
@@ -108,6 +135,8 @@ class DeviceShare:
 
     def attach(self, state: ClusterState) -> None:
         self.accounts = attach_device_accounts(state)
+        self.mig = attach_mig_slices(state)
+        self.partitions = attach_partition_tables(state)
         self._hints = HintChecks(self.accounts, state, self.strategy)
         self._offers = {}
 
@@ -121,9 +150,17 @@ class DeviceShare:
             raise MissingState("DeviceShare: not attached to a ClusterState")
         return self.accounts
 
+    def _mig(self) -> MIGSlices:
+        return _attached(self.mig)
+
+    def _tables(self) -> PartitionTables:
+        return _attached(self.partitions)
+
     def owns(self, resource: str) -> bool:
         types = self.accounts.types if self.accounts is not None else ()
-        return device_resource(resource, types) is not None
+        if device_resource(resource, types) is not None:
+            return True
+        return self.mig is not None and self.mig.has_cards() and mig_profile_of(resource) is not None
 
     # PreFilter / Filter -----------------------------------------------------------------------------
     def normalize(self, workload: Workload) -> DeviceRequest:
@@ -146,11 +183,13 @@ class DeviceShare:
                 workload.requests,
                 None if joint is None else (joint.device_types, joint.required_scope),
                 workload.device_allocate_hint or None,
+                workload.gpu_partition_spec,
             )
-        key = (shape, accounts.epoch)
+        mig_owned = self._mig().has_cards()
+        key = (shape, accounts.epoch, mig_owned)
         hit = self._normalized.get(key, _MISSING)
         if hit is _MISSING:
-            hit = self._compute(workload, accounts)
+            hit = self._compute(workload, accounts, mig_owned)
             self._normalized[key] = hit
             if len(self._normalized) > _NORMALIZED_CACHE:
                 self._normalized.popitem(last=False)
@@ -158,10 +197,11 @@ class DeviceShare:
 
     @staticmethod
     def _compute(
-        workload: Workload, accounts: DeviceAccounts
+        workload: Workload, accounts: DeviceAccounts, mig_owned: bool = False
     ) -> tuple[DeviceRequest, _Rules] | InvalidDeviceRequest | None:
         types = tuple(accounts.types)
-        if not any(device_resource(name, types) for name in workload.requests):
+        mig = mig_request(workload.requests) if mig_owned else None
+        if mig is None and not any(device_resource(name, types) for name in workload.requests):
             return None
         try:
             dreq = normalize_device_request(
@@ -172,7 +212,10 @@ class DeviceShare:
             )
         except InvalidDeviceRequest as exc:
             return exc
-        if not dreq.types:
+        if mig is not None and GPU in dreq.types:  # the Workload model refuses this too
+            return InvalidDeviceRequest("a workload asks for MIG instances or for GPUs, not both")
+        dreq = replace(dreq, mig=mig, partition=workload.gpu_partition_spec)
+        if not dreq.types and mig is None:
             return None
         items = []
         for kind, tr in dreq.types.items():
@@ -217,7 +260,20 @@ class DeviceShare:
             mask &= self._joint_ok(rules, joint.types, joint.scope, everyone, index)
             if any(dreq.types[t].hint is not None for t in joint.types):
                 mask &= self._checks().joint_ok(dreq, rules, everyone, index)
+        if dreq.mig is not None:
+            mask &= mig_mask(self._mig(), dreq.mig, everyone, index)
+        partition_rule = self._partition_fit_rule(rules, dreq)
+        if partition_rule is not None:
+            mask &= partition_mask(accounts, self._tables(), dreq, partition_rule, everyone, index)
         return FilterResult(mask, lambda: self._explain(cycle, nodes, mask))
+
+    def _partition_fit_rule(self, rules: _Rules, dreq: DeviceRequest) -> FitRule | None:
+        """The gpu FitRule when partition tables can matter for `dreq` (whole GPUs, and some node
+        has a table or Honor, or the workload a spec); None keeps every other request off this path."""
+        tr = partition_request(dreq)
+        if tr is None or (dreq.partition is None and not self._tables().active):
+            return None
+        return next((rule for t, rule in rules.items if t is tr and rule is not None), None)
 
     def _joint_ok(
         self, rules: _Rules, types: tuple[str, ...], scope: str, n: int, index: np.ndarray | None
@@ -265,7 +321,7 @@ class DeviceShare:
     def _explain(self, cycle: CycleState, nodes: NodeBatch, mask: BoolArray) -> Explanation:
         accounts, n = self._acc(), nodes.n
         rows = slice(0, nodes.state.n) if nodes.index is None else nodes.index
-        out: dict[str, tuple[BoolArray, Code]] = {}
+        out: dict[str, tuple[BoolArray, Code | BoolArray]] = {}
         per_type_ok = np.ones(n, dtype=bool)
         for tr, rule in cycle.read(_RULES).items:
             acc = accounts.types.get(tr.type)
@@ -279,6 +335,10 @@ class DeviceShare:
         node_ids = list(range(nodes.state.n)) if nodes.index is None else nodes.index.tolist()
         dreq = cycle.read(DEVICE_REQUEST)
         self._checks().explain(dreq, cycle.read(_RULES).items, node_ids, per_type_ok, mask, out)
+        if dreq.mig is not None:
+            out.update(explain_mig(self._mig(), dreq.mig, node_ids))
+        if self._partition_fit_rule(cycle.read(_RULES), dreq) is not None:
+            out.update(explain_partitions(self._tables(), dreq, node_ids, per_type_ok & ~mask))
         joint = dreq.joint
         if joint is not None:
             where = "PCIe switch" if joint.scope == "SamePCIe" else "NUMA node"
@@ -294,6 +354,9 @@ class DeviceShare:
         if rules is None:
             return SUCCESS
         shares = device_shares(self._acc(), [tr for tr, _ in rules.items], nodes)
+        dreq = cycle.read(DEVICE_REQUEST)
+        if dreq.mig is not None:
+            shares.append(mig_share(self._mig(), dreq.mig, nodes.state.n, nodes.index))
         for share in shares:
             add_shares(cycle, share)
         cycle.write(DEVICE_SHARES, DeviceShares(tuple(shares)))
@@ -302,7 +365,7 @@ class DeviceShare:
     # Reserve / PreBind ------------------------------------------------------------------------------
     def reserve(self, cycle: CycleState, request: ScheduleRequest, node: int) -> Status:
         dreq = cycle.get(DEVICE_REQUEST)
-        if dreq is None or not dreq.types:
+        if dreq is None or (not dreq.types and dreq.mig is None):
             return SUCCESS
         accounts = self._acc()
         offers = cycle.get(DEVICE_OFFERS)
@@ -314,6 +377,7 @@ class DeviceShare:
             affinity = None
         chooser = cycle.get(DEVICE_CHOOSER)
         strategy = request.workload.device_allocate_strategy or accounts.strategy_of(node) or self.strategy
+        extra = self._extra_rules(dreq, node)
         if chooser is None:
             # The offer is a pure function of the request, the strategy, the affinity and the
             # node's devices of the requested types (layout and free amounts): memoized, since
@@ -325,13 +389,16 @@ class DeviceShare:
                 None if affinity is None else (affinity.numa, affinity.required),
                 accounts.epoch,
                 tuple(accounts.device_state_key(node, kind) for kind in dreq.types),
+                extra,
                 self._checks().hint_labels(dreq, node),
             )
             outcome = self._offers.get(key)
             if outcome is None:
                 if len(self._offers) >= _OFFERS_CACHE:
                     self._offers.clear()
-                outcome = self._offers[key] = self._offer(accounts, dreq, node, strategy, affinity, None, key[-1])
+                outcome = self._offers[key] = self._offer(
+                    accounts, dreq, node, strategy, affinity, None, key[-1], extra
+                )
         else:
             outcome = self._offer(
                 accounts,
@@ -341,11 +408,21 @@ class DeviceShare:
                 affinity,
                 partial(chooser.choose, node),
                 self._checks().hint_labels(dreq, node),
+                extra,
             )
         if isinstance(outcome, Status):
             return outcome
         offers.by_node[node] = outcome
         return SUCCESS
+
+    def _extra_rules(self, dreq: DeviceRequest, node: int) -> tuple[Any, PartitionRule | None] | None:
+        """The node's MIG cards (for a MIG request) and its partition rule (for a whole-GPU request
+        where tables matter): hashable, part of the offer memo's key. None when neither applies."""
+        cards = self._mig().cards[node] if dreq.mig is not None else None
+        rule = None
+        if partition_request(dreq) is not None and (dreq.partition is not None or self._tables().active):
+            rule = rule_for(self._tables(), node, dreq.partition)
+        return None if cards is None and rule is None else (cards, rule)
 
     @staticmethod
     def _offer(
@@ -356,17 +433,31 @@ class DeviceShare:
         affinity: NUMAAffinity | None,
         choose: Any,
         labels: tuple[tuple[str, Labels], ...] | None = None,
+        extra: tuple[Any, PartitionRule | None] | None = None,
     ) -> DeviceAllocation | Status:
         """The exact offer on `node`, or the Status saying why there is none."""
+        cards, partition = extra if extra is not None else (None, None)
         devices = {kind: accounts.node_devices(node, kind, copy=False) for kind in dreq.types}
         try:
-            return allocate_devices(
-                devices, dreq, strategy=strategy, affinity=affinity, chooser=choose, labels=dict(labels or ())
+            allocation = allocate_devices(
+                devices,
+                dreq,
+                strategy=strategy,
+                affinity=affinity,
+                chooser=choose,
+                labels=dict(labels or ()),
+                partition=partition,
             )
         except InsufficientDevices as exc:
             return Status.unschedulable(exc.reason)
         except ValueError as exc:  # a DeviceChooser answered outside the fitting devices: a plugin bug
             return Status.error(str(exc))
+        if dreq.mig is None or cards is None:
+            return allocation
+        choice = choose_mig(cards, dreq.mig)
+        if choice is None:
+            return Status.unschedulable(f"no MIG layout fits {dreq.mig.describe()}")
+        return DeviceAllocation({**allocation.devices, GPU: mig_grants(cards, choice)})
 
     def unreserve(self, cycle: CycleState, request: ScheduleRequest, node: int) -> None:
         offers = cycle.get(DEVICE_OFFERS)
@@ -375,7 +466,7 @@ class DeviceShare:
 
     def pre_bind(self, cycle: CycleState, request: ScheduleRequest, node: int, binding: Binding) -> Binding:
         dreq = cycle.get(DEVICE_REQUEST)
-        if dreq is None or not dreq.types:
+        if dreq is None or (not dreq.types and dreq.mig is None):
             return binding
         offers = cycle.get(DEVICE_OFFERS)
         offer = None if offers is None else offers.by_node.get(node)

@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
@@ -46,6 +47,10 @@ from finesched.model.resources import (
 from finesched.model.workload import DeviceHint, DeviceJointAllocate, DeviceLabelSelector
 from finesched.quantity import QuantityError, format_quantity, parse_quantity
 from finesched.sched.framework import Code
+
+if TYPE_CHECKING:
+    from finesched.model.gpu_partitions import GPUPartitionSpec
+    from finesched.plugins.deviceshare.mig import MIGRequest
 
 BoolArray = npt.NDArray[np.bool_]
 Int64Array = npt.NDArray[np.int64]
@@ -124,10 +129,13 @@ class JointSpec:
 
 @dataclass(frozen=True, slots=True)
 class DeviceRequest:
-    """A workload's normalized device request: one TypeRequest per type ({} = nothing to do)."""
+    """A workload's normalized device request: one TypeRequest per type ({} = nothing to do), MIG
+    instances (mig.py) and the gpu-partition-spec (partitions.py)."""
 
     types: dict[str, TypeRequest] = field(default_factory=dict)
     joint: JointSpec | None = None
+    mig: MIGRequest | None = None
+    partition: GPUPartitionSpec | None = None
 
 
 def device_resource(name: str, device_types: Collection[str] = ()) -> tuple[str, str] | None:
@@ -405,24 +413,24 @@ def explain_type(
     total: Int64Array,
     healthy: BoolArray,
     valid: BoolArray,
-) -> dict[str, tuple[BoolArray, Code]]:
+) -> dict[str, tuple[BoolArray, Code | BoolArray]]:
     """Why nodes (rows of [K, n, D] arrays) cannot give `count` devices: reason -> (node mask, code).
 
     Reasons: "node has no gpu" (unresolvable), "GPUs report no gpu-memory (a <gpu-memory-ratio |
     gpu-memory> share needs it)" (a ratio or bytes share on cards without a memory figure;
     unresolvable), "gpu device unhealthy" (only unhealthy devices would fit), "insufficient <dim>
     on any single GPU" (one device asked, none has enough of that dimension), otherwise
-    "insufficient free GPUs". A reason is unresolvable when none of its nodes could fit even empty.
+    "insufficient free GPUs". A reason is unresolvable on the nodes that could not fit even empty.
     """
     fits = fit_mask(rule, free, total, healthy).sum(axis=-1)
     failing = fits < count
     has = valid.any(axis=-1)
     never = fit_mask(rule, total, total, valid).sum(axis=-1) < count
-    out: dict[str, tuple[BoolArray, Code]] = {}
+    out: dict[str, tuple[BoolArray, Code | BoolArray]] = {}
 
     def add(reason: str, mask: BoolArray, code: Code | None = None) -> None:
         if mask.any():
-            out[reason] = (mask, code or (Code.UNRESOLVABLE if bool(never[mask].all()) else Code.UNSCHEDULABLE))
+            out[reason] = (mask, never if code is None else code)
 
     add(f"node has no {kind}", failing & ~has, Code.UNRESOLVABLE)
     rest = failing & has

@@ -61,7 +61,7 @@ class GpuView:
         self.version = grown(self.version)
 
     def set_node(self, index: int, node: Node) -> None:
-        gpus = node.devices_of(GPU)
+        gpus = [d for d in node.devices_of(GPU) if d.mig is None]  # MIG cards are not shared in software
         width = max((d.minor + 1 for d in gpus), default=1)
         if width > self.width:
             grown = np.zeros((self.free.shape[0], width), dtype=np.int64)
@@ -92,7 +92,8 @@ class GpuView:
         self._apply(index, binding, +1)
 
     def _apply(self, index: int, binding: Binding, sign: int) -> None:
-        grants = binding_devices(binding).get(GPU, ())  # the annotation's grants when `devices` is empty
+        # the annotation's grants when `devices` is empty; MIG instances are not on shared GPUs
+        grants = [g for g in binding_devices(binding).get(GPU, ()) if g.mig is None]
         if not grants:
             return
         core = 0
