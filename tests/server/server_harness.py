@@ -108,6 +108,13 @@ def create_tenants(admin: httpx.Client, names: tuple[str, ...] = TENANTS) -> Non
         assert answer.status_code == 200, answer.text
 
 
+def store_tenants(store: Store, names: tuple[str, ...] = TENANTS) -> None:
+    """The tenants `names`, written straight into a store (for tests that drive stores and loops by hand)."""
+    for name in names:
+        doc = {"apiVersion": "finesched.io/v1alpha1", "kind": "Tenant", "metadata": {"name": name}}
+        store.put_tenant(name, 1.0, doc, create_only=False)
+
+
 @contextmanager
 def inprocess_server(
     db: str, config: LoopConfig | None = None, tenants: tuple[str, ...] = TENANTS, **app_kwargs: Any
