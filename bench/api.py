@@ -66,6 +66,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from finesched.model.manifest import to_manifest
+from finesched.model.tenant import Tenant
 from finesched.server.auth import create_token
 from finesched.server.store import Store
 from synthetic import scalar_workloads, synthetic_nodes
@@ -109,6 +110,10 @@ def fresh_database(backend: str, pg_url: str, tmp: str) -> Iterator[str]:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+#: The namespaces of bench/synthetic.py's workloads, each owned by the tenant of its name.
+TENANTS = tuple(f"team-{i}" for i in range(4))
+
+
 def data_option(path: str) -> list[str]:
     """`--data PATH` for `finesched serve` (each replica its own identity), when this version has it
     (so the benchmark also runs against older versions of the server, for comparisons)."""
@@ -124,10 +129,13 @@ SERVE_HAS_DATA: bool | None = None
 
 
 def register_nodes(url: str, count: int, gpus: bool) -> tuple[str, float]:
-    """Register `count` synthetic nodes through the store (the API's own write path, minus HTTP);
-    an admin token and the seconds taken."""
+    """Register `count` synthetic nodes through the store (the API's own write path, minus HTTP),
+    and the tenants owning the workloads' namespaces (team-0..team-3); an admin token and the
+    seconds the nodes took."""
     store = Store.open(url)
     try:
+        for name in TENANTS:
+            store.put_tenant(name, 1.0, to_manifest(Tenant(name=name)), create_only=True)
         started = time.perf_counter()
         for node in synthetic_nodes(count, seed=7, devices=gpus):
             store.put_node(node.name, to_manifest(node), create_only=True)

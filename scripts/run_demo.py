@@ -87,7 +87,12 @@ def describe(key: str, url: str, token: str) -> None:
 
 
 def submit(client: httpx.Client, docs: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
-    """POST the Workloads (all at once) and each Job; (keys to watch: workloads and job slots, job keys)."""
+    """PUT the Tenants (they own the namespaces), POST the Workloads (all at once) and each Job; (keys to
+    watch: workloads and job slots, job keys)."""
+    for tenant in (d for d in docs if d.get("kind") == "Tenant"):
+        response = client.put(f"/v1/tenants/{tenant['metadata']['name']}", json=tenant)
+        if response.status_code >= 400:
+            raise SystemExit(f"tenant refused: {response.status_code} {response.text}")
     workloads = [d for d in docs if d.get("kind") == "Workload"]
     keys = [f"{d['metadata'].get('namespace', 'default')}/{d['metadata']['name']}" for d in workloads]
     response = client.post("/v1/workloads", json=workloads)

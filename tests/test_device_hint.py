@@ -182,7 +182,7 @@ def test_required_scope_rejects_node_when_no_scope_is_big_enough():
         assert (
             len(
                 s.schedule_one(
-                    w(scope, hint={"rdma": {**hint["rdma"], "requiredTopologyScope": scope}}, **{RDMA: 2})
+                    w(scope.lower(), hint={"rdma": {**hint["rdma"], "requiredTopologyScope": scope}}, **{RDMA: 2})
                 ).devices["rdma"]
             )
             == 2

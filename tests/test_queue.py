@@ -30,26 +30,26 @@ def test_drf_paper_example() -> None:
     A 2/9, B 1/3, A 4/9, B 2/3, A 6/9 = 2/3 -> CPU 3 + 6 = 9 used: nothing else fits.
     """
     state = ClusterState.from_nodes([make_node("n").cpu("9").memory("18Gi").obj()])
-    sched = Scheduler(state, tenants=[Tenant(name="A"), Tenant(name="B")])
-    work = [make_workload(f"a{i}").tenant("A").req(cpu="1", memory="4Gi").obj() for i in range(10)]
-    work += [make_workload(f"b{i}").tenant("B").req(cpu="3", memory="1Gi").obj() for i in range(10)]
+    sched = Scheduler(state, tenants=[Tenant(name="a"), Tenant(name="b")])
+    work = [make_workload(f"a{i}").tenant("a").req(cpu="1", memory="4Gi").obj() for i in range(10)]
+    work += [make_workload(f"b{i}").tenant("b").req(cpu="3", memory="1Gi").obj() for i in range(10)]
     sched.submit(work)
     results = sched.run()
-    assert placed_by_tenant(results) == {"A": 3, "B": 2}
+    assert placed_by_tenant(results) == {"a": 3, "b": 2}
     order = [r.workload for r in results if isinstance(r, Binding)]
     assert order == ["default/a0", "default/b0", "default/a1", "default/b1", "default/a2"]
-    assert sched.queue.dominant_share("A") == pytest.approx(12 / 18)
-    assert sched.queue.dominant_share("B") == pytest.approx(6 / 9)
+    assert sched.queue.dominant_share("a") == pytest.approx(12 / 18)
+    assert sched.queue.dominant_share("b") == pytest.approx(6 / 9)
     assert sum(isinstance(r, FitError) for r in results) == 15
 
 
 def test_weights_scale_dominant_shares() -> None:
     """A with weight 2 may hold twice B's dominant share before B goes first."""
     state = ClusterState.from_nodes([make_node("n").cpu("12").memory("12Gi").obj()])
-    sched = Scheduler(state, tenants=[Tenant(name="A", weight=2), Tenant(name="B", weight=1)])
-    sched.submit([make_workload(f"a{i}").tenant("A").req(cpu="1").obj() for i in range(12)])
-    sched.submit([make_workload(f"b{i}").tenant("B").req(cpu="1").obj() for i in range(12)])
-    assert placed_by_tenant(sched.run()) == {"A": 8, "B": 4}
+    sched = Scheduler(state, tenants=[Tenant(name="a", weight=2), Tenant(name="b", weight=1)])
+    sched.submit([make_workload(f"a{i}").tenant("a").req(cpu="1").obj() for i in range(12)])
+    sched.submit([make_workload(f"b{i}").tenant("b").req(cpu="1").obj() for i in range(12)])
+    assert placed_by_tenant(sched.run()) == {"a": 8, "b": 4}
 
 
 def test_priority_goes_first_then_fifo_within_tenant() -> None:
@@ -135,26 +135,26 @@ def test_pop_cost_does_not_depend_on_queue_length() -> None:
 def test_tenant_usage_follows_forced_node_removal_and_restore() -> None:
     """Quota and DRF read what tenants hold from the state, so nothing drifts when bindings vanish."""
     state = ClusterState.from_nodes([make_node("n1").cpu("4").memory("8Gi").obj()])
-    sched = Scheduler(state, tenants=[Tenant(name="A", quota={"cpu": "2"})])
-    x = sched.schedule_one(make_workload("x").req(cpu="2").tenant("A").obj())
-    assert sched.queue.usage("A")["cpu"] == 2000
+    sched = Scheduler(state, tenants=[Tenant(name="a", quota={"cpu": "2"})])
+    x = sched.schedule_one(make_workload("x").req(cpu="2").tenant("a").obj())
+    assert sched.queue.usage("a")["cpu"] == 2000
     snap = state.snapshot()
     state.remove_node("n1", force=True)
-    assert sched.queue.usage("A").get("cpu", 0) == 0
+    assert sched.queue.usage("a").get("cpu", 0) == 0
     state.add_node(make_node("n2").cpu("4").memory("8Gi").obj())
-    sched.submit([make_workload("y").req(cpu="2").tenant("A").obj()])
+    sched.submit([make_workload("y").req(cpu="2").tenant("a").obj()])
     (placed,) = sched.run()
     assert isinstance(placed, Binding) and placed.node == "n2"  # not held back by a stale quota charge
     state.restore(snap)  # back to x alone on n1
-    assert set(state.bindings) == {x.workload} and sched.queue.usage("A")["cpu"] == 2000
+    assert set(state.bindings) == {x.workload} and sched.queue.usage("a")["cpu"] == 2000
 
 
 def test_tenant_usage_counts_a_binding_once_when_its_node_is_updated() -> None:
     state = ClusterState.from_nodes([make_node("n1").cpu("4").memory("8Gi").obj()])
-    sched = Scheduler(state, tenants=[Tenant(name="A")])
-    sched.schedule_one(make_workload("x").req(cpu="2").tenant("A").obj())
+    sched = Scheduler(state, tenants=[Tenant(name="a")])
+    sched.schedule_one(make_workload("x").req(cpu="2").tenant("a").obj())
     state.update_node(make_node("n1").cpu("8").memory("8Gi").obj())  # replays x into every extra
-    assert sched.queue.usage("A")["cpu"] == 2000
+    assert sched.queue.usage("a")["cpu"] == 2000
 
 
 def test_tenant_usage_counts_devices_granted_by_the_annotation_alone() -> None:
@@ -162,8 +162,8 @@ def test_tenant_usage_counts_devices_granted_by_the_annotation_alone() -> None:
 
     node = make_node("n1").cpu("8").memory("16Gi").gpus(2, memory="80Gi").obj()
     state = ClusterState.from_nodes([node])
-    sched = Scheduler(state, tenants=[Tenant(name="A")])
+    sched = Scheduler(state, tenants=[Tenant(name="a")])
     resources = '{"koordinator.sh/gpu-core":"100","koordinator.sh/gpu-memory-ratio":"100"}'
     grant = '{"gpu":[{"minor":0,"resources":' + resources + "}]}"
-    state.assume(Binding(workload="A/koord", node="n1", tenant="A", annotations={DEVICE_ALLOCATED: grant}))
-    assert sched.queue.usage("A") == {"gpu-core": 100, "gpu-memory-ratio": 100}
+    state.assume(Binding(workload="A/koord", node="n1", tenant="a", annotations={DEVICE_ALLOCATED: grant}))
+    assert sched.queue.usage("a") == {"gpu-core": 100, "gpu-memory-ratio": 100}

@@ -17,7 +17,7 @@ from rich.markup import escape
 from finesched import __version__
 from finesched.codec import MAX_BITS, CodecError, decode, encode
 from finesched.errors import ValidationError
-from finesched.model.manifest import Manifests, load_manifests
+from finesched.model.manifest import Manifests, load_manifests, read_manifests
 
 app = typer.Typer(
     name="finesched",
@@ -45,6 +45,27 @@ def load_or_exit(paths: list[Path]) -> Manifests:
         raise typer.Exit(1) from None
 
 
+def admit_or_exit(paths: list[Path], *, warn: bool = True) -> Manifests:
+    """Load manifests and apply the server's admission rules to them: every problem of every
+    document and exit 1, or the objects as the server stores them (with, when `warn`, a warning for
+    each reference to what the files do not define)."""
+    from finesched.admission import admit_manifests
+
+    manifests, errors = read_manifests(*paths)
+    try:
+        manifests, warnings = admit_manifests(manifests)
+    except ValidationError as exc:
+        errors += exc.errors
+    if errors:
+        for detail in errors:
+            err.print(f"[bold red]error:[/] {escape(str(detail))}", soft_wrap=True)
+        raise typer.Exit(1) from None
+    for detail in warnings if warn else ():
+        err.print(f"[yellow]warning:[/] {escape(str(detail))} (these files only; the server checks its own)",
+                  soft_wrap=True)  # fmt: skip
+    return manifests
+
+
 @app.command()
 def version() -> None:
     """Print the finesched version."""
@@ -53,10 +74,10 @@ def version() -> None:
 
 @app.command()
 def validate(files: Annotated[list[Path], typer.Argument(help="Manifest files (YAML or JSON).")]) -> None:
-    """Check manifest files; print every problem (exit 1) or a summary of what they hold."""
+    """Check manifest files by the server's rules; print every problem (exit 1) or a summary of what they hold."""
     from finesched.commands.tables import simple_table
 
-    manifests = load_or_exit(files)
+    manifests = admit_or_exit(files)
     rows = [("Tenant", tenant.name, f"weight {tenant.weight:g}") for tenant in manifests.tenants]
     rows += [("Node", node.name, _node_summary(node)) for node in manifests.nodes]
     for w in manifests.workloads:

@@ -60,6 +60,8 @@ class Cluster:
             base_url=self.url, headers={"Authorization": f"Bearer {create_token(self.store, 'admin')}"}
         )
         wait(lambda: self.server.started, "the server to start")
+        tenant = {"apiVersion": "finesched.io/v1alpha1", "kind": "Tenant", "metadata": {"name": "t"}}
+        assert self.admin.post("/v1/tenants", json=tenant).status_code == 201  # owns namespace t
         self.agent_token = create_token(self.store, "agent", node=NODE)
         self.tmp = tmp
         self.agents: list[Agent] = []

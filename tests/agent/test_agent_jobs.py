@@ -218,6 +218,8 @@ def test_a_job_converges_after_its_server_and_agent_are_killed(tmp_path: Path) -
     processes = [subprocess.Popen([*FINESCHED, *server_args], stderr=subprocess.DEVNULL)]
     try:
         wait(answers, "the server", timeout=60)
+        tenant = {"apiVersion": "finesched.io/v1alpha1", "kind": "Tenant", "metadata": {"name": "t"}}
+        assert admin.post("/v1/tenants", json=tenant).status_code == 201  # owns namespace t
         processes.append(subprocess.Popen([*FINESCHED, *agent_args], stderr=subprocess.DEVNULL))
         doc, pids, go = two_regions(tmp_path)
         wait(lambda: admin.get(f"/v1/nodes/{NODE}").status_code == 200, "the agent to register", timeout=60)

@@ -127,6 +127,8 @@ def test_up_with_fake_gpus_runs_a_gpu_share_and_shows_its_logs(tmp_path: Path) -
         assert [(g["uuid"], g["labels"]) for g in gpus] == [
             (f"GPU-SIMULATED-000{i}", {"finesched.io/simulated": "true"}) for i in range(2)
         ]  # fmt: skip
+        tenant = {"apiVersion": "finesched.io/v1alpha1", "kind": "Tenant", "metadata": {"name": "t"}}
+        assert client.post("/v1/tenants", json=tenant).status_code == 201  # owns namespace t
         share = {"apiVersion": "finesched.io/v1alpha1", "kind": "Workload",
                  "metadata": {"name": "gpu", "namespace": "t"},
                  "spec": {"requests": {"cpu": "100m", "gpu-core": 50, "gpu-memory-ratio": 50},

@@ -61,6 +61,9 @@ def control_plane(tmp_path: Path) -> Iterator[tuple[str, str]]:
             _wait(lambda: admin.get("/readyz").json().get("leader"), "leadership")
             a100 = next(n for n in load_manifests(ROOT / "examples" / "cluster.yaml").nodes if n.name == "a100-0")
             assert admin.post("/v1/nodes", json=to_manifest(a100)).status_code == 201
+            for namespace in ("ml", "analytics", "demo"):  # the examples' namespaces need their tenants
+                tenant = {"apiVersion": "finesched.io/v1alpha1", "kind": "Tenant", "metadata": {"name": namespace}}
+                assert admin.post("/v1/tenants", json=tenant).status_code == 201
         yield url, token
     finally:
         server.should_exit = True

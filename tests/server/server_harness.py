@@ -96,9 +96,30 @@ def wait_until(predicate: Any, timeout: float = 15.0, what: str = "condition") -
         time.sleep(0.05)
 
 
+#: The tenants (and so namespaces) a test server has from the start; every other one is created by its test.
+TENANTS = ("team-a", "team-b")
+
+
+def create_tenants(admin: httpx.Client, names: tuple[str, ...] = TENANTS) -> None:
+    """Create (or keep) the tenants `names`: each owns the namespace of its name."""
+    for name in names:
+        doc = {"apiVersion": "finesched.io/v1alpha1", "kind": "Tenant", "metadata": {"name": name}}
+        answer = admin.put(f"/v1/tenants/{name}", json=doc)
+        assert answer.status_code == 200, answer.text
+
+
+def store_tenants(store: Store, names: tuple[str, ...] = TENANTS) -> None:
+    """The tenants `names`, written straight into a store (for tests that drive stores and loops by hand)."""
+    for name in names:
+        doc = {"apiVersion": "finesched.io/v1alpha1", "kind": "Tenant", "metadata": {"name": name}}
+        store.put_tenant(name, 1.0, doc, create_only=False)
+
+
 @contextmanager
-def inprocess_server(db: str, config: LoopConfig | None = None, **app_kwargs: Any) -> Iterator[Api]:
-    """A real uvicorn server in a thread on 127.0.0.1, with an admin client."""
+def inprocess_server(
+    db: str, config: LoopConfig | None = None, tenants: tuple[str, ...] = TENANTS, **app_kwargs: Any
+) -> Iterator[Api]:
+    """A real uvicorn server in a thread on 127.0.0.1, with an admin client and `tenants` created."""
     store = Store.open(db)
     app = create_app(store, config or LoopConfig(idle_wait_s=0.05), **app_kwargs)
     port = free_port()
@@ -109,6 +130,7 @@ def inprocess_server(db: str, config: LoopConfig | None = None, **app_kwargs: An
     base = f"http://127.0.0.1:{port}"
     admin = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {create_token(store, 'admin')}"}, timeout=30)
     wait_until(lambda: admin.get("/readyz").json().get("leader"), what="leadership")
+    create_tenants(admin, tenants)
     try:
         yield Api(base, db, store, admin)
     finally:

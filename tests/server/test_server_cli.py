@@ -59,7 +59,7 @@ def test_client_commands(api: Api, tmp_path: Path) -> None:
     assert "Cpuset:" in described.stdout and "Submitted" in described.stdout and "Bound" in described.stdout
     as_yaml = yaml.safe_load(run("describe", "workload", "db", "-n", "team-a", "-o", "yaml", *common).stdout)
     assert [e["reason"] for e in as_yaml["events"]][:2] == ["Submitted", "Bound"]
-    watched = run("watch", "--since", "0", "--count", "2", "-o", "json", *common)
+    watched = run("watch", "--since", "0", "--count", "3", "-o", "json", *common)  # team-a, team-b, then n1
     assert watched.returncode == 0 and '"Registered"' in watched.stdout
     assert run("cordon", "n1", *common).returncode == 0
     assert json.loads(run("get", "nodes", "-o", "json", *common).stdout)[0]["status"]["cordoned"] is True

@@ -10,7 +10,7 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 from manifests import node, workload
-from server_harness import inprocess_server, wait_until
+from server_harness import inprocess_server, store_tenants, wait_until
 from sqlalchemy import event
 
 from finesched.server.app import create_app
@@ -107,6 +107,7 @@ def statements_of(store: Store) -> Iterator[list[str]]:
 
 def test_changes_made_through_another_replica_reach_the_leader_in_batches(db_url: str) -> None:
     leader_store, follower_store = Store.open(db_url), Store.open(db_url)
+    store_tenants(leader_store)  # before the rebuild: the feed then carries only the nodes and workloads
     leader = SchedulerLoop(leader_store, LoopConfig(lease_ttl_s=60.0))
     assert leader.lease.try_acquire()
     leader.rebuild()  # the leader, driven by hand: no loop thread

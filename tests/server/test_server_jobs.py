@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from manifests import node
+from manifests import node, tenant
 from server_harness import Api, wait_until
 
 from finesched.model.manifest import read_documents
@@ -16,6 +16,7 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "jobs"
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 def test_job_gang_waits_then_binds_all_slots_with_quotas(api: Api) -> None:
     (job,) = read_documents(EXAMPLES / "streaming-etl.yaml")
+    assert api.admin.post("/v1/tenants", json=tenant("analytics")).status_code == 201  # owns its namespace
     api.admin.post("/v1/nodes", json=node("small", cpu="2", memory="4Gi"))
     answer = api.admin.post("/v1/jobs", json=job)
     assert answer.status_code == 201, answer.text

@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 from manifests import node, workload
-from server_harness import PG_URL, REQUIRE_PG, ServerProcess, fresh_database, wait_until
+from server_harness import PG_URL, REQUIRE_PG, ServerProcess, fresh_database, store_tenants, wait_until
 
 from finesched.server.auth import create_token
 from finesched.server.lease import Lease, LostLease, replica_identity, split_holder
@@ -78,6 +78,7 @@ def test_a_server_restarted_after_kill_9_schedules_at_once(tmp_path: Path) -> No
     db = f"sqlite:///{tmp_path / 'fs.db'}"
     store = Store.open(db)
     token = create_token(store, "admin")
+    store_tenants(store)  # team-a owns the namespace its workloads go to
     server = ServerProcess(db, None, "--lease-ttl", str(LONG_TTL), log=tmp_path / "a.log").start()
     try:
         wait_until(server.is_leader, what="leadership")
@@ -108,6 +109,7 @@ def test_a_restarted_leader_takes_over_at_once_while_the_follower_waits(tmp_path
     with fresh_database("postgres", tmp_path) as db:
         store = Store.open(db)
         token = create_token(store, "admin")
+        store_tenants(store)  # team-a owns the namespace its workloads go to
         first = ServerProcess(db, None, *ttl, "--data", str(tmp_path / "a"), log=tmp_path / "a.log").start()
         wait_until(first.is_leader, what="the first replica to lead")
         second = ServerProcess(db, None, *ttl, "--data", str(tmp_path / "b"), log=tmp_path / "b.log").start()

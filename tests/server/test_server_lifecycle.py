@@ -123,6 +123,11 @@ def test_job_reads_by_name_and_tenant(fast: Api) -> None:
     assert [j["metadata"]["namespace"] for j in team_a.get("/v1/jobs").json()["items"]] == ["team-a"]
     assert team_a.get("/v1/jobs/team-b/clicks").status_code == 403
     assert team_a.delete("/v1/jobs/team-b/clicks").status_code == 403
+    # another tenant's namespace answers the same whether the job exists or not (nothing revealed)
+    missing = team_a.get("/v1/jobs/team-b/no-such-job")
+    assert missing.status_code == 403 and missing.json() == team_a.get("/v1/jobs/team-b/clicks").json()
+    assert team_a.get("/v1/jobs", params={"namespace": "team-b"}).status_code == 403
+    assert team_a.get("/v1/jobs/team-a/no-such-job").status_code == 404  # its own namespace: the truth
     assert team_a.post("/v1/jobs", json=two_regions()).status_code == 409
     assert fast.client(fast.token("agent", node="n1")).get("/v1/jobs").status_code == 403
 

@@ -7,20 +7,21 @@ import re
 from pathlib import Path
 
 import pytest
-from server_harness import Api
+from server_harness import inprocess_server
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
-def test_readme_curl_example(api: Api) -> None:
+def test_readme_curl_example(db_url: str) -> None:
     text = README.read_text(encoding="utf-8")
     block = next(b for b in re.findall(r"```sh\n(.*?)```", text, flags=re.S) if "curl -s -X POST" in b)
     calls = re.findall(r"curl -s -X POST localhost:8080(\S+) .*?-d '(.*?)'", block, flags=re.S)
-    assert [path for path, _ in calls] == ["/v1/nodes", "/v1/workloads"]
-    for path, body in calls:
-        assert api.admin.post(path, json=json.loads(body)).status_code == 201
-    shown = api.wait_phase("team-a/infer", ("Bound",))["status"]["binding"]
+    assert [path for path, _ in calls] == ["/v1/tenants", "/v1/nodes", "/v1/workloads"]
+    with inprocess_server(db_url, tenants=()) as api:  # a new server: the example creates its tenant
+        for path, body in calls:
+            assert api.admin.post(path, json=json.loads(body)).status_code == 201
+        shown = api.wait_phase("team-a/infer", ("Bound",))["status"]["binding"]
     assert shown["node"] == "g1" and shown["cpuset"] == "0,8"
     assert shown["devices"] == {"gpu": [{"minor": 0, "resources": {"gpu-core": "30", "gpu-memory-ratio": "30",
                                                                      "gpu-memory": "5153960755"}}]}  # fmt: skip

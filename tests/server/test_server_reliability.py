@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 from manifests import node, workload
-from server_harness import PG_URL, REQUIRE_PG, ServerProcess, fresh_database, wait_until
+from server_harness import PG_URL, REQUIRE_PG, ServerProcess, create_tenants, fresh_database, wait_until
 
 from finesched.model.binding import Binding
 from finesched.server.auth import create_token
@@ -47,8 +47,11 @@ def state_from_store(store: Store) -> ClusterState:
 
 
 def admin_client(server: ServerProcess, store: Store) -> httpx.Client:
+    """An admin client of `server`, whose store has the harness's tenants (team-a, team-b)."""
     token = create_token(store, "admin")
-    return httpx.Client(base_url=server.base, headers={"Authorization": f"Bearer {token}"}, timeout=60)
+    client = httpx.Client(base_url=server.base, headers={"Authorization": f"Bearer {token}"}, timeout=60)
+    create_tenants(client)
+    return client
 
 
 @pytest.mark.slow

@@ -5,7 +5,9 @@
 * ``up``: a one-machine cluster: the control plane (``finesched serve``, SQLite under the data
   directory) as a child process, an admin token (printed, and written to ``<data>/admin.token``,
   mode 600), and this machine's agent in the foreground. Ctrl-C stops the workloads, the agent and
-  the server. ``--fake-gpus N[:MEMORY]`` gives the node N simulated GPUs.
+  the server. ``--fake-gpus N[:MEMORY]`` gives the node N simulated GPUs. The port is checked
+  before anything is written; a data directory that already has a valid admin token keeps it
+  (``--new-admin-token`` makes another), and its agent keeps its own.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -167,7 +169,7 @@ def _wait_ready(
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if server.poll() is not None:
-            raise _fail(f"the server exited with code {server.returncode}; see {log}")
+            raise _fail(f"the server exited with code {server.returncode}: {_last_error(log)} (see {log})")
         try:
             if httpx.get(f"{url}/v1/nodes", timeout=2, verify=verify).status_code < 500:  # type: ignore[arg-type]
                 return
@@ -175,6 +177,59 @@ def _wait_ready(
             pass
         time.sleep(0.2)
     raise _fail(f"the server did not answer at {url} within {timeout:.0f}s")
+
+
+def _last_error(log: Path) -> str:
+    """The server log's last line that says what went wrong (its last line otherwise)."""
+    lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+    for line in reversed(lines):
+        if "error" in line.lower() or line.startswith(("OSError", "ValueError")):
+            return line
+    return lines[-1] if lines else "no output"
+
+
+def check_port(host: str, port: int) -> str | None:
+    """Why the server could not listen on host:port (None: it can), asked before anything starts.
+    Bound as uvicorn binds (SO_REUSEADDR), so a port in TIME_WAIT is free and a listening one is not."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except OSError as exc:
+        return f"cannot resolve --host {host}: {exc}"
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            return f"cannot listen on {host}:{port}: {exc.strerror or exc}"
+    return None
+
+
+def _valid(url: str, token: str, path: str, verify: Any) -> bool:
+    """Whether the running server takes `token` for GET `path`."""
+    import httpx
+
+    headers = {"Authorization": f"Bearer {token}"}
+    try:
+        return httpx.get(f"{url}{path}", headers=headers, timeout=10, verify=verify).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _kept_or_new(
+    path: Path, url: str, check: str, verify: Any, db: str, *role: str, new: bool = False
+) -> tuple[str, bool]:
+    """The token kept in `path` when the server still takes it (and `new` is not asked), else a new
+    one written there (mode 600); and whether it was kept."""
+    if not new and path.is_file():
+        kept = path.read_text().strip()
+        if kept and _valid(url, kept, check, verify):
+            return kept, True
+    token = _token(db, *role)
+    write_secret(path, token)
+    return token, False
 
 
 def _token(db: str, *role: str) -> str:
@@ -204,6 +259,9 @@ def up_cmd(
     tls_cert: TlsCertOption = None,
     tls_key: TlsKeyOption = None,
     fake_gpus: FakeGpusOption = None,
+    new_admin_token: Annotated[
+        bool, typer.Option("--new-admin-token", help="Make a new admin token even if the data directory has one.")
+    ] = False,
 ) -> None:
     """Start a one-machine cluster: control plane + this machine's agent; print the URL and an admin token.
 
@@ -213,6 +271,7 @@ def up_cmd(
 
     from finesched.agent.client import AgentClient
     from finesched.agent.loop import Agent, AgentConfig
+    from finesched.model.names import subdomain_problems
     from finesched.tls import TransportError, pinned_context, server_tls
 
     try:
@@ -222,11 +281,16 @@ def up_cmd(
     scheme, tls_args = ("https", ["--tls-cert", str(tls_cert), "--tls-key", str(tls_key)]) if tls else ("http", [])
     verify = pinned_context(tls_cert) if tls and tls_cert is not None else None
     simulated = parse_fake_gpus(fake_gpus)
+    busy = check_port(host, port)
+    if busy is not None:  # before anything is written or started
+        raise _fail(f"{busy}; is finesched (or something else) already running there? Stop it or pass --port")
+    name = node_name or socket.gethostname().lower()  # as kubelet names a node after its host
+    if subdomain_problems(name):
+        raise _fail(f"node name {name!r}: {subdomain_problems(name)[0]}; pass --node-name", 2)
     data = (data or default_data()).resolve()
     data.mkdir(parents=True, exist_ok=True)
     db = f"sqlite:///{data / 'finesched.db'}"
     url = f"{scheme}://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
-    name = node_name or socket.gethostname()
     _logging(not quiet)
     server_log = (data / "server.log").open("ab")
     server = subprocess.Popen(
@@ -235,12 +299,16 @@ def up_cmd(
     )  # fmt: skip
     agent = None
     try:
-        _wait_ready(url, server, data / "server.log", verify=verify or True)
-        admin = _token(db, "--role", "admin")
-        write_secret(data / "admin.token", admin)
-        agent_token = _token(db, "--role", "agent", "--node", name)
+        trust = verify or True
+        _wait_ready(url, server, data / "server.log", verify=trust)
+        admin, kept = _kept_or_new(data / "admin.token", url, "/v1/nodes", trust, db, "--role", "admin",
+                                   new=new_admin_token)  # fmt: skip
+        agent_token, _ = _kept_or_new(
+            data / "agent.token", url, f"/v1/bindings?node={name}", trust, db, "--role", "agent", "--node", name
+        )
         print(f"finesched is up: {url}  (node {name})")
-        print(f"admin token: {admin}  (also in {data / 'admin.token'})")
+        again = "kept from the last run; --new-admin-token makes another" if kept else "new"
+        print(f"admin token: {admin}  ({again}; also in {data / 'admin.token'})")
         print(f"server log: {data / 'server.log'}; a workload's output: finesched logs NAME --server {url} "
               "--token TOKEN (or FINESCHED_SERVER / FINESCHED_TOKEN)")  # fmt: skip
         if simulated is not None:

@@ -23,7 +23,6 @@ from rich.table import Table
 
 from finesched.commands.node_view import render_node
 from finesched.commands.tables import TABLE_OUTPUTS, Columns, col, print_table, simple_table
-from finesched.errors import ValidationError
 from finesched.model.manifest import load_manifests, to_manifest
 from finesched.tls import TransportError, client_options
 
@@ -94,6 +93,15 @@ def _fail_response(response: httpx.Response) -> NoReturn:
     raise typer.Exit(1)
 
 
+def _workload_key(name: str, namespace: str) -> tuple[str, str]:
+    """(namespace, name) of "NAME" or "NAMESPACE/NAME" (a namespace has no "/"; a name stored by an
+    older version may have one)."""
+    if "/" in name:
+        found, rest = name.split("/", 1)
+        return found, rest
+    return namespace, name
+
+
 def _check_output(output: str) -> None:
     if output not in OUTPUTS:
         _fail(f"-o {output!r}: use one of {', '.join(OUTPUTS)}", code=2)
@@ -116,14 +124,13 @@ def submit(
     insecure: InsecureOption = False,
     output: OutputOption = "table",
 ) -> None:
-    """Send manifests to the server (validated here first): tenants, nodes, then workloads, then jobs."""
+    """Send manifests to the server (checked here first by the server's own rules, as `finesched
+    validate` does): tenants, nodes, then workloads, then jobs."""
+    from finesched.cli import admit_or_exit
+
     _check_output(output)
-    try:
-        manifests = load_manifests(*file)
-    except ValidationError as exc:
-        for detail in exc.errors:
-            err.print(f"[bold red]error:[/] {escape(str(detail))}", soft_wrap=True)
-        raise typer.Exit(1) from None
+    admit_or_exit(file, warn=False)  # exits 1 naming every problem; references are the server's to check
+    manifests = load_manifests(*file)  # sent as written: the server resolves what the files leave out
     client = Client(server, token, ca=ca, insecure=insecure)
     results: list[dict[str, Any]] = []
     for tenant in manifests.tenants:
@@ -206,9 +213,14 @@ def _devices_text(devices: dict[str, list[dict[str, Any]]]) -> str:
     return " ".join(parts)
 
 
+def _conditions_text(status: dict[str, Any]) -> str:
+    """An object's conditions, e.g. "SetAside: cannot be loaded: ..." ("" when it has none)."""
+    return "; ".join(f"{c['type']}: {c.get('message', '')}" for c in status.get("conditions") or ())
+
+
 NODE_COLUMNS = Columns(
     col("name"), col("status", keep=True), col("workloads", right=True, keep=True), col("heartbeat", wide=True),
-    col("allocatable"),
+    col("allocatable"), col("conditions"),
 )  # fmt: skip
 
 
@@ -220,18 +232,21 @@ def _nodes_table(items: list[dict[str, Any]], wide: bool) -> Table:
         state = ("Ready" if status["ready"] else "NotReady") + (",cordoned" if status["cordoned"] else "")
         NODE_COLUMNS.add_row(table, escape(item["metadata"]["name"]), state,
                              str(len(allocation.get("workloads", []))), status.get("heartbeat") or "-",
-                             escape(", ".join(f"{k}={v}" for k, v in item["spec"].get("allocatable", {}).items())),
-                             wide=wide)  # fmt: skip
+                             escape(", ".join(f"{k}={v}" for k, v in (item["spec"].get("allocatable") or {}).items())),
+                             escape(_conditions_text(status)), wide=wide)  # fmt: skip
     return table
 
 
 def _tenants_table(items: list[dict[str, Any]], wide: bool) -> Table:
     rows = []
     for item in items:
-        spec = item["spec"]
+        spec = item["spec"] or {}
         quota = ", ".join(f"{k}={v}" for k, v in (spec.get("quota") or {}).items())
-        rows.append((escape(item["metadata"]["name"]), str(spec.get("weight", 1.0)), escape(quota) or "-"))
-    return simple_table(f"{len(items)} tenant(s)", ["name", col("weight", right=True), "quota"], rows)
+        namespaces = ", ".join(spec.get("namespaces") or ())
+        rows.append((escape(item["metadata"]["name"]), str(spec.get("weight", 1.0)), escape(quota) or "-",
+                     escape(namespaces) or "-", escape(_conditions_text(item["status"]))))  # fmt: skip
+    headers = ["name", col("weight", right=True), "quota", "namespaces", "conditions"]
+    return simple_table(f"{len(items)} tenant(s)", headers, rows)
 
 
 def _jobs_table(items: list[dict[str, Any]], wide: bool) -> Table:
@@ -244,7 +259,7 @@ _TABLES = {"workloads": _workloads_table, "nodes": _nodes_table, "tenants": _ten
 
 
 def describe(
-    what: Annotated[str, typer.Argument(help="workload, job or node")],
+    what: Annotated[str, typer.Argument(help="workload, job, node or tenant")],
     name: Annotated[str, typer.Argument(help="NAME or NAMESPACE/NAME")],
     server: ServerOption = DEFAULT_SERVER,
     token: TokenOption = "",
@@ -255,10 +270,11 @@ def describe(
 ) -> None:
     """A workload's status, binding (node, cpuset, devices, NUMA), what its agent applied, and events;
     a job's phase, failover regions and slots; a node's state, discovery, devices, CPU pools as its
-    agent applies them, cgroup enforcement, and events."""
+    agent applies them, cgroup enforcement, and events; a tenant's spec and events; for nodes and
+    tenants their conditions first (SetAside: why the scheduler leaves one out)."""
     _check_output(output)
-    if what not in ("workload", "workloads", "job", "jobs", "node", "nodes"):
-        _fail(f"describe {what!r}: use workload, job or node", code=2)
+    if what not in ("workload", "workloads", "job", "jobs", "node", "nodes", "tenant", "tenants"):
+        _fail(f"describe {what!r}: use workload, job, node or tenant", code=2)
     if what in ("node", "nodes"):
         client = Client(server, token, ca=ca, insecure=insecure)
         node = client.call("GET", f"/v1/nodes/{name}")
@@ -266,10 +282,14 @@ def describe(
         if output not in TABLE_OUTPUTS:
             _dump({**node, "events": node_events}, output)
         else:
+            _print_conditions(node.get("status") or {})
             render_node(out, node, node_events, output == "wide")
         return
-    namespace, _, name = name.rpartition("/") if "/" in name else (namespace, "/", name)
     client = Client(server, token, ca=ca, insecure=insecure)
+    if what in ("tenant", "tenants"):
+        _describe_tenant(name, client, output)
+        return
+    namespace, name = _workload_key(name, namespace)
     if what in ("job", "jobs"):
         _describe_job(f"/v1/jobs/{namespace}/{name}", client, output)
         return
@@ -292,8 +312,31 @@ def describe(
     info = status.get("info") or {}
     if info:
         out.print("Applied:  " + escape(", ".join(f"{k}={v}" for k, v in info.items())))
+    _print_events(events, output)
+
+
+def _print_events(events: list[dict[str, Any]], output: str) -> None:
     rows = [(e["time"], escape(e["reason"]), escape(e["message"])) for e in events]
     print_table(out, simple_table("events", ["time", "reason", "message"], rows), wide=output == "wide")
+
+
+def _print_conditions(status: dict[str, Any]) -> None:
+    """A node's or tenant's conditions, first: SetAside says why the scheduler leaves it out."""
+    for condition in status.get("conditions") or ():
+        out.print(f"[bold red]{escape(condition['type'])}[/]: {escape(condition.get('message', ''))}")
+
+
+def _describe_tenant(name: str, client: Client, output: str) -> None:
+    """A tenant: conditions, spec (weight, quota, parent, namespaces) and its events."""
+    item = client.call("GET", f"/v1/tenants/{name}")
+    events = client.call("GET", "/v1/events", params={"kind": "Tenant", "object": name})["items"]
+    if output not in TABLE_OUTPUTS:
+        _dump({**item, "events": events}, output)
+        return
+    out.print(f"[bold]Tenant[/] {escape(name)}")
+    _print_conditions(item["status"])
+    out.print("Spec:     " + escape(json.dumps(item.get("spec") or {}, sort_keys=True)), soft_wrap=True)
+    _print_events(events, output)
 
 
 def _describe_job(path: str, client: Client, output: str) -> None:
@@ -307,7 +350,7 @@ def _describe_job(path: str, client: Client, output: str) -> None:
 
 
 def delete(
-    what: Annotated[str, typer.Argument(help="workload, job or node")],
+    what: Annotated[str, typer.Argument(help="workload, job, node or tenant")],
     name: Annotated[str, typer.Argument(help="NAME (workloads: NAME or NAMESPACE/NAME)")],
     server: ServerOption = DEFAULT_SERVER,
     token: TokenOption = "",
@@ -315,23 +358,27 @@ def delete(
     insecure: InsecureOption = False,
     namespace: NamespaceOption = "default",
 ) -> None:
-    """Delete a workload (its binding is released), a job (all its slots at once) or a node (its
-    workloads are requeued)."""
+    """Delete a workload (its binding is released), a job (all its slots at once), a node (its
+    workloads are requeued) or a tenant (refused while workloads, child tenants or open offers
+    refer to it)."""
     client = Client(server, token, ca=ca, insecure=insecure)
     if what in ("job", "jobs"):
-        namespace, _, name = name.rpartition("/") if "/" in name else (namespace, "/", name)
+        namespace, name = _workload_key(name, namespace)
         answer = client.call("DELETE", f"/v1/jobs/{namespace}/{name}")
         out.print(f"job {escape(namespace)}/{escape(name)} deleted: {len(answer['slots'])} slot(s), "
                   f"{answer['released']} released")  # fmt: skip
     elif what in ("workload", "workloads"):
-        namespace, _, name = name.rpartition("/") if "/" in name else (namespace, "/", name)
+        namespace, name = _workload_key(name, namespace)
         client.call("DELETE", f"/v1/workloads/{namespace}/{name}")
         out.print(f"workload {escape(namespace)}/{escape(name)} deleted")
     elif what in ("node", "nodes"):
         answer = client.call("DELETE", f"/v1/nodes/{name}")
         out.print(f"node {escape(name)} deleted; requeued {len(answer['requeued'])} workload(s)")
+    elif what in ("tenant", "tenants"):
+        client.call("DELETE", f"/v1/tenants/{name}")
+        out.print(f"tenant {escape(name)} deleted")
     else:
-        _fail(f"delete {what!r}: use workload, job or node", code=2)
+        _fail(f"delete {what!r}: use workload, job, node or tenant", code=2)
 
 
 def cordon(

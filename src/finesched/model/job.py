@@ -16,6 +16,7 @@ from typing import Literal
 from pydantic import Field, PositiveInt, model_validator
 
 from finesched.model.base import FrozenDict, FrozenStrDict, Loc, Model, raise_problems
+from finesched.model.names import NamespaceName, ObjectName
 from finesched.model.resources import ByteQuantity, CountQuantity, CPUQuantity, ResourceVector
 from finesched.model.workload import DEFAULT_BACKOFF_LIMIT, RestartPolicy
 
@@ -133,9 +134,10 @@ class Task(Model):
 
     id: str = Field(min_length=1)
     parallelism: int = 1  # checked in Job so the error names the task
-    slot_sharing_group: str | None = Field(default=None, min_length=1)
+    #: Part of its slots' workload names (``<job>-<group>-<index>``), hence a DNS-1123 label.
+    slot_sharing_group: NamespaceName | None = None
     # Emptiness is checked in Job: a tuple's min_length would also fire after an item's own error.
-    operators: tuple[Operator, ...]
+    operators: tuple[Operator, ...] = Field(json_schema_extra={"minItems": 1})
     command: tuple[str, ...] = ()
     args: tuple[str, ...] = ()
     env: FrozenStrDict = Field(default_factory=FrozenDict)
@@ -163,8 +165,8 @@ class Job(Model):
     restarts the slots of its pipelined region (Flink's region failover), up to `backoff_limit`
     region restarts in all; Never: a failed slot fails the job."""
 
-    name: str = Field(min_length=1)
-    namespace: str = Field(default="default", min_length=1)
+    name: ObjectName
+    namespace: NamespaceName = "default"
     labels: FrozenStrDict = Field(default_factory=FrozenDict)
     mode: Literal["streaming", "batch"] = "streaming"
     all_sources_in_same_region: bool | None = None
@@ -172,7 +174,7 @@ class Job(Model):
     trim_partial_pipelines: bool = False
     default_slot: SlotProfile = Field(default_factory=SlotProfile)
     network: NetworkMemory = Field(default_factory=NetworkMemory)
-    tasks: tuple[Task, ...]
+    tasks: tuple[Task, ...] = Field(json_schema_extra={"minItems": 1})  # checked in `_problems`, with the rest
     edges: tuple[Edge, ...] = ()
     slot_sharing_groups: dict[str, SlotRun] = Field(default_factory=dict)
     restart_policy: RestartPolicy = "OnFailure"

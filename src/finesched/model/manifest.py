@@ -46,9 +46,17 @@ class Manifests:
     workloads: list[Workload] = field(default_factory=list)
     tenants: list[Tenant] = field(default_factory=list)
     jobs: list[Job] = field(default_factory=list)
+    #: Where each object was read ("file doc N"), by (kind, key); filled by `load_manifests`.
+    origins: dict[tuple[str, str], str] = field(default_factory=dict, repr=False, compare=False)
 
-    def add(self, obj: Object) -> None:
+    def add(self, obj: Object, where: str = "") -> None:
         {Node: self.nodes, Workload: self.workloads, Tenant: self.tenants, Job: self.jobs}[type(obj)].append(obj)
+        if where:
+            self.origins[(type(obj).__name__, object_key(obj))] = where
+
+    def where(self, obj: Object) -> str:
+        """The file and document `obj` was read from ("" when it was not read from a file)."""
+        return self.origins.get((type(obj).__name__, object_key(obj)), "")
 
     def __iter__(self) -> typing.Iterator[Object]:
         yield from self.tenants
@@ -76,13 +84,35 @@ def parse_manifest(doc: object, *, where: str = "") -> Object:
     known_metadata = {k: v for k, v in metadata.items() if k in METADATA_FIELDS[kind]}
     model = KINDS[kind]
     try:
-        obj = model.model_validate({**known_metadata, **spec})
+        obj = model.model_validate_json(_as_json({**known_metadata, **spec}), strict=True)
+    except _NotJSON as exc:
+        rule = "is not JSON data (a string, number, boolean, list or mapping)"
+        errors.append(ErrorDetail(exc.path, rule, where=where))
     except pydantic.ValidationError as exc:
         reported = {e.path for e in errors}
         errors += [d for d in (_detail(model, kind, e, where) for e in exc.errors()) if d.path not in reported]
     if errors:
         raise ValidationError(errors)
     return obj
+
+
+class _NotJSON(ValueError):
+    def __init__(self, path: str):
+        self.path = path
+
+
+def _as_json(data: Mapping[str, Any]) -> str:
+    """The fields as JSON text: manifests are validated as JSON is, strictly (a boolean is true or
+    false, not 0; a count is 4, not "4"), so YAML, JSON and the API's schema accept the same."""
+    try:
+        return json.dumps(data, allow_nan=True)
+    except (TypeError, ValueError):
+        for key, value in data.items():  # name the field that holds what JSON cannot (a YAML date)
+            try:
+                json.dumps(value)
+            except (TypeError, ValueError):
+                raise _NotJSON(f"spec.{key}") from None
+        raise _NotJSON("spec") from None
 
 
 def _envelope_problems(doc: Mapping[str, Any]) -> list[tuple[str, str, Any]]:
@@ -235,6 +265,15 @@ def parse_documents(text: str, kind: str = "YAML", *, where: str = "") -> list[o
 
 def load_manifests(*paths: str | Path) -> Manifests:
     """Load and validate every document of every file; all or nothing (see the module docstring)."""
+    manifests, errors = read_manifests(*paths)
+    if errors:
+        raise ValidationError(errors)
+    return manifests
+
+
+def read_manifests(*paths: str | Path) -> tuple[Manifests, list[ErrorDetail]]:
+    """Every valid document of every file, and every problem of the others (what `load_manifests`
+    refuses as a whole; `finesched validate` also checks the valid ones further)."""
     manifests = Manifests()
     errors: list[ErrorDetail] = []
     seen: dict[tuple[str, str], str] = {}
@@ -252,17 +291,15 @@ def load_manifests(*paths: str | Path) -> Manifests:
                 errors += exc.errors
                 obj = None
             # Every document claims its name, an invalid one too, so a duplicate is reported either way.
-            key = _document_key(doc) if obj is None else (type(obj).__name__, _object_key(obj))
+            key = _document_key(doc) if obj is None else (type(obj).__name__, object_key(obj))
             if key is not None and key in seen:
                 errors.append(ErrorDetail("metadata.name", f"duplicate {key[0]} (first in {seen[key]})", key[1], where))
                 continue
             if key is not None:
                 seen[key] = where
             if obj is not None:
-                manifests.add(obj)
-    if errors:
-        raise ValidationError(errors)
-    return manifests
+                manifests.add(obj, where)
+    return manifests, errors
 
 
 def _document_key(doc: object) -> tuple[str, str] | None:
@@ -278,7 +315,8 @@ def _document_key(doc: object) -> tuple[str, str] | None:
     return kind, name
 
 
-def _object_key(obj: Object) -> str:
+def object_key(obj: Object) -> str:
+    """What names `obj` among the objects of its kind: ``namespace/name`` or the name."""
     return f"{obj.namespace}/{obj.name}" if isinstance(obj, Workload | Job) else obj.name
 
 

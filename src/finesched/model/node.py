@@ -28,6 +28,7 @@ from finesched.model.gpu_partitions import (
     table_problems,
 )
 from finesched.model.mig import MIGSpec
+from finesched.model.names import ObjectName
 from finesched.model.resources import (
     CPU,
     GPU,
@@ -49,6 +50,9 @@ NUMATopologyPolicy = Literal["None", "BestEffort", "Restricted", "SingleNUMANode
 DeviceAllocateStrategy = Literal["LeastAllocated", "MostAllocated"]
 KubeletCPUManagerPolicy = Literal["none", "static"]
 DEFAULT_MAX_PODS = 110
+#: Linux numbers NUMA nodes below 1024 (CONFIG_NODES_SHIFT <= 10) and device minors in 20 bits.
+MAX_NUMA_ID = 1023
+MAX_DEVICE_MINOR = 2**20 - 1
 #: Node label naming the card-level device strategy when ``policies.deviceAllocateStrategy`` does not.
 STRATEGY_LABEL = "finesched.io/device-allocate-strategy"
 DEVICE_STRATEGIES = ("LeastAllocated", "MostAllocated")
@@ -92,9 +96,9 @@ class CPUInfo(Model):
     """One logical CPU (a hardware thread) and where it sits (S3.3). Core ids are machine-unique."""
 
     id: int = Field(ge=0, le=MAX_CPU_ID)
-    core: int = Field(ge=0)
-    socket: int = Field(ge=0)
-    numa: int = Field(ge=0)
+    core: int = Field(ge=0, le=MAX_CPU_ID)
+    socket: int = Field(ge=0, le=MAX_CPU_ID)
+    numa: int = Field(ge=0, le=MAX_NUMA_ID)
 
 
 class CPUTopology(Model):
@@ -113,8 +117,12 @@ class CPUTopology(Model):
     @model_validator(mode="before")
     @classmethod
     def _expand_builder(cls, data: object) -> object:
+        # What this returns is validated as Python data, strictly when the manifest is (a list is
+        # then not a tuple): the CPU list is handed on as the tuple the field holds.
         if isinstance(data, dict) and "cpus" not in data and data:
-            return {"cpus": _build_cpus(data)}  # unknown builder fields are named by _TopologyShape
+            return {"cpus": tuple(_build_cpus(data))}  # unknown builder fields are named by _TopologyShape
+        if isinstance(data, dict) and isinstance(data.get("cpus"), list):
+            return {**data, "cpus": tuple(data["cpus"])}
         return data
 
     @field_validator("cpus")
@@ -179,7 +187,7 @@ def _build_cpus(data: dict[str, object]) -> list[dict[str, int]]:
 class NUMAZone(Model):
     """A NUMA node's own capacity (S3.9 NodeResourceTopology zones)."""
 
-    id: int = Field(ge=0)
+    id: int = Field(ge=0, le=MAX_NUMA_ID)
     cpu: CPUQuantity | None = None
     memory: ByteQuantity | None = None
 
@@ -193,10 +201,10 @@ class Device(Model):
     """
 
     type: str = Field(min_length=1, pattern=r"^[a-z0-9][-a-z0-9.]*$")
-    minor: int = Field(ge=0)
+    minor: int = Field(ge=0, le=MAX_DEVICE_MINOR)
     uuid: str | None = None
     health: bool = True
-    numa: int | None = Field(default=None, ge=0)
+    numa: int | None = Field(default=None, ge=0, le=MAX_NUMA_ID)
     pcie: str | None = None
     resources: ResourceVector = Field(default_factory=ResourceVector)
     #: What a workload's deviceAllocateHint selector matches (e.g. a NIC's role or a GPU's model).
@@ -246,8 +254,8 @@ class DeviceLink(Model):
     """An interconnect between two devices of one type (S1.8), e.g. an NVLink between GPUs 0 and 1."""
 
     type: str = GPU
-    a: int = Field(ge=0)
-    b: int = Field(ge=0)
+    a: int = Field(ge=0, le=MAX_DEVICE_MINOR)
+    b: int = Field(ge=0, le=MAX_DEVICE_MINOR)
     kind: str = "NVLink"
     #: Bytes per second ("600G"); when given it ranks links for interconnect-aware choice.
     bandwidth: ByteQuantity | None = None
@@ -263,7 +271,7 @@ class ForeignAllocation(Model):
     """Amounts on a device already used by something outside finesched (S1.6); they count as used."""
 
     type: str
-    minor: int = Field(ge=0)
+    minor: int = Field(ge=0, le=MAX_DEVICE_MINOR)
     resources: ResourceVector
 
 
@@ -308,7 +316,7 @@ class KubeletPolicy(Model):
 class Node(Model):
     """A node and everything it offers, as the scheduler sees it."""
 
-    name: str = Field(min_length=1)
+    name: ObjectName
     labels: FrozenStrDict = Field(default_factory=FrozenDict)
     allocatable: ResourceVector = Field(default_factory=ResourceVector)
     cpu_topology: CPUTopology | None = None

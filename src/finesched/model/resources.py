@@ -55,6 +55,8 @@ _BYTE_NAMES = frozenset({MEMORY, "ephemeral-storage", "storage", GPU_MEMORY})
 
 # A Kubernetes resource name: an optional DNS-subdomain prefix, then a qualified name.
 _NAME_RE = re.compile(r"^(?:[a-z0-9](?:[-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9](?:[-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+#: The same rule as a regular expression's text (the API's JSON schema gives it to clients).
+NAME_PATTERN = _NAME_RE.pattern
 
 
 def canonical_name(name: str) -> str:

@@ -9,8 +9,10 @@ Two kinds of quota (sched/elastic.py applies them):
   when a tenant under its `min` has work that fits nowhere.
 
 `parent` puts tenants in a tree: a parent's `max` caps its whole subtree, and its `min` is the
-subtree's guarantee. Amounts are written in the names users write (``nvidia.com/gpu`` counts
-whole GPUs and is translated to gpu-core and gpu-memory-ratio, as requests are).
+subtree's guarantee. `namespaces` grants a tenant namespaces besides the one of its own name; each
+namespace belongs to one tenant, whose tokens alone create and see objects there. Amounts are
+written in the names users write (``nvidia.com/gpu`` counts whole GPUs and is translated to
+gpu-core and gpu-memory-ratio, as requests are).
 """
 
 from __future__ import annotations
@@ -18,7 +20,11 @@ from __future__ import annotations
 from pydantic import Field, model_validator
 
 from finesched.model.base import Loc, Model, raise_problems
+from finesched.model.names import NamespaceName, ObjectName, is_label
 from finesched.model.resources import ResourceVector, translate_gpu_shortcuts
+
+#: Weights are ratios between tenants: bounded so that a weighted share (share / weight) stays finite.
+MIN_WEIGHT, MAX_WEIGHT = 0.001, 1_000_000.0
 
 
 class Tenant(Model):
@@ -28,18 +34,28 @@ class Tenant(Model):
     guaranteed) waits in the queue; it does not fail.
     """
 
-    name: str = Field(min_length=1)
-    weight: float = Field(default=1.0, gt=0)
+    name: ObjectName
+    weight: float = Field(default=1.0, ge=MIN_WEIGHT, le=MAX_WEIGHT, allow_inf_nan=False)
     quota: ResourceVector | None = None
     min: ResourceVector | None = None
     max: ResourceVector | None = None
-    parent: str | None = Field(default=None, min_length=1)
+    parent: ObjectName | None = None
+    #: Namespaces granted to this tenant besides the one of its own name (which it always owns
+    #: when its name is a valid namespace): its tokens create and see objects only in these.
+    namespaces: tuple[NamespaceName, ...] = ()
 
     @model_validator(mode="after")
     def _min_within_max(self) -> Tenant:
         problems: list[tuple[Loc, str, object]] = []
         if self.parent == self.name:
             problems.append((("parent",), "a tenant cannot be its own parent", self.parent))
+        seen: set[str] = set()
+        for i, namespace in enumerate(self.namespaces):
+            if namespace in seen:
+                problems.append((("namespaces", i), "is listed twice", namespace))
+            elif namespace == self.name:
+                problems.append((("namespaces", i), "is the tenant's own namespace (owned without a grant)", namespace))
+            seen.add(namespace)
         if self.min is not None and self.max is not None:
             low, high = translate_gpu_shortcuts(self.min), translate_gpu_shortcuts(self.max)
             shown = self.min.to_quantities()
@@ -51,6 +67,12 @@ class Tenant(Model):
                     problems.append((("min", name), f"is above max ({limit})", shown[name]))
         raise_problems(problems, "Tenant")
         return self
+
+    @property
+    def owned_namespaces(self) -> tuple[str, ...]:
+        """The namespaces this tenant owns: its own name's (when that is a valid namespace) and its grants."""
+        own = (self.name,) if is_label(self.name) else ()
+        return own + tuple(n for n in self.namespaces if n != self.name)
 
     @property
     def elastic(self) -> bool:

@@ -20,6 +20,7 @@ from pydantic import AfterValidator, Field, PositiveInt, model_validator
 from finesched.model.base import FrozenDict, FrozenStrDict, Loc, Model, raise_problems
 from finesched.model.gpu_partitions import ALLOCATE_POLICIES, ANNOTATION_GPU_PARTITION_SPEC, GPUPartitionSpec
 from finesched.model.mig import MIG_RESOURCE_PREFIX, mig_profile_of
+from finesched.model.names import NamespaceName, ObjectName
 from finesched.model.resources import CPU, DEVICE_RESOURCE_NAMES, FPGA, MEMORY, RDMA, ResourceVector, canonical_name
 
 QoS = Literal["LSE", "LSR", "LS", "BE"]
@@ -29,6 +30,9 @@ CPUExclusivePolicy = Literal["None", "PCPULevel", "NUMANodeLevel"]
 NUMATopologyPolicy = Literal["None", "BestEffort", "Restricted", "SingleNUMANode"]
 DeviceAllocateStrategy = Literal["LeastAllocated", "MostAllocated"]
 JointScope = Literal["SamePCIe", "SameNUMA"]
+#: Priorities are 32-bit integers, as Kubernetes' PriorityClass values are.
+MAX_INT32 = 2**31 - 1
+MIN_PRIORITY, MAX_PRIORITY = -(2**31), MAX_INT32
 
 
 class ResourceSpec(Model):
@@ -202,7 +206,7 @@ class Gang(Model):
     """All-or-nothing group: `min_member` workloads of the gang are placed together or none is."""
 
     name: str = Field(min_length=1)
-    min_member: PositiveInt = 1
+    min_member: PositiveInt = Field(default=1, le=MAX_INT32)
 
 
 PreemptionPolicy = Literal["PreemptLowerPriority", "Never"]
@@ -221,7 +225,7 @@ class DisruptionBudget(Model):
     prefers victims that leave every group at or above `min_available` (plugins/preemption.py).
     """
 
-    min_available: int = Field(ge=0)
+    min_available: int = Field(ge=0, le=MAX_INT32)
     selector: FrozenStrDict = Field(default_factory=FrozenDict)
 
 
@@ -233,12 +237,13 @@ class Workload(Model):
     RestartPolicy.
     """
 
-    name: str = Field(min_length=1)
-    namespace: str = Field(default="default", min_length=1)
+    name: ObjectName
+    namespace: NamespaceName = "default"
     labels: FrozenStrDict = Field(default_factory=FrozenDict)
     annotations: FrozenStrDict = Field(default_factory=FrozenDict)
+    #: The tenant charged; default: the tenant that owns the namespace (the namespace's own name).
     tenant: str = ""
-    priority: int = 0
+    priority: int = Field(default=0, ge=MIN_PRIORITY, le=MAX_PRIORITY)
     qos: QoS | None = None
     requests: ResourceVector = Field(default_factory=ResourceVector)
     limits: ResourceVector = Field(default_factory=ResourceVector)

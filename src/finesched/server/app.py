@@ -1,24 +1,41 @@
 """The control plane's HTTP API (FastAPI): routes under /v1, health, readiness and Prometheus metrics.
 
 `create_app` wires a store and a scheduling loop into one app; the loop starts and stops with the
-app's lifespan. Errors are JSON: ``{"detail": [{"loc": [...], "msg": ...}]}`` for bad input
-(422, or 413 when the body is too large) and ``{"detail": "..."}`` otherwise; a store conflict is
-409. Nothing is changed by a request that is refused.
+app's lifespan. Errors are JSON: ``{"detail": [{"loc": [...], "msg": ..., "type": ...}]}`` for bad
+input (422, or 413 when the body is too large) and ``{"detail": "..."}`` otherwise; a store conflict
+is 409. Nothing is changed by a request that is refused. A body must be JSON without NaN, Infinity
+or numbers that overflow (RFC 8259 has none of them; Python's reader would make them infinite). A
+method a path does not have is 405 with the path's real `Allow`; OPTIONS answers 204 with it. The
+OpenAPI document says all of this (`server/openapi.py`).
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import math
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.responses import JSONResponse, Response
 from sqlalchemy.exc import OperationalError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from finesched import __version__
-from finesched.server import console, jobs, logs, offers, routes_nodes, routes_plan, routes_tenants, routes_workloads
+from finesched.server import (
+    console,
+    jobs,
+    logs,
+    offers,
+    openapi,
+    routes_nodes,
+    routes_plan,
+    routes_tenants,
+    routes_workloads,
+)
 from finesched.server.auth import TokenCache
 from finesched.server.context import MAX_BODY_BYTES, Ctx, ServerContext
 from finesched.server.lease import LostLease
@@ -65,8 +82,47 @@ class BodyLimit:
                 return
             chunks.append(chunk)
             more = message.get("more_body", False)
-        body = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+        data = b"".join(chunks)
+        problem = _json_problem(scope, data)
+        if problem is not None:
+            await JSONResponse({"detail": [problem]}, 422)(scope, receive, send)
+            return
+        body = {"type": "http.request", "body": data, "more_body": False}
         await self.app(scope, _replay([body], then=receive), send)
+
+
+class _NotFinite(ValueError):
+    pass
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _NotFinite(text)
+    return value
+
+
+def _constant(text: str) -> float:
+    raise _NotFinite(text)
+
+
+def _json_problem(scope: Scope, data: bytes) -> dict[str, Any] | None:
+    """Why a JSON body (or one without a content type) cannot be read, as a 422 detail; None when it can."""
+    if not data:
+        return None
+    ctype = dict(scope.get("headers") or []).get(b"content-type", b"").split(b";")[0].strip().lower()
+    if ctype and not (ctype == b"application/json" or ctype.endswith(b"+json")):
+        return None
+    try:
+        json.loads(data, parse_float=_finite, parse_constant=_constant)
+    except _NotFinite as exc:
+        msg = f"numbers must be finite: {exc} is not (JSON has no NaN or Infinity, and this overflows a double)"
+        return {"loc": ["body"], "msg": msg, "type": "value_error", "input": str(exc)}
+    except json.JSONDecodeError as exc:
+        return {"loc": ["body", exc.pos], "msg": f"JSON decode error: {exc.msg}", "type": "json_invalid"}
+    except UnicodeDecodeError as exc:
+        return {"loc": ["body", exc.start], "msg": f"the body is not UTF-8 ({exc.reason})", "type": "json_invalid"}
+    return None
 
 
 def _replay(messages: list[Message], then: Callable[[], Awaitable[Message]] | None = None) -> Any:
@@ -95,16 +151,26 @@ class CountRequests:
             await self.app(scope, receive, send)
             return
 
+        started = False
+
         async def counted(message: Message) -> None:
+            nonlocal started
             if message["type"] == "http.response.start":
+                started = True
                 self.metrics.requests.labels(scope["method"], str(message["status"])).inc()
             await send(message)
 
-        await self.app(scope, receive, counted)
+        try:
+            await self.app(scope, receive, counted)
+        except Exception:  # answered 500 by Starlette's outermost handler, which this counter never sees
+            if not started:
+                self.metrics.requests.labels(scope["method"], "500").inc()
+            raise
 
 
 def _too_large(limit: int) -> JSONResponse:
-    return JSONResponse({"detail": [{"loc": ["body"], "msg": f"request body larger than {limit} bytes"}]}, 413)
+    problem = {"loc": ["body"], "msg": f"request body larger than {limit} bytes", "type": "value_error"}
+    return JSONResponse({"detail": [problem]}, 413)
 
 
 def create_app(store: Store, config: LoopConfig | None = None, *, max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
@@ -130,9 +196,18 @@ def create_app(store: Store, config: LoopConfig | None = None, *, max_body_bytes
         lifespan=lifespan,
     )
     app.state.ctx = ctx
+    openapi.install(app)
     app.add_middleware(BodyLimit, limit=max_body_bytes)
 
     app.add_middleware(CountRequests, metrics=metrics)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        if exc.status_code == 405:
+            return _method_not_allowed(app, request)
+        if exc.status_code == 400:  # FastAPI could not read the body: bad input, like every other
+            return JSONResponse({"detail": [{"loc": ["body"], "msg": str(exc.detail), "type": "value_error"}]}, 422)
+        return await http_exception_handler(request, exc)
 
     @app.exception_handler(InputError)
     async def input_error(request: Request, exc: InputError) -> JSONResponse:
@@ -175,4 +250,15 @@ def create_app(store: Store, config: LoopConfig | None = None, *, max_body_bytes
 
     for module in (routes_nodes, routes_workloads, routes_tenants, offers, jobs, logs, routes_plan, console):
         app.include_router(module.router)
+    for module in (routes_nodes, routes_workloads, routes_tenants):  # last: old names with "/" (views.LegacyName)
+        app.include_router(module.legacy)
     return app
+
+
+def _method_not_allowed(app: FastAPI, request: Request) -> Response:
+    """405 with every method the path has in `Allow`, as the OpenAPI document lists them (Starlette
+    names only the first matching route's); an OPTIONS request is answered 204 with the same header."""
+    allow = ", ".join(openapi.methods_of(app, request.url.path))
+    if request.method == "OPTIONS":
+        return Response(status_code=204, headers={"Allow": allow})
+    return JSONResponse({"detail": "Method Not Allowed"}, 405, headers={"Allow": allow})

@@ -1,20 +1,30 @@
-"""What every request handler needs: the store, the scheduling loop, metrics, tokens, limits."""
+"""What every request handler needs: the store, the scheduling loop, metrics, tokens, limits, and
+the stored objects admission checks a write against (`world`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Annotated
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Annotated, Any
 
 from fastapi import Depends, HTTPException, Request
 
+from finesched.admission import World
+from finesched.errors import ValidationError
+from finesched.model.tenant import Tenant
 from finesched.sched.scheduler import Scheduler
-from finesched.server.auth import Identity, TokenCache, authenticate
+from finesched.server.auth import TENANT, Identity, TokenCache, authenticate
+from finesched.server.cluster_view import node_from_row, tenant_from_row
 from finesched.server.loop import SchedulerLoop
 from finesched.server.metrics import Metrics
 from finesched.server.store import Store
+from finesched.state.devices import attach_device_accounts
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
 MAX_ITEMS_PER_REQUEST = 1000
+#: How long a replica that does not schedule trusts the device types it read from the stored nodes.
+DEVICE_TYPES_TTL_S = 5.0
 
 
 @dataclass
@@ -24,6 +34,10 @@ class ServerContext:
     metrics: Metrics
     tokens: TokenCache
     max_body_bytes: int = MAX_BODY_BYTES
+    _device_types: tuple[float, frozenset[str]] = (0.0, frozenset())
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    #: Parsed tenants by name, with the stored manifest they were parsed from (parsed again only when it changed).
+    _tenants: dict[str, tuple[Any, Tenant | None]] = field(default_factory=dict)
 
     def scheduler(self) -> Scheduler:
         """The leader's scheduler, or 503 on a replica that does not hold the lease."""
@@ -31,6 +45,68 @@ class ServerContext:
         if scheduler is None:
             raise HTTPException(503, "this replica is not the scheduling leader; ask the leader or retry")
         return scheduler
+
+    def world(self, *, devices: bool = True) -> World:
+        """The stored objects admission needs: the tenants (those that parse; a tenant stored before
+        today's rules is set aside, not trusted) and, with `devices`, the device types of the nodes."""
+        tenants: dict[str, Tenant] = {}
+        rows = self.store.list_tenants()
+        with self._lock:
+            parsed = {row["name"]: self._parsed_tenant(row) for row in rows}
+            self._tenants = {name: self._tenants[name] for name in parsed}
+        for name, tenant in parsed.items():
+            if tenant is not None:
+                tenants[name] = tenant
+        return World(tenants, self.device_types() if devices else frozenset())
+
+    def _parsed_tenant(self, row: dict[str, Any]) -> Tenant | None:
+        cached = self._tenants.get(row["name"])
+        if cached is not None and cached[0] == row["spec"]:
+            return cached[1]
+        try:
+            tenant: Tenant | None = tenant_from_row(row)
+        except ValidationError:
+            tenant = None
+        self._tenants[row["name"]] = (row["spec"], tenant)
+        return tenant
+
+    def device_types(self) -> frozenset[str]:
+        """The device types of the cluster's nodes: the leader's state, else the stored nodes (cached)."""
+        with self.loop.lock:
+            scheduler = self.loop.scheduler
+            if scheduler is not None:
+                return frozenset(attach_device_accounts(scheduler.state).types)
+        with self._lock:
+            stamp, types = self._device_types
+            if time.monotonic() - stamp < DEVICE_TYPES_TTL_S:
+                return types
+        found: set[str] = set()
+        for row in self.store.list_nodes():
+            try:
+                found.update(d.type for d in node_from_row(row).devices)
+            except ValidationError:
+                continue
+        with self._lock:
+            self._device_types = (time.monotonic(), frozenset(found))
+        return frozenset(found)
+
+    def check_namespace(self, caller: Identity, namespace: str, world: World | None = None) -> None:
+        """A tenant token acts only in the namespaces its tenant owns: 403 otherwise, the same answer
+        whether or not anything of that name exists there. Admins act everywhere; agents are checked
+        by the node their object is bound to."""
+        if caller.role != TENANT:
+            return
+        owner = (world or self.world(devices=False)).owner(namespace)
+        if owner != caller.tenant:
+            raise HTTPException(403, f"namespace {namespace} does not belong to tenant {caller.tenant}")
+
+    def namespaces_of(self, caller: Identity, world: World | None = None) -> tuple[str, ...] | None:
+        """The namespaces `caller` may see (None: all of them)."""
+        if caller.role != TENANT:
+            return None
+        world = world or self.world(devices=False)
+        mine = world.tenant(caller.tenant or "")
+        return tuple(n for n in mine.owned_namespaces if world.owner(n) == mine.name) if mine is not None else ()
 
 
 def get_context(request: Request) -> ServerContext:

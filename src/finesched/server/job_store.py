@@ -20,10 +20,13 @@ from finesched.server.store import PENDING, Event, NotFound, Store, as_dict, now
 ACTIVE, SUCCEEDED, FAILED = "Active", "Succeeded", "Failed"
 
 
-def insert_job(conn: Connection, namespace: str, name: str, spec: Mapping[str, Any], regions: list[dict]) -> int:
-    """A new Active job row (IntegrityError when the name is taken); its id."""
+def insert_job(
+    conn: Connection, namespace: str, name: str, tenant: str, spec: Mapping[str, Any], regions: list[dict]
+) -> int:
+    """A new Active job row (IntegrityError when the name is taken); its id. `tenant`: the owner of
+    the namespace, as admission charged the job's slots."""
     stamp = now()
-    values = {"namespace": namespace, "name": name, "tenant": namespace, "spec": dict(spec), "phase": ACTIVE,
+    values = {"namespace": namespace, "name": name, "tenant": tenant, "spec": dict(spec), "phase": ACTIVE,
               "reason": "", "failures": 0, "regions": regions, "version": 1, "created": stamp,
               "updated": stamp}  # fmt: skip
     return int(conn.execute(insert(t.jobs).returning(t.jobs.c.id), values).scalar_one())

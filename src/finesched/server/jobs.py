@@ -16,17 +16,18 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, HTTPException
 from sqlalchemy.exc import IntegrityError
 
+from finesched.admission import admit_job
 from finesched.errors import ValidationError
 from finesched.model.job import Job
 from finesched.sched.diagnosis import FitError
 from finesched.server import job_store
 from finesched.server.auth import ADMIN, TENANT, Identity
 from finesched.server.cluster_view import binding_view
-from finesched.server.context import MAX_ITEMS_PER_REQUEST, Caller, Ctx, ServerContext
+from finesched.server.context import Caller, Ctx, ServerContext
 from finesched.server.job_status import job_view
 from finesched.server.placement import commit_after_write, insert_bound, leader_write, log_own
 from finesched.server.store import Event, NotFound, Store
-from finesched.server.views import InputError, canonical, detail_of, invalid, parse_kind
+from finesched.server.views import InputError, canonical, detail_of, invalid, namespace_of, parse_kind
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
@@ -36,28 +37,22 @@ MAX_JOB_EVENTS = 200
 
 @router.post("", status_code=201)
 def submit_job(body: JobBody, ctx: Ctx, caller: Caller) -> dict[str, Any]:
-    from finesched.dataflow import QUOTAS_ANNOTATION, CompileError, compile_job, gang_workloads
+    from finesched.dataflow import QUOTAS_ANNOTATION
     from finesched.dataflow.commands import command_problems
     from finesched.dataflow.failover import failover_regions, region_tasks
     from finesched.dataflow.gang import GROUP_LABEL, slot_name
 
     caller.require(ADMIN, TENANT)
+    world = ctx.world()
+    ctx.check_namespace(caller, namespace_of(body), world)
     job: Job = parse_kind(body, "Job")
     try:
-        compiled = compile_job(job)
-        if compiled.slots_needed > MAX_ITEMS_PER_REQUEST:  # every slot is a workload: the same bound
-            rule = f"the job needs {compiled.slots_needed} slots; a job has at most {MAX_ITEMS_PER_REQUEST}"
-            raise InputError([{"loc": ["body", "spec", "tasks"], "msg": rule}])
-        workloads = gang_workloads(job, compiled)
-    except CompileError as exc:
-        raise invalid(exc, ("body",)) from None
+        compiled, workloads = admit_job(job, world)  # CompileError is a ValidationError too
     except ValidationError as exc:
         raise invalid(exc, ("body",)) from None
     problems = command_problems(job, compiled)
     if problems:
         raise InputError([detail_of(p) for p in problems])
-    if caller.role == TENANT and any(w.tenant != caller.tenant for w in workloads):
-        raise HTTPException(403, f"job {job.namespace}/{job.name} belongs to another tenant than {caller.tenant}")
     job_key = f"{job.namespace}/{job.name}"
     if job_store.find_job(ctx.store, job.namespace, job.name) is not None:
         raise HTTPException(409, f"job {job_key} already exists")
@@ -84,7 +79,7 @@ def submit_job(body: JobBody, ctx: Ctx, caller: Caller) -> dict[str, Any]:
 
             def write() -> None:
                 with leader_write(ctx.loop) as conn:
-                    job_store.insert_job(conn, job.namespace, job.name, spec, regions)
+                    job_store.insert_job(conn, job.namespace, job.name, workloads[0].tenant, spec, regions)
                     events = insert_bound(conn, workloads, bindings, job=job_key, why=f" (job {job_key})")
                     log_own(ctx.loop, conn, [*events, submitted])
 
@@ -96,7 +91,7 @@ def submit_job(body: JobBody, ctx: Ctx, caller: Caller) -> dict[str, Any]:
         items = [(w.namespace, w.name, w.tenant, canonical(w)) for w in workloads]
         try:
             with ctx.store.write() as conn:
-                job_store.insert_job(conn, job.namespace, job.name, spec, regions)
+                job_store.insert_job(conn, job.namespace, job.name, workloads[0].tenant, spec, regions)
                 ids, events = Store.insert_pending(conn, items, job_key)
                 why = f"{len(workloads)} slots, {len(regions)} region(s): pending ({reason})"
                 events += Store.log(conn, [Event("Job", job_key, "Submitted", why)])
@@ -120,21 +115,30 @@ def submit_job(body: JobBody, ctx: Ctx, caller: Caller) -> dict[str, Any]:
 
 @router.get("")
 def list_jobs(ctx: Ctx, caller: Caller, namespace: str | None = None) -> dict[str, Any]:
-    """Jobs with their phase and slot counts (a tenant sees its own)."""
+    """Jobs with their phase and slot counts (a tenant token sees those of its tenant's namespaces,
+    as for workloads)."""
     caller.require(ADMIN, TENANT)
-    tenant = caller.tenant if caller.role == TENANT else None
-    rows = job_store.list_jobs(ctx.store, namespace=namespace, tenant=tenant)
+    namespaces: tuple[str | None, ...] = (namespace,)
+    if caller.role == TENANT:
+        world = ctx.world(devices=False)
+        if namespace is not None:
+            ctx.check_namespace(caller, namespace, world)
+        else:
+            namespaces = ctx.namespaces_of(caller, world) or ()
+    rows = [row for ns in namespaces for row in job_store.list_jobs(ctx.store, namespace=ns)]
+    rows.sort(key=lambda r: r["id"])
     slots = job_store.slots_by_job(ctx.store, [f"{r['namespace']}/{r['name']}" for r in rows])
     return {"items": [job_view(r, slots[f"{r['namespace']}/{r['name']}"]) for r in rows]}
 
 
 def _visible_job(ctx: ServerContext, caller: Identity, namespace: str, name: str) -> dict[str, Any]:
+    """The job if `caller` may see it: a tenant is refused (403) outside its namespaces before
+    anything is looked up, so the answer never tells whether another tenant's job exists."""
     caller.require(ADMIN, TENANT)
+    ctx.check_namespace(caller, namespace)
     row = job_store.find_job(ctx.store, namespace, name)
     if row is None:
         raise HTTPException(404, f"job {namespace}/{name} not found")
-    if caller.role == TENANT and row["tenant"] != caller.tenant:
-        raise HTTPException(403, f"job {namespace}/{name} belongs to another tenant")
     return row
 
 

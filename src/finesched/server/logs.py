@@ -51,7 +51,8 @@ def _agent_url(ctx: ServerContext, node: str) -> str:
     if row is None:
         raise HTTPException(404, f"node {node} is gone, and the workload's output with it")
     if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-        raise HTTPException(503, f"the agent of node {node} does not serve logs (it reports no logs URL)")
+        # 404, not 5xx: nothing is wrong with the server; this node's output cannot be read from here
+        raise HTTPException(404, f"the agent of node {node} does not serve logs (it reports no logs URL)")
     return url.rstrip("/")
 
 

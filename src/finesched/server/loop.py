@@ -29,8 +29,11 @@ from typing import Any
 
 from sqlalchemy.exc import SQLAlchemyError
 
+from finesched.admission import sound_tenants
 from finesched.errors import ValidationError
 from finesched.model.binding import Binding
+from finesched.model.names import key_problem
+from finesched.model.tenant import Tenant
 from finesched.model.workload import Workload
 from finesched.sched.diagnosis import FitError, InvalidRequest
 from finesched.sched.framework import Preemption
@@ -42,6 +45,7 @@ from finesched.server.lease import Lease, LostLease
 from finesched.server.lifecycle import Backoff
 from finesched.server.locking import LoopLock
 from finesched.server.metrics import Metrics, cluster_figures
+from finesched.server.setaside import SetAside, Unusable
 from finesched.server.store import HOLDING, PENDING, REJECTED, Event, NotFound, Store, now
 from finesched.server.upkeep import HeartbeatMonitor, WaitingReasons
 from finesched.state.cluster import ClusterState, StateError
@@ -108,6 +112,10 @@ class SchedulerLoop:
         self.restorers: list[Callable[[Scheduler], None]] = []
         #: Called about once a second on the leader (e.g. expiring offers).
         self.maintenance: list[Callable[[], None]] = []
+        #: Objects left out because the loop cannot use them (poison isolation, server/setaside.py).
+        self.set_aside = SetAside(store, self.own)
+        #: Workloads the scheduler raised on, set aside by the rebuild that follows.
+        self._poisoned: dict[str, str] = {}
 
     # Life cycle ------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -206,20 +214,27 @@ class SchedulerLoop:
             try:
                 state.add_node(node_from_row(row))
                 node_rows[row["name"]] = (row["created"], row["version"])
-            except (ValidationError, StateError) as exc:
-                log.error("node %s cannot be loaded: %s", row["name"], exc)
-        tenants = [tenant_from_row(r) for r in self.store.list_tenants()]
-        scheduler = Scheduler(state, self.config.profile, tenants, auto_commit=False)
+                self.set_aside.clear("Node", row["name"])
+            except Exception as exc:  # one node that cannot be loaded is left out, not the cluster
+                self.set_aside.node(row["name"], f"cannot be loaded: {exc}")
+        scheduler = Scheduler(state, self.config.profile, self._sound_tenants(), auto_commit=False)
         for row in self.store.bindings():
             renew()
-            binding = binding_from_row(row)
+            refused = key_problem(row["workload"])
+            if refused is not None:  # bound by an older version: no agent can run it safely
+                self.set_aside.bound(row["workload"], f"its name breaks today's rules ({refused})")
+                continue
             try:
+                binding = binding_from_row(row)
                 state.assume(binding)
                 state.commit(binding.workload)
-            except StateError as exc:  # its node is gone or changed: the workload is placed again
-                self.store.release(binding.workload, PENDING, f"binding could not be restored: {exc}")
+            except Exception as exc:  # its node is gone or changed: the workload is placed again
+                self.store.release(row["workload"], PENDING, f"binding could not be restored: {exc}")
         for restore in self.restorers:
-            restore(scheduler)
+            try:
+                restore(scheduler)
+            except Exception:
+                log.exception("restoring after the rebuild failed; going on without it")
         queued: dict[str, Queued] = {}
         for row in self.store.pending():
             self._queue_row(scheduler, queued, row)
@@ -236,8 +251,26 @@ class SchedulerLoop:
         gc.collect()
         gc.freeze()
 
+    def _sound_tenants(self) -> list[Tenant]:
+        """The stored tenants the scheduler can use; each other one is set aside with the reason."""
+        parsed = []
+        for row in self.store.list_tenants():
+            try:
+                parsed.append(tenant_from_row(row))
+            except Exception as exc:
+                self.set_aside.tenant(row["name"], f"the stored manifest is invalid: {exc}")
+        good, refused = sound_tenants(parsed)
+        for name, why in refused.items():
+            self.set_aside.tenant(name, why)
+        for tenant in good:
+            self.set_aside.clear("Tenant", tenant.name)
+        return good
+
     def _queue_row(self, scheduler: Scheduler, queued: dict[str, Queued], row: dict[str, Any]) -> None:
         key = f"{row['namespace']}/{row['name']}"
+        if key in self._poisoned:
+            self.set_aside.workload(key, self._poisoned.pop(key))
+            return
         not_before = row.get("not_before")
         if not_before is not None and not_before > now():  # backing off: queued when the time comes
             self.deferred[key] = not_before
@@ -248,6 +281,9 @@ class SchedulerLoop:
             scheduler.submit([workload])
         except ValidationError as exc:
             self.store.set_phase(key, REJECTED, str(exc))
+            return
+        except Exception as exc:
+            self.set_aside.workload(key, f"cannot be queued: {exc!r}")
             return
         queued[key] = Queued(row["id"], row["version"], workload, row["created"].timestamp())
 
@@ -273,7 +309,7 @@ class SchedulerLoop:
                 del self.deferred[key]
         rows = read_workloads(self.store, due) if due else {}  # one read for all of them (feed.py)
         for key in due:
-            self._apply_workload(key, rows.get(key))
+            self._isolated("Workload", key, self._apply_workload, key, rows.get(key))
 
     def own(self, event_ids: Iterable[int]) -> None:
         """Events this process wrote and already applied: the feed skips them. Safe inside a write
@@ -299,7 +335,7 @@ class SchedulerLoop:
         (the feed applies it again later, which changes nothing)."""
         reconcile = {"Node": self.reconcile_node, "Workload": self.reconcile_workload, "Tenant": self.reconcile_tenant}
         if self.scheduler is not None:
-            reconcile[kind](obj)
+            self._isolated(kind, obj, reconcile[kind], obj)
         self.wake()
 
     # Change feed -----------------------------------------------------------------------------------
@@ -313,15 +349,33 @@ class SchedulerLoop:
         changes = read_changes(self.store, objects)
         capacity_changed = False
         for name, row in changes.nodes.items():
-            capacity_changed |= self._apply_node(name, row)
+            capacity_changed |= bool(self._isolated("Node", name, self._apply_node, name, row))
         if capacity_changed:
             with self.lock:
                 if self.scheduler is not None:
                     self.scheduler.queue.cluster_changed()
         for key, row in changes.workloads.items():
-            self._apply_workload(key, row)
+            self._isolated("Workload", key, self._apply_workload, key, row)
         for name, row in changes.tenants.items():
-            self._apply_tenant(name, row)
+            self._isolated("Tenant", name, self._apply_tenant, name, row)
+
+    def _isolated(self, kind: str, obj: str, apply: Callable[..., Any], *args: Any) -> Any:
+        """`apply(*args)`: one object's change; if that raises, set the object aside and go on with the others."""
+        try:
+            return apply(*args)
+        except SQLAlchemyError:
+            raise  # the store, not the object: the loop's own handling
+        except Exception as exc:
+            why = str(exc) if isinstance(exc, Unusable) else f"the scheduler cannot apply it: {exc!r}"
+            if kind == "Workload":
+                with self.lock:
+                    self.queued.pop(obj, None)
+                self.set_aside.workload(obj, why)
+            elif kind == "Node":
+                self.set_aside.node(obj, why)
+            else:
+                self.set_aside.tenant(obj, why)
+            return None
 
     def reconcile_node(self, name: str) -> None:
         if self._apply_node(name, self.store.find_node(name)):
@@ -362,9 +416,12 @@ class SchedulerLoop:
             except (ValidationError, StateError, EncodedUpdateError) as exc:
                 log.warning("node %s: change not applied: %s", name, exc)
                 self.own(self.store.note([Event("Node", name, "UpdateRefused", str(exc))]))
+                if name not in state.index:  # nothing of it is in the state: left out until it loads
+                    raise Unusable(f"cannot be loaded: {exc}") from None
                 return False
             self._node_rows[name] = seen
-            return True
+        self.set_aside.clear("Node", name)
+        return True
 
     def reconcile_workload(self, key: str) -> None:
         self._apply_workload(key, self.store.find_workload(*key.split("/", 1)))
@@ -412,14 +469,20 @@ class SchedulerLoop:
 
     def _apply_tenant(self, name: str, row: dict[str, Any] | None) -> None:
         if row is None:
+            self.set_aside.clear("Tenant", name)
             return
         try:
             tenant = tenant_from_row(row)
-        except ValidationError:
-            return
+        except ValidationError as exc:
+            raise Unusable(f"the stored manifest is invalid: {exc}") from None
         with self.lock:
-            if self.scheduler is not None:
-                self.scheduler.queue.set_tenant(tenant)
+            if self.scheduler is None:
+                return
+            try:
+                self.scheduler.queue.set_tenant(tenant)  # refuses a parent it does not know, or a cycle
+            except ValidationError as exc:
+                raise Unusable(f"the scheduler cannot use it: {exc}") from None
+        self.set_aside.clear("Tenant", name)
 
     # Deciding --------------------------------------------------------------------------------------
     def _schedule_batch(self) -> bool:
@@ -430,7 +493,11 @@ class SchedulerLoop:
             if scheduler is None or not self.queued:
                 return False
             decide_started = time.thread_time()
-            results = scheduler.run(self.config.batch_size, report_waiting=False, flush_backoff=False)
+            try:
+                results = scheduler.run(self.config.batch_size, report_waiting=False, flush_backoff=False)
+            except Exception as exc:
+                self._poison_in_flight(scheduler, exc)
+                raise
             self.metrics.decide_seconds.observe(time.thread_time() - decide_started)
             decisions, rejected, stale = [], [], []
             for result in results:
@@ -514,6 +581,17 @@ class SchedulerLoop:
                         self.queued.pop(binding.workload, None)
                     self.reconcile_workload(binding.workload)
 
+    def _poison_in_flight(self, scheduler: Scheduler, exc: Exception) -> None:
+        """The scheduler raised while deciding: the unit it was deciding is the one it popped and
+        neither placed nor parked (still held, yet waiting nowhere). The rebuild that follows this
+        error sets it aside instead of queueing it again (`_queue_row`), so it is met once."""
+        waiting = {w.key for unit, _ in scheduler.queue.waiting() for w in unit.workloads}
+        in_flight = [k for k in self.queued if scheduler.queue.holds(k) and k not in waiting]
+        if not in_flight:
+            log.error("the scheduler raised and no workload was being decided: %r", exc)
+        for key in in_flight:
+            self._poisoned[key] = f"the scheduler raised on it: {exc!r}"
+
     @staticmethod
     def _undo(scheduler: Scheduler, binding: Binding, preemptions: dict[str, Preemption]) -> None:
         """Forget an assumed binding; a preemptor's victims are re-admitted exactly as they were."""
@@ -529,10 +607,14 @@ class SchedulerLoop:
         if time.monotonic() - self._last_upkeep < 1.0:
             return
         self._last_upkeep = time.monotonic()
-        for task in self.maintenance:
-            task()
-        lifecycle.start_due_restarts(self.store)
-        self.heartbeats.check()
+        restarts = lambda: lifecycle.start_due_restarts(self.store)  # noqa: E731
+        for task in [*self.maintenance, restarts, self.heartbeats.check]:
+            try:
+                task()
+            except SQLAlchemyError:
+                raise
+            except Exception:  # one chore's failure (an offer, a node, a job) must not stop the cycle
+                log.exception("upkeep task %s failed", getattr(task, "__qualname__", task))
         with self.lock:
             changed = self.waiting.changes(self.scheduler.queue, self.queued) if self.scheduler is not None else {}
         if changed:

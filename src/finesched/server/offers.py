@@ -16,12 +16,15 @@ import uuid
 from datetime import timedelta
 from typing import Annotated, Any
 
+import pydantic
 from fastapi import APIRouter, Body, HTTPException
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import insert, select, update
 
+from finesched.admission import OFFER_NAMESPACE, admit_probe
 from finesched.errors import ValidationError
 from finesched.model.binding import Binding
+from finesched.model.names import ObjectName
 from finesched.model.resources import ResourceVector
 from finesched.model.workload import Workload
 from finesched.sched.diagnosis import FitError
@@ -37,15 +40,16 @@ from finesched.server.views import InputError, invalid
 
 router = APIRouter(prefix="/v1/offers", tags=["offers"])
 
-OFFER_NAMESPACE = "finesched-offers"
 OPEN, ACCEPTED, DECLINED, EXPIRED = "Open", "Accepted", "Declined", "Expired"
 
 
 class OfferRequest(BaseModel):
+    """`demand`: resource name -> quantity, as a workload's requests are written (checked like them)."""
+
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
-    tenant: str = Field(min_length=1)
-    demand: dict[str, str | int | float]
-    ttl_seconds: float = Field(default=30.0, gt=0, le=3600, alias="ttlSeconds")
+    tenant: ObjectName
+    demand: dict[str, Any] = Field(min_length=1)  # quantities: the schema says so (server/openapi.py)
+    ttl_seconds: float = Field(default=30.0, gt=0, le=3600, allow_inf_nan=False, alias="ttlSeconds")
 
 
 class AcceptRequest(BaseModel):
@@ -86,8 +90,13 @@ def make_offer(body: OfferRequest, ctx: Ctx, caller: Caller) -> dict[str, Any]:
         probe = Workload.model_validate(
             {"name": name, "namespace": OFFER_NAMESPACE, "tenant": body.tenant, "requests": body.demand}
         )
-    except Exception as exc:  # pydantic's error, re-reported under body.demand
-        raise InputError([{"loc": ["body", "demand"], "msg": str(exc).splitlines()[-1].strip()}]) from None
+    except pydantic.ValidationError as exc:  # re-reported under body.demand
+        raise InputError([_demand_problem(e) for e in exc.errors()]) from None
+    try:
+        probe = admit_probe(probe, ctx.world())
+    except ValidationError as exc:
+        raise InputError([{**d, "loc": ["body", "demand"]} if d["loc"][1] == "spec" else d
+                          for d in invalid(exc).details]) from None  # fmt: skip
     with ctx.loop.lock:
         scheduler = ctx.scheduler()
         try:
@@ -115,6 +124,11 @@ def make_offer(body: OfferRequest, ctx: Ctx, caller: Caller) -> dict[str, Any]:
     return offer_view(row)
 
 
+def _demand_problem(error: Any) -> dict[str, Any]:
+    loc = ["body", "demand", *[p for p in error["loc"] if p != "requests"]]
+    return {"loc": loc, "msg": error["msg"], "input": str(error.get("input"))}
+
+
 def offer_view(row: dict[str, Any]) -> dict[str, Any]:
     return {
         "id": row["id"],
@@ -137,14 +151,21 @@ def _offer(ctx: ServerContext, offer_id: str) -> dict[str, Any]:
 
 @router.get("/{offer_id}")
 def get_offer(offer_id: str, ctx: Ctx, caller: Caller) -> dict[str, Any]:
+    return offer_view(_offer_of(ctx, offer_id, caller))
+
+
+def _offer_of(ctx: ServerContext, offer_id: str, caller: Any) -> dict[str, Any]:
+    """The offer if `caller` may act on it. Another tenant's offer is "not found", exactly like an
+    unknown id: an offer id names no tenant, so a 403 would tell that the id exists."""
+    caller.require(ADMIN, TENANT)
     row = _offer(ctx, offer_id)
-    caller.require_tenant(row["tenant"])
-    return offer_view(row)
+    if caller.role == TENANT and row["tenant"] != caller.tenant:
+        raise HTTPException(404, f"offer {offer_id} not found")
+    return row
 
 
 def _open_offer(ctx: ServerContext, offer_id: str, caller: Any) -> dict[str, Any]:
-    row = _offer(ctx, offer_id)
-    caller.require_tenant(row["tenant"])
+    row = _offer_of(ctx, offer_id, caller)
     if row["state"] != OPEN:
         raise HTTPException(409, f"offer {offer_id} is {row['state']}")
     if aware(row["expires"]) <= now():
@@ -157,7 +178,7 @@ def accept_offer(offer_id: str, body: Annotated[AcceptRequest, Body()], ctx: Ctx
     """Place the workloads on the offered node, all or none, and close the offer."""
     caller.require(ADMIN, TENANT)
     row = _open_offer(ctx, offer_id, caller)
-    workloads = parse_workloads(body.workloads, caller)
+    workloads = parse_workloads(body.workloads, caller, ctx, ctx.world())
     wrong = [w.key for w in workloads if w.tenant != row["tenant"]]
     if wrong:
         raise HTTPException(403, f"workloads {', '.join(wrong)} are not of tenant {row['tenant']}")

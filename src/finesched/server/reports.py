@@ -26,13 +26,14 @@ from finesched.codec import MAX_BITS, CodecError, decode
 from finesched.cpuset import MAX_CPU_ID, CPUSet
 from finesched.model.mig import MIGInstance, MIGSpec
 from finesched.model.node import Node, device_totals
+from finesched.server.views import Integer
 
 
 class EncodedDim(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    k: int = Field(ge=0)
-    count: int = Field(ge=1, le=4096)
-    bits: int = Field(ge=1, le=MAX_BITS)
+    k: Integer = Field(ge=0)
+    count: Integer = Field(ge=1, le=4096)
+    bits: Integer = Field(ge=1, le=MAX_BITS)
 
 
 #: Workload names as stored (an older server took names longer than DNS-1123's 253): a report
@@ -46,8 +47,8 @@ class SharedPool(BaseModel):
     """One NUMA node's pool: koordlet's CPUSharedPool."""
 
     model_config = ConfigDict(extra="forbid")
-    socket: int = Field(ge=0, le=MAX_CPU_ID)
-    node: int = Field(ge=0, le=MAX_CPU_ID)
+    socket: Integer = Field(ge=0, le=MAX_CPU_ID)
+    node: Integer = Field(ge=0, le=MAX_CPU_ID)
     cpuset: CPUSet
 
 

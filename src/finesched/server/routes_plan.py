@@ -107,7 +107,7 @@ def _documents(body: bytes, content_type: str) -> Any:
 
 
 def _plan(request: Request, ctx: ServerContext, caller: Identity, docs: Any) -> dict[str, Any]:
-    workloads = parse_workloads(docs, caller)
+    workloads = parse_workloads(docs, caller, ctx, ctx.world())
     taken = ctx.store.existing_workloads([w.key for w in workloads])
     if taken:
         raise HTTPException(409, f"workload {taken[0]} already exists: a dry run plans new workloads")

@@ -9,15 +9,20 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Header, HTTPException, Query, Request
 from fastapi.responses import StreamingResponse
+from sqlalchemy import delete, or_, select
 from starlette.concurrency import run_in_threadpool
 
+from finesched.admission import admit_tenant, sound_tenants
+from finesched.errors import ValidationError
 from finesched.model.tenant import Tenant
 from finesched.sched.queue import demand_of
+from finesched.server import schema as t
 from finesched.server.auth import ADMIN, TENANT, Identity
+from finesched.server.cluster_view import tenant_from_row
 from finesched.server.context import Caller, Ctx, ServerContext
 from finesched.server.feed import FeedCursor
-from finesched.server.store import Conflict, NotFound
-from finesched.server.views import InputError, canonical, event_view, parse_kind, tenant_view
+from finesched.server.store import Conflict, Event, NotFound, Store
+from finesched.server.views import InputError, canonical, event_view, invalid, parse_kind, tenant_view
 
 router = APIRouter(prefix="/v1", tags=["tenants", "events"])
 
@@ -26,9 +31,26 @@ PatchBody = Annotated[dict[str, Any], Body(description="Tenant spec fields to ch
 WATCH_POLL_S = 0.25
 WATCH_KEEPALIVE_S = 15.0
 WATCH_PAGE = 500
+#: Event ids are 64-bit (the store's sequence); a larger `since` is refused, not sent to the database.
+MAX_EVENT_ID = 2**63 - 1
 
 
 def _store_tenant(ctx: ServerContext, tenant: Tenant, *, create_only: bool) -> bool:
+    """Admit `tenant` against the stored tenants (parent, cycles, namespaces), then store it.
+
+    A namespace taken away from the tenant must be empty first (409): its workloads would
+    otherwise change owner under their tenant's tokens."""
+    world = ctx.world(devices=False)
+    try:
+        tenant = admit_tenant(tenant, world)
+    except ValidationError as exc:
+        raise invalid(exc) from None
+    before = world.tenants.get(tenant.name)
+    if before is not None:
+        dropped = [n for n in before.owned_namespaces if n not in tenant.owned_namespaces]
+        in_use = [n for n in dropped if ctx.store.list_workloads(namespace=n)]
+        if in_use:
+            raise HTTPException(409, f"namespace {in_use[0]} still holds workloads; delete them before ungranting it")
     try:
         created = ctx.store.put_tenant(tenant.name, tenant.weight, canonical(tenant), create_only=create_only)
     except Conflict as exc:
@@ -42,7 +64,7 @@ def create_tenant(body: TenantBody, ctx: Ctx, caller: Caller) -> dict[str, Any]:
     caller.require(ADMIN)
     tenant: Tenant = parse_kind(body, "Tenant")
     _store_tenant(ctx, tenant, create_only=True)
-    return tenant_view(ctx.store.get_tenant(tenant.name))
+    return _tenant_view(ctx, ctx.store.get_tenant(tenant.name))
 
 
 @router.put("/tenants/{name}")
@@ -52,7 +74,7 @@ def put_tenant(name: str, body: TenantBody, ctx: Ctx, caller: Caller) -> dict[st
     if tenant.name != name:
         raise InputError([{"loc": ["body", "metadata", "name"], "msg": f"must be {name!r} (the URL's name)"}])
     _store_tenant(ctx, tenant, create_only=False)
-    return tenant_view(ctx.store.get_tenant(name))
+    return _tenant_view(ctx, ctx.store.get_tenant(name))
 
 
 @router.patch("/tenants/{name}")
@@ -64,7 +86,45 @@ def patch_tenant(name: str, body: PatchBody, ctx: Ctx, caller: Caller) -> dict[s
     doc["spec"] = {**doc.get("spec", {}), **body}
     tenant: Tenant = parse_kind(doc, "Tenant", prefix=("body",))
     _store_tenant(ctx, tenant, create_only=False)
-    return tenant_view(ctx.store.get_tenant(name))
+    return _tenant_view(ctx, ctx.store.get_tenant(name))
+
+
+@router.delete("/tenants/{name}")
+def delete_tenant(name: str, ctx: Ctx, caller: Caller) -> dict[str, Any]:
+    """Delete a tenant; refused (409) while a workload, a child tenant or an open offer refers to it."""
+    caller.require(ADMIN)
+    row = _tenant_row(ctx, name)
+    try:
+        tenant: Tenant | None = tenant_from_row(row)
+    except ValidationError:
+        tenant = None  # stored before today's rules: it owns nothing it could be asked about
+    namespaces = tenant.owned_namespaces if tenant is not None else ()
+    with ctx.store.write() as conn:
+        if conn.execute(select(t.tenants.c.name).where(t.tenants.c.name == name)).first() is None:
+            raise HTTPException(404, f"tenant {name} not found")
+        held = conn.execute(
+            select(t.workloads.c.namespace, t.workloads.c.name)
+            .where(or_(t.workloads.c.tenant == name, t.workloads.c.namespace.in_(namespaces)))
+            .limit(1)
+        ).first()
+        if held is not None:
+            raise HTTPException(409, f"tenant {name} still has workloads (e.g. {held[0]}/{held[1]}); delete them first")
+        children = [r.name for r in conn.execute(select(t.tenants.c.name, t.tenants.c.spec)) if _parent(r.spec) == name]
+        if children:
+            raise HTTPException(409, f"tenant {name} is the parent of {', '.join(sorted(children))}")
+        offer = conn.execute(
+            select(t.offers.c.id).where(t.offers.c.tenant == name, t.offers.c.state == "Open").limit(1)
+        ).first()
+        if offer is not None:
+            raise HTTPException(409, f"tenant {name} holds open offer {offer[0]}; decline it or let it expire")
+        conn.execute(delete(t.tenants).where(t.tenants.c.name == name))
+        Store.log(conn, [Event("Tenant", name, "Deleted")])
+    ctx.loop.changed("Tenant", name)
+    return {"deleted": name}
+
+
+def _parent(spec: Any) -> Any:
+    return ((spec or {}).get("spec") or {}).get("parent") if isinstance(spec, dict) else None
 
 
 def _tenant_row(ctx: ServerContext, name: str) -> dict[str, Any]:
@@ -74,25 +134,43 @@ def _tenant_row(ctx: ServerContext, name: str) -> dict[str, Any]:
         raise HTTPException(404, str(exc)) from None
 
 
+def _tenant_view(ctx: ServerContext, row: dict[str, Any], refused: dict[str, str] | None = None) -> dict[str, Any]:
+    """The tenant, with a SetAside condition when the scheduler cannot use it (stored before today's
+    rules: an invalid manifest, a parent that does not exist, a cycle)."""
+    if refused is None:
+        refused = _refused_tenants(ctx.store.list_tenants())
+    return tenant_view(row, refused.get(row["name"]))
+
+
+def _refused_tenants(rows: list[dict[str, Any]]) -> dict[str, str]:
+    """Why each stored tenant the scheduler leaves out is left out (see `sound_tenants`)."""
+    parsed, refused = [], {}
+    for row in rows:
+        try:
+            parsed.append(tenant_from_row(row))
+        except ValidationError as exc:
+            refused[row["name"]] = f"the stored manifest is invalid: {exc}"
+    return {**refused, **sound_tenants(parsed)[1]}
+
+
 @router.get("/tenants")
 def list_tenants(ctx: Ctx, caller: Caller) -> dict[str, Any]:
     rows = ctx.store.list_tenants()
+    refused = _refused_tenants(rows)
     if caller.role != ADMIN:
         caller.require(TENANT)
         rows = [r for r in rows if r["name"] == caller.tenant]
-    return {"items": [tenant_view(r) for r in rows]}
-
-
-@router.get("/tenants/{name}")
-def get_tenant(name: str, ctx: Ctx, caller: Caller) -> dict[str, Any]:
-    caller.require_tenant(name)
-    return tenant_view(_tenant_row(ctx, name))
+    return {"items": [_tenant_view(ctx, r, refused) for r in rows]}
 
 
 @router.get("/tenants/{name}/usage")
 def tenant_usage(name: str, ctx: Ctx, caller: Caller) -> dict[str, Any]:
     """What the tenant holds, its dominant share (DRF, S4.5) and its weighted share, from the leader's state."""
     caller.require_tenant(name)
+    try:
+        weight = tenant_from_row(_tenant_row(ctx, name)).weight
+    except ValidationError as exc:
+        raise HTTPException(409, f"tenant {name} is set aside (its stored manifest is invalid): {exc}") from None
     with ctx.loop.lock:
         scheduler = ctx.scheduler()
         usage = scheduler.queue.usage(name)
@@ -103,7 +181,6 @@ def tenant_usage(name: str, ctx: Ctx, caller: Caller) -> dict[str, Any]:
     for workload in pending:
         for resource, amount in demand_of(workload).items():
             asked[resource] = asked.get(resource, 0) + amount
-    weight = next((r["weight"] for r in ctx.store.list_tenants() if r["name"] == name), 1.0)
     return {
         "tenant": name,
         "weight": weight,
@@ -115,14 +192,22 @@ def tenant_usage(name: str, ctx: Ctx, caller: Caller) -> dict[str, Any]:
     }
 
 
+@router.get("/tenants/{name}")
+def get_tenant(name: str, ctx: Ctx, caller: Caller) -> dict[str, Any]:
+    caller.require_tenant(name)
+    return _tenant_view(ctx, _tenant_row(ctx, name))
+
+
 # Events -------------------------------------------------------------------------------------------------
 def _visible_events(ctx: ServerContext, caller: Identity, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Admins see everything; a tenant only its own workloads' events; an agent only its node's."""
+    """Admins see everything; a tenant its own events and those of the workloads in its namespaces;
+    an agent only its node's."""
     if caller.role == ADMIN:
         return rows
     if caller.role == TENANT:
-        mine = {f"{r['namespace']}/{r['name']}" for r in ctx.store.list_workloads(tenant=caller.tenant)}
-        return [r for r in rows if r["kind"] == "Workload" and r["object"] in mine]
+        namespaces = set(ctx.namespaces_of(caller) or ())
+        return [r for r in rows if (r["kind"] == "Workload" and r["object"].split("/", 1)[0] in namespaces)
+                or (r["kind"] == "Tenant" and r["object"] == caller.tenant)]  # fmt: skip
     return [r for r in rows if r["kind"] == "Node" and r["object"] == caller.node]
 
 
@@ -130,7 +215,7 @@ def _visible_events(ctx: ServerContext, caller: Identity, rows: list[dict[str, A
 def list_events(
     ctx: Ctx,
     caller: Caller,
-    since: Annotated[int, Query(ge=0, description="only events with a larger id")] = 0,
+    since: Annotated[int, Query(ge=0, le=MAX_EVENT_ID, description="only events with a larger id")] = 0,
     kind: str | None = None,
     object: str | None = None,
     limit: Annotated[int, Query(ge=1, le=5000)] = 500,
@@ -144,7 +229,7 @@ async def watch_events(
     request: Request,
     ctx: Ctx,
     caller: Caller,
-    since: Annotated[int | None, Query(ge=0, description="resume after this event id")] = None,
+    since: Annotated[int | None, Query(ge=0, le=MAX_EVENT_ID, description="resume after this event id")] = None,
     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
     kind: str | None = None,
     object: str | None = None,
@@ -152,7 +237,7 @@ async def watch_events(
     """Server-Sent Events: each event as `id`/`event`/`data`; resume with `Last-Event-ID` or `?since=`."""
     cursor = since
     if cursor is None and last_event_id is not None:
-        if not last_event_id.isdigit():
+        if not last_event_id.isdigit() or int(last_event_id) > MAX_EVENT_ID:
             raise InputError(
                 [{"loc": ["header", "Last-Event-ID"], "msg": "must be an event id", "input": last_event_id}]
             )
@@ -178,3 +263,10 @@ async def watch_events(
                 quiet = 0.0
 
     return StreamingResponse(stream(cursor), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
+#: Routes reached only when no other route matches (app.py includes them last): a tenant stored
+#: under a name refused today can still be read and deleted.
+legacy = APIRouter(prefix="/v1", include_in_schema=False)
+legacy.get("/tenants/{name:legacy}")(get_tenant)
+legacy.delete("/tenants/{name:legacy}")(delete_tenant)

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import BeforeValidator
+from starlette.convertors import Convertor, register_url_convertor
 
 from finesched.errors import _MISSING, ErrorDetail, ValidationError
 from finesched.model.binding import Binding
@@ -17,11 +20,43 @@ from finesched.model.manifest import parse_manifest, to_manifest
 from finesched.server.cluster_view import binding_view
 
 
+class LegacyName(Convertor[str]):
+    """A path segment for reading and deleting by name (`{name:legacy}`): any text, "/" and line
+    breaks included, so an object stored by an older version under a name today's rules refuse can
+    still be read and deleted. Only routes tried after every other one use it (their `legacy`
+    routers), so it never hides a route such as ``/v1/workloads/{ns}/{name}/logs``. Writes name
+    their objects in the body, where the rules apply."""
+
+    regex = "(?s:.+)"
+
+    def convert(self, value: str) -> str:
+        return value
+
+    def to_string(self, value: str) -> str:
+        return value
+
+
+register_url_convertor("legacy", LegacyName())
+
+
+def _not_a_boolean(value: Any) -> Any:
+    if isinstance(value, bool):
+        raise ValueError("must be an integer, not a boolean")
+    return value
+
+
+#: An integer field of an API body: JSON's true and false are not 1 and 0 (as pydantic would read them).
+Integer = Annotated[int, BeforeValidator(_not_a_boolean)]
+
+
 class InputError(Exception):
-    """Bad input from a client: FastAPI-style details, each with `loc` and `msg` (HTTP 422)."""
+    """Bad input from a client: FastAPI-style details, each with `loc`, `msg` and `type` (HTTP 422).
+
+    `type` is "value_error" unless given: FastAPI's own 422 body (`HTTPValidationError`, which the
+    OpenAPI schema documents for every operation) requires it."""
 
     def __init__(self, details: list[dict[str, Any]], status: int = 422):
-        self.details = details
+        self.details = [{**d, "type": d.get("type", "value_error")} for d in details]
         self.status = status
         super().__init__("; ".join(d["msg"] for d in details))
 
@@ -30,7 +65,7 @@ def detail_of(error: ErrorDetail, prefix: tuple[str | int, ...] = ("body",)) -> 
     loc: list[str | int] = list(prefix)
     for part in error.path.replace("[", ".").replace("]", "").split("."):
         if part:
-            loc.append(int(part) if part.isdigit() else part)
+            loc.append(int(part) if part.isascii() and part.isdigit() else part)
     out: dict[str, Any] = {"loc": loc, "msg": error.message}
     if error.value is not _MISSING:
         out["input"] = error.value if isinstance(error.value, str | int | float | bool | None) else repr(error.value)
@@ -42,7 +77,8 @@ def invalid(exc: ValidationError, prefix: tuple[str | int, ...] = ("body",)) -> 
 
 
 def parse_kind(doc: Any, kind: str, prefix: tuple[str | int, ...] = ("body",)) -> Any:
-    """Validate one manifest of `kind`; InputError (422) naming every bad field otherwise."""
+    """Validate one manifest of `kind` (the shape and the models' own rules; `admission` checks the
+    rest against the stored objects); InputError (422) naming every bad field otherwise."""
     if not isinstance(doc, Mapping):
         raise InputError([{"loc": list(prefix), "msg": f"a {kind} manifest is a JSON object"}])
     if doc.get("kind") != kind:
@@ -52,6 +88,14 @@ def parse_kind(doc: Any, kind: str, prefix: tuple[str | int, ...] = ("body",)) -
         return parse_manifest(doc)
     except ValidationError as exc:
         raise invalid(exc, prefix) from None
+
+
+def namespace_of(doc: Any) -> str:
+    """The namespace a manifest names, read before it is validated (so that who may write there is
+    decided first, as Kubernetes authorizes before it admits); "default" when it names none."""
+    metadata = doc.get("metadata") if isinstance(doc, Mapping) else None
+    namespace = metadata.get("namespace") if isinstance(metadata, Mapping) else None
+    return namespace if isinstance(namespace, str) and namespace else "default"
 
 
 def canonical(obj: Any) -> dict[str, Any]:
@@ -90,7 +134,16 @@ def workload_view(row: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def node_view(row: Mapping[str, Any], usage: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def conditions(set_aside: str | None) -> list[dict[str, str]]:
+    """Kubernetes-style conditions: `SetAside` when the scheduler left the object out, and why."""
+    if not set_aside:
+        return []
+    return [{"type": "SetAside", "status": "True", "reason": "SchedulerCannotUse", "message": set_aside}]
+
+
+def node_view(
+    row: Mapping[str, Any], usage: Mapping[str, Any] | None = None, set_aside: str | None = None
+) -> dict[str, Any]:
     doc = row["spec"]
     status: dict[str, Any] = {
         "ready": bool(row["ready"]),
@@ -98,6 +151,7 @@ def node_view(row: Mapping[str, Any], usage: Mapping[str, Any] | None = None) ->
         "heartbeat": _time(row.get("heartbeat")),
         "report": row.get("report"),
         "version": row["version"],
+        "conditions": conditions(set_aside),
     }
     if usage is not None:
         status["allocation"] = usage
@@ -117,9 +171,10 @@ def binding_row_view(row: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def tenant_view(row: Mapping[str, Any]) -> dict[str, Any]:
+def tenant_view(row: Mapping[str, Any], set_aside: str | None = None) -> dict[str, Any]:
     doc = row["spec"]
-    return {"metadata": doc.get("metadata", {}), "spec": doc.get("spec", {}), "status": {"version": row["version"]}}
+    status = {"version": row["version"], "conditions": conditions(set_aside)}
+    return {"metadata": doc.get("metadata", {}), "spec": doc.get("spec", {}), "status": status}
 
 
 def event_view(row: Mapping[str, Any]) -> dict[str, Any]:
