@@ -83,9 +83,14 @@ def test_logs_are_relayed_over_https_verified_with_the_agent_ca(cluster: Cluster
 @pytest.mark.parametrize(
     ("names", "agent_ca", "says"),
     [
-        pytest.param((), "other_ca", "--agent-ca", id="another-CA"),
-        pytest.param((), None, "--agent-ca", id="system-trust-store"),
-        pytest.param(("gpu-1.example.org",), "ca", "must name the address", id="name-not-in-the-certificate"),
+        pytest.param((), "other_ca", "give this server the CA that issued it (--agent-ca)", id="another-CA"),
+        pytest.param((), None, "give this server the CA that issued it (--agent-ca)", id="system-trust-store"),
+        pytest.param(
+            ("gpu-1.example.org",),
+            "ca",
+            "it must name the address the agent reports (finesched agent --logs-address)",
+            id="name-not-in-the-certificate",
+        ),
     ],
 )
 def test_an_untrusted_log_port_is_refused_with_the_reason(
@@ -101,18 +106,34 @@ def test_an_untrusted_log_port_is_refused_with_the_reason(
     assert answer.status_code == 502, answer.text
     detail = answer.json()["detail"]
     assert f"the agent of node {NODE}: the certificate of its log port https://127.0.0.1:" in detail
-    assert "is not trusted" in detail and says in detail, detail
+    assert "is not trusted" in detail and detail.endswith(says), detail
     assert any(
         "logs of t/printer not read" in r.getMessage() and "not trusted" in r.getMessage() for r in caplog.records
     )
 
 
-def test_up_s_own_agent_is_trusted_by_its_exact_certificate_on_loopback(cluster: Cluster, tmp_path: Path) -> None:
-    tls = make_tls(tmp_path / "tls", "gpu-1.example.org")  # names the machine, not 127.0.0.1
-    trust(cluster, ca=tls.other_ca, local_cert=tls.cert)  # what `finesched up --tls-cert` gives its server
-    started = agent(cluster, tls)
+@pytest.mark.parametrize(
+    ("agent_cert", "trusted"),
+    [
+        pytest.param("pinned", True, id="the-pinned-certificate"),
+        pytest.param("from-agent-ca", True, id="another-agent-with-a-certificate-from-agent-ca"),
+        pytest.param("unrelated", False, id="a-certificate-of-another-CA"),
+    ],
+)
+def test_an_agent_on_this_machine_is_trusted_by_the_pinned_certificate_or_the_agent_ca(
+    cluster: Cluster, tmp_path: Path, agent_cert: str, trusted: bool
+) -> None:
+    pinned = make_tls(tmp_path / "pinned", "first-machine.example.org")  # names the machine, not 127.0.0.1
+    other = make_tls(tmp_path / "other", "gpu-2.example.org")
+    # what `finesched up --tls-cert ... --agent-ca` gives its server
+    trust(cluster, ca=other.ca if agent_cert == "from-agent-ca" else None, local_cert=pinned.cert)
+    started = agent(cluster, pinned if agent_cert == "pinned" else other)
     ran(cluster, started)
-    assert cluster.admin.get("/v1/workloads/t/printer/logs").text == "line 1\nline 2\nline 3\n"
+    answer = cluster.admin.get("/v1/workloads/t/printer/logs")
+    if trusted:
+        assert answer.status_code == 200 and answer.text == "line 1\nline 2\nline 3\n", answer.text
+    else:
+        assert answer.status_code == 502 and "is not trusted" in answer.json()["detail"]
 
 
 def test_no_grant_goes_in_clear_to_another_machine(cluster: Cluster, caplog: pytest.LogCaptureFixture) -> None:

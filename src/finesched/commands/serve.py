@@ -71,8 +71,9 @@ def serve(
         Path | None,
         typer.Option(
             "--local-agent-cert",
-            help="Trust exactly this certificate for an agent on this machine (a loopback logs URL), whatever "
-            "names it carries (what `finesched up` passes: its agent serves with the server's pair).",
+            help="Trust exactly this certificate (or one from --agent-ca) for an agent on this machine (a "
+            "loopback logs URL), whatever names it carries (`finesched up` passes its --tls-cert: its agent "
+            "serves with the server's pair).",
         ),
     ] = None,
     insecure_agent_logs: InsecureAgentLogsOption = False,

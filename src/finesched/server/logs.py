@@ -68,8 +68,9 @@ class AgentTrust:
 
     #: Verifies an agent's certificate and its name against the URL: --agent-ca, or the system's store.
     verify: ssl.SSLContext
-    #: For an agent on this machine (a loopback URL): exactly this certificate, whatever names it
-    #: carries (`finesched up`: its agent serves with the server's own pair, reached at 127.0.0.1).
+    #: For an agent on this machine (a loopback URL): exactly this certificate, or one from the
+    #: --agent-ca file, whatever names it carries (`finesched up`: its agent serves with the
+    #: server's own pair and is reached at 127.0.0.1, a name that certificate need not list).
     local: ssl.SSLContext | None = None
     #: Send grants over plain HTTP to other machines too (they cross the network in clear).
     insecure: bool = False
@@ -77,8 +78,11 @@ class AgentTrust:
     @classmethod
     def load(cls, ca: Path | None = None, local_cert: Path | None = None, insecure: bool = False) -> AgentTrust:
         """From the files (raises tls.TransportError naming the option of a file that cannot be read)."""
+        verify = ca_context(ca, "--agent-ca")
         local = pinned_context(local_cert, "--local-agent-cert") if local_cert is not None else None
-        return cls(ca_context(ca, "--agent-ca"), local, insecure)
+        if local is not None and ca is not None:
+            local.load_verify_locations(cafile=str(ca))  # another agent on this machine, with its own certificate
+        return cls(verify, local, insecure)
 
     def context(self, url: str) -> ssl.SSLContext:
         """What an https:// log port at `url` is verified with."""
@@ -127,7 +131,7 @@ def _unreachable(url: str, exc: httpx.HTTPError) -> str:
     why = f"the certificate of its log port {url} is not trusted ({cause.verify_message.rstrip('.')})"
     if cause.verify_code in NAME_MISMATCH:
         return f"{why}: it must name the address the agent reports (finesched agent --logs-address)"
-    return f"{why}: give this server the CA that issued it (--agent-ca)cannot reach its log port {url}: {exc}"
+    return f"{why}: give this server the CA that issued it (--agent-ca)"
 
 
 def _agent_url(ctx: ServerContext, node: str) -> str:
