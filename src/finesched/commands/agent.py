@@ -232,8 +232,8 @@ def up_cmd(
 
     With --tls-cert/--tls-key the server speaks HTTPS, and this machine's agent trusts exactly that
     certificate; agents on other machines verify it with --ca. The agent's log port speaks HTTPS with
-    the same pair (the server trusts exactly it there); other machines' log ports are verified with
-    --agent-ca."""
+    the same pair (the server trusts that certificate there, whatever names it carries); other
+    machines' log ports are verified with --agent-ca."""
     import socket
 
     from finesched.agent.client import AgentClient
