@@ -1,6 +1,6 @@
 """The agent's log port over TLS, as a kubelet's: the agent serves HTTPS with its certificate, the
-server verifies it with --agent-ca (or, for `finesched up`'s own agent on loopback, exactly the
-server's certificate) and sends no grant in clear to another machine. Throwaway certificates
+server verifies it with --agent-ca (an agent on the server's own machine also by the certificate
+`finesched up` pins) and sends no grant in clear to another machine. Throwaway certificates
 (trustme); every connection goes to 127.0.0.1."""
 
 from __future__ import annotations

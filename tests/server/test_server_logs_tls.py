@@ -11,8 +11,6 @@ import pytest
 from finesched.server.logs import AgentTrust
 from tls_files import make_tls
 
-TENANT = {"apiVersion": "finesched.io/v1alpha1", "kind": "Tenant", "metadata": {"name": "t"}, "spec": {}}
-
 
 @pytest.mark.parametrize(
     ("url", "insecure", "refused"),
