@@ -207,9 +207,14 @@ def write_secret(path: Path, text: str) -> None:
 
 
 def _agent_logs_args(local_cert: Path | None, agent_ca: Path | None, insecure: bool) -> list[str]:
-    """`serve`'s options for reading agents' log ports, from `up`'s."""
+    """`serve`'s options for reading agents' log ports, from `up`'s (raises tls.TransportError for a
+    CA file that cannot be read, before the server starts)."""
+    from finesched.tls import ca_context
+
     args = ["--local-agent-cert", str(local_cert)] if local_cert is not None else []
-    args += ["--agent-ca", str(agent_ca)] if agent_ca is not None else []
+    if agent_ca is not None:
+        ca_context(agent_ca, "--agent-ca")
+        args += ["--agent-ca", str(agent_ca)]
     return args + (["--insecure-agent-logs"] if insecure else [])
 
 
@@ -238,12 +243,11 @@ def up_cmd(
 
     from finesched.agent.client import AgentClient
     from finesched.agent.loop import Agent, AgentConfig
-    from finesched.tls import TransportError, ca_context, pinned_context, server_tls
+    from finesched.tls import TransportError, pinned_context, server_tls
 
     try:
         tls = server_tls(tls_cert, tls_key)
-        if agent_ca is not None:
-            ca_context(agent_ca, "--agent-ca")  # readable: checked before the server starts
+        agent_logs_args = _agent_logs_args(tls_cert, agent_ca, insecure_agent_logs)
     except TransportError as exc:
         raise _fail(str(exc), 2) from None
     scheme, tls_args = ("https", ["--tls-cert", str(tls_cert), "--tls-key", str(tls_key)]) if tls else ("http", [])
@@ -258,7 +262,7 @@ def up_cmd(
     server_log = (data / "server.log").open("ab")
     server = subprocess.Popen(
         _cli("serve", "--db", db, "--host", host, "--port", str(port), "--heartbeat", str(interval), *tls_args,
-             *_agent_logs_args(tls_cert, agent_ca, insecure_agent_logs)),
+             *agent_logs_args),
         stdout=server_log, stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
     agent = None
