@@ -12,6 +12,10 @@ an address that is not loopback unless told `--insecure`: on 127.0.0.0/8, ::1 or
 the bytes never leave the machine; anywhere else anybody on the path could read the token and
 act as that tenant, agent or admin. Host names are not resolved for this check (a name that
 happens to resolve to 127.0.1.1 today is still a name a resolver could answer otherwise).
+
+The same rule holds the other way round, for the log grants the server sends to node agents'
+log ports (server/logs.py): HTTPS verified with `--agent-ca`, plain HTTP only on loopback unless
+the server is told `--insecure-agent-logs`.
 """
 
 from __future__ import annotations
@@ -38,13 +42,19 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def in_clear_to_another_host(url: str) -> bool:
+    """True when a secret sent to `url` would cross a network unencrypted: plain HTTP, not loopback."""
+    parts = urlsplit(url)
+    return parts.scheme == "http" and not is_loopback(parts.hostname or "")
+
+
 def check_url(url: str, *, insecure: bool = False, option: str = "--server") -> None:
     """Refuse a URL a token must not be sent to: not http(s), or plain HTTP to a non-loopback host
     (unless `insecure`)."""
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise TransportError(f"{option} {url!r}: use http(s)://HOST:PORT")
-    if parts.scheme == "http" and not insecure and not is_loopback(parts.hostname):
+    if not insecure and in_clear_to_another_host(url):
         raise TransportError(
             f"{option} {url}: refusing to send a token over plain HTTP to {parts.hostname}, which is not this "
             "machine; serve HTTPS (finesched serve --tls-cert/--tls-key) and use https:// with --ca, "
@@ -54,21 +64,25 @@ def check_url(url: str, *, insecure: bool = False, option: str = "--server") -> 
 
 def client_verify(ca: Path | None) -> ssl.SSLContext | bool:
     """What httpx verifies the server with: the CA file `ca`, else the system's trust store."""
-    if ca is None:
-        return True
+    return True if ca is None else ca_context(ca)
+
+
+def ca_context(ca: Path | None, option: str = "--ca") -> ssl.SSLContext:
+    """A client context that verifies a peer's certificate and name against the CA file `ca`, else
+    against the system's trust store (the operating system's, e.g. /etc/ssl/certs)."""
     try:
-        return ssl.create_default_context(cafile=str(ca))
+        return ssl.create_default_context(cafile=str(ca)) if ca is not None else ssl.create_default_context()
     except (OSError, ssl.SSLError) as exc:
-        raise TransportError(f"--ca {ca}: not a readable PEM CA file ({exc})") from None
+        raise TransportError(f"{option} {ca}: not a readable PEM certificate file ({exc})") from None
 
 
-def pinned_context(cert: Path) -> ssl.SSLContext:
+def pinned_context(cert: Path, option: str = "--tls-cert") -> ssl.SSLContext:
     """A client context that trusts exactly `cert`, the server's own certificate (what `finesched up`
     gives the agent it starts on the server's machine). It holds whether the certificate is
     self-signed or issued by a CA, and whatever names it carries: a server can present this
     certificate only with its private key, so the host name adds nothing here (it is not checked;
     the agent connects to 127.0.0.1, which a certificate for the machine's DNS name may not list)."""
-    context = ssl.create_default_context(cafile=str(cert))
+    context = ca_context(cert, option)
     context.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN
     context.check_hostname = False
     return context

@@ -168,6 +168,7 @@ def test_the_agent_command_joins_over_https(tls_server: tuple[TlsServer, TlsFile
 
 
 def test_up_with_a_certificate_serves_https_and_its_agent_trusts_exactly_it(tmp_path: Path) -> None:
+    """... and its agent's log port serves HTTPS with the same pair, which the server trusts there."""
     tls = make_tls(tmp_path / "tls", "gpu-1.example.org")  # not 127.0.0.1: the local agent pins the certificate
     port = free_port()
     data = tmp_path / "up"
@@ -183,11 +184,29 @@ def test_up_with_a_certificate_serves_https_and_its_agent_trusts_exactly_it(tmp_
         with httpx.Client(base_url=f"https://127.0.0.1:{port}", headers={"Authorization": f"Bearer {token}"},
                           verify=pinned_context(tls.cert)) as client:  # fmt: skip
             wait_until(lambda: len(client.get("/v1/nodes").json()["items"]) == 1, timeout=60, what="the node")
+
+            def logs_url() -> str:
+                report = client.get("/v1/nodes").json()["items"][0]["status"].get("report") or {}
+                return str(report.get("discovery", {}).get("logs", {}).get("url", ""))
+
+            wait_until(logs_url, timeout=60, what="the node's report")
+            assert logs_url().startswith("https://127.0.0.1:")
+            tenant = {"apiVersion": "finesched.io/v1alpha1", "kind": "Tenant", "metadata": {"name": "t"}, "spec": {}}
+            assert client.post("/v1/tenants", json=tenant).status_code == 201
+            doc = {"apiVersion": "finesched.io/v1alpha1", "kind": "Workload",
+                   "metadata": {"name": "hello", "namespace": "t"},
+                   "spec": {"requests": {"cpu": "100m"}, "command": ["echo", "hello over TLS"]}}  # fmt: skip
+            assert client.post("/v1/workloads", json=doc).status_code == 201
+            phase = lambda: client.get("/v1/workloads/t/hello").json()["status"]["phase"]  # noqa: E731
+            wait_until(lambda: phase() == "Succeeded", timeout=60, what="the workload to end")
+            answer = client.get("/v1/workloads/t/hello/logs")
+            assert answer.status_code == 200 and answer.text == "hello over TLS\n", answer.text
     finally:
         up.send_signal(signal.SIGINT)
         output = up.communicate(timeout=60)[0]
     assert up.returncode == 0, output
     assert f"finesched is up: https://127.0.0.1:{port}" in output and "--ca CA.pem" in output
+    assert "--tls-cert NODE.pem" in output  # how another machine's log port joins
 
 
 def test_the_readme_adds_a_machine_over_tls_with_options_that_exist() -> None:
@@ -204,3 +223,5 @@ def test_the_readme_adds_a_machine_over_tls_with_options_that_exist() -> None:
         assert {w for w in words if w.startswith("--")} <= known, line
     assert any(w.startswith("finesched up") and "--tls-cert" in w for w in lines)
     assert any(w.startswith("finesched agent") and "https://" in w and "--ca" in w for w in lines)
+    assert any(w.startswith("finesched up") and "--agent-ca" in w for w in lines)  # log ports verified, ...
+    assert any(w.startswith("finesched agent") and "--tls-cert" in w for w in lines)  # ... and served over TLS

@@ -5,6 +5,11 @@
 server/logs.py), then streams ``<data>/workloads/NS/NAME/output.log``: the last `tail` lines, or all
 of it, and with `follow` what the process writes next until it ends. The URL the server reaches
 this port at goes into every report as ``discovery.logs.url``.
+
+Like a kubelet's API, the port speaks HTTPS when the agent has a certificate and key
+(``finesched agent --tls-cert/--tls-key``), and the server verifies it with its ``--agent-ca``.
+Without one it speaks plain HTTP, which the server uses only on loopback (`finesched up`) or
+when told ``--insecure-agent-logs``: the grant and the output would cross the network in clear.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from fastapi import FastAPI, Header, HTTPException
 from fastapi.responses import StreamingResponse
 
 from finesched.agent.executor import ServerError, workdir_of
+from finesched.tls import is_loopback
 
 log = logging.getLogger("finesched.agent")
 
@@ -96,9 +102,11 @@ class LogServer:
         host: str,
         port: int = 0,
         bind: str | None = None,
+        tls: dict[str, Any] | None = None,
     ):
         """`verify(grant)` asks the server; `running(workload)` says whether its process still runs.
-        Listens on `bind` (default `host`) at `port` (0: any free port) and is reached at `host`."""
+        Listens on `bind` (default `host`) at `port` (0: any free port) and is reached at `host`;
+        speaks HTTPS with `tls` (uvicorn's certificate arguments, from `tls.server_tls`)."""
         self.data = data
         self.verify = verify
         self.running = running
@@ -107,8 +115,9 @@ class LogServer:
         self.sock.bind((bind or host, port))
         self.sock.listen(64)
         shown = f"[{host}]" if ":" in host else host
-        self.url = f"http://{shown}:{self.sock.getsockname()[1]}"
-        config = uvicorn.Config(self._app(), log_level="warning", access_log=False)
+        self.url = f"{'https' if tls else 'http'}://{shown}:{self.sock.getsockname()[1]}"
+        self.host = host
+        config = uvicorn.Config(self._app(), log_level="warning", access_log=False, **(tls or {}))
         self.server = uvicorn.Server(config)
         self.thread: threading.Thread | None = None
 
@@ -150,6 +159,12 @@ class LogServer:
         )
         self.thread.start()
         log.info("serving workload logs to the control plane at %s", self.url)
+        if self.url.startswith("http:") and not is_loopback(self.host):
+            log.warning(
+                "the log port speaks plain HTTP to another machine: the server reads logs from it only when "
+                "started with --insecure-agent-logs (grants and output cross the network in clear); give this "
+                "agent --tls-cert/--tls-key and the server --agent-ca"
+            )
 
     def stop(self) -> None:
         self.server.should_exit = True

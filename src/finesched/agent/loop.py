@@ -28,6 +28,7 @@ from finesched.agent.logs import LogServer, advertised_host
 from finesched.agent.mig import MIGControl
 from finesched.agent.report import build_report
 from finesched.model.node import Node
+from finesched.tls import TransportError, server_tls
 
 log = logging.getLogger("finesched.agent")
 
@@ -50,6 +51,9 @@ class AgentConfig:
     logs_port: int | None = None
     logs_host: str | None = None
     logs_bind: str | None = None
+    #: The agent's serving certificate and key (PEM): with them the log port speaks HTTPS.
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
     #: Simulated GPUs instead of NVML (`finesched up --fake-gpus N[:MEMORY]`): (count, bytes each).
     fake_gpus: tuple[int, int] | None = None
     #: How GPUs in MIG mode are offered: static (assign existing instances) or dynamic (also create them).
@@ -130,11 +134,12 @@ class Agent:
         if config.logs_port is None or self.logs is not None:
             return
         host = config.logs_host or advertised_host(config.server)
-        verifier = AgentClient(config.server, config.token)
+        # Grants are checked over the agent's own client (httpx clients may be shared between
+        # threads): it verifies the server as the user said (--ca, --insecure, up's pinned certificate).
         try:
-            self.logs = LogServer(config.data, verifier.verify_log_grant, self._runs, host, config.logs_port,
-                                  config.logs_bind)  # fmt: skip
-        except OSError as exc:
+            self.logs = LogServer(config.data, self.client.verify_log_grant, self._runs, host, config.logs_port,
+                                  config.logs_bind, server_tls(config.tls_cert, config.tls_key))  # fmt: skip
+        except (OSError, TransportError) as exc:
             log.error("cannot serve logs on %s:%s (%s): `finesched logs` will not reach this node", host,
                       config.logs_port, exc)  # fmt: skip
             return

@@ -26,7 +26,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from finesched.commands.client import CaOption, InsecureOption
-from finesched.commands.serve import TlsCertOption, TlsKeyOption
+from finesched.commands.serve import AgentCaOption, InsecureAgentLogsOption, TlsCertOption, TlsKeyOption
 
 out = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
@@ -41,6 +41,14 @@ FakeGpusOption = Annotated[
         "without a GPU. Marked simulated in `describe node` and the agent's log.",
     ),
 ]
+LogsCertOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--tls-cert",
+        help="Serve workload logs (--logs-port) over HTTPS with this certificate (PEM) for --logs-address.",
+    ),
+]
+LogsKeyOption = Annotated[Path | None, typer.Option("--tls-key", help="The private key of --tls-cert (PEM).")]
 FAKE_GPU_MEMORY = "16Gi"
 MAX_FAKE_GPUS = 64
 
@@ -103,6 +111,8 @@ def agent_cmd(
             help="Address the control plane reaches this machine at (default: the local end of the route to --server).",
         ),
     ] = None,
+    tls_cert: LogsCertOption = None,
+    tls_key: LogsKeyOption = None,
     fake_gpus: FakeGpusOption = None,
     mig_mode: Annotated[
         str, typer.Option("--mig-mode", help="GPUs in MIG mode: static (assign existing instances) or dynamic.")
@@ -111,9 +121,13 @@ def agent_cmd(
     """Run this machine's node agent: register, report resources, run bound workloads pinned."""
     from finesched.agent.client import AgentClient
     from finesched.agent.loop import Agent, AgentConfig
-    from finesched.tls import TransportError
+    from finesched.tls import TransportError, server_tls
 
     simulated = parse_fake_gpus(fake_gpus)
+    try:
+        server_tls(tls_cert, tls_key)  # the log port's pair: checked before anything starts
+    except TransportError as exc:
+        raise _fail(str(exc), 2) from None
     labels = {}
     for item in label or ():
         key, sep, value = item.partition("=")
@@ -124,8 +138,8 @@ def agent_cmd(
         raise _fail(f"--mig-mode must be static or dynamic, got {mig_mode!r}", 2)
     _logging(not quiet)
     config = AgentConfig(server, token, data or default_data(), node_name, interval, watch, labels,
-                         logs_port=logs_port, logs_host=logs_address, fake_gpus=simulated,
-                         mig_mode=mig_mode)  # fmt: skip
+                         logs_port=logs_port, logs_host=logs_address, tls_cert=tls_cert, tls_key=tls_key,
+                         fake_gpus=simulated, mig_mode=mig_mode)  # fmt: skip
     try:
         client = AgentClient(server, token, ca=ca, insecure=insecure)
     except TransportError as exc:  # a URL the token must not be sent to, an unreadable CA file
@@ -247,6 +261,18 @@ def write_secret(path: Path, text: str) -> None:
         f.write(text + "\n")
 
 
+def _agent_logs_args(local_cert: Path | None, agent_ca: Path | None, insecure: bool) -> list[str]:
+    """`serve`'s options for reading agents' log ports, from `up`'s (raises tls.TransportError for a
+    CA file that cannot be read, before the server starts)."""
+    from finesched.tls import ca_context
+
+    args = ["--local-agent-cert", str(local_cert)] if local_cert is not None else []
+    if agent_ca is not None:
+        ca_context(agent_ca, "--agent-ca")
+        args += ["--agent-ca", str(agent_ca)]
+    return args + (["--insecure-agent-logs"] if insecure else [])
+
+
 def up_cmd(
     data: DataOption = None,
     port: Annotated[int, typer.Option("--port", min=1, max=65535, help="Server port.")] = 8080,
@@ -258,6 +284,8 @@ def up_cmd(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Agent logs only warnings and errors.")] = False,
     tls_cert: TlsCertOption = None,
     tls_key: TlsKeyOption = None,
+    agent_ca: AgentCaOption = None,
+    insecure_agent_logs: InsecureAgentLogsOption = False,
     fake_gpus: FakeGpusOption = None,
     new_admin_token: Annotated[
         bool, typer.Option("--new-admin-token", help="Make a new admin token even if the data directory has one.")
@@ -266,7 +294,9 @@ def up_cmd(
     """Start a one-machine cluster: control plane + this machine's agent; print the URL and an admin token.
 
     With --tls-cert/--tls-key the server speaks HTTPS, and this machine's agent trusts exactly that
-    certificate; agents on other machines verify it with --ca."""
+    certificate; agents on other machines verify it with --ca. The agent's log port speaks HTTPS with
+    the same pair (the server trusts that certificate there, whatever names it carries); other
+    machines' log ports are verified with --agent-ca."""
     import socket
 
     from finesched.agent.client import AgentClient
@@ -276,6 +306,7 @@ def up_cmd(
 
     try:
         tls = server_tls(tls_cert, tls_key)
+        agent_logs_args = _agent_logs_args(tls_cert, agent_ca, insecure_agent_logs)
     except TransportError as exc:
         raise _fail(str(exc), 2) from None
     scheme, tls_args = ("https", ["--tls-cert", str(tls_cert), "--tls-key", str(tls_key)]) if tls else ("http", [])
@@ -294,7 +325,8 @@ def up_cmd(
     _logging(not quiet)
     server_log = (data / "server.log").open("ab")
     server = subprocess.Popen(
-        _cli("serve", "--db", db, "--host", host, "--port", str(port), "--heartbeat", str(interval), *tls_args),
+        _cli("serve", "--db", db, "--host", host, "--port", str(port), "--heartbeat", str(interval), *tls_args,
+             *agent_logs_args),
         stdout=server_log, stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
     agent = None
@@ -313,7 +345,12 @@ def up_cmd(
               "--token TOKEN (or FINESCHED_SERVER / FINESCHED_TOKEN)")  # fmt: skip
         if simulated is not None:
             print(f"node {name} has {simulated[0]} SIMULATED GPU(s) (--fake-gpus): no real GPU is used", flush=True)
-        joining = "--ca CA.pem (the CA of --tls-cert)" if tls else "--insecure (the token crosses the network in clear)"
+        joining = (
+            "--ca CA.pem (the CA of --tls-cert) --tls-cert NODE.pem --tls-key NODE-key.pem (its log port's pair, "
+            "from the CA of --agent-ca)"
+            if tls
+            else "--insecure (the token crosses the network in clear)"
+        )
         print(
             f"add a machine: finesched token create --db {db} --role agent --node NODE, then on that machine: "
             f"finesched agent --server {scheme}://<this host>:{port} --token TOKEN --node-name NODE {joining}",
@@ -321,7 +358,8 @@ def up_cmd(
         )
         # the local agent serves logs to the local server: on the loopback interface only
         config = AgentConfig(url, agent_token, data / "agent", name, interval, stop_workloads_on_exit=True,
-                             logs_port=0, logs_host="127.0.0.1", fake_gpus=simulated)  # fmt: skip
+                             logs_port=0, logs_host="127.0.0.1", tls_cert=tls_cert, tls_key=tls_key,
+                             fake_gpus=simulated)  # fmt: skip
         client = AgentClient(url, agent_token, verify=verify)  # with TLS: exactly the server's own certificate
         agent = Agent(config, client)
         _stop_on_signals(agent.stopping)

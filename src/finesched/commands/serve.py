@@ -22,6 +22,20 @@ TlsCertOption = Annotated[
     Path | None, typer.Option("--tls-cert", help="Serve HTTPS with this certificate (PEM; chain after the leaf).")
 ]
 TlsKeyOption = Annotated[Path | None, typer.Option("--tls-key", help="The private key of --tls-cert (PEM).")]
+AgentCaOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--agent-ca",
+        help="CA file (PEM) that node agents' log-port certificates are verified with (default: the system's).",
+    ),
+]
+InsecureAgentLogsOption = Annotated[
+    bool,
+    typer.Option(
+        "--insecure-agent-logs",
+        help="Read logs over plain HTTP from agents on other machines (log grants and output cross it in clear).",
+    ),
+]
 
 token_app = typer.Typer(help="Create API tokens (stored hashed; printed once).", no_args_is_help=True)
 
@@ -52,23 +66,46 @@ def serve(
     ] = None,
     tls_cert: TlsCertOption = None,
     tls_key: TlsKeyOption = None,
+    agent_ca: AgentCaOption = None,
+    local_agent_cert: Annotated[
+        Path | None,
+        typer.Option(
+            "--local-agent-cert",
+            help="Trust exactly this certificate (or one from --agent-ca) for an agent on this machine (a "
+            "loopback logs URL), whatever names it carries (`finesched up` passes its --tls-cert: its agent "
+            "serves with the server's pair).",
+        ),
+    ] = None,
+    insecure_agent_logs: InsecureAgentLogsOption = False,
 ) -> None:
     """Run the control plane: HTTP API, store and scheduling loop (one leader per database).
 
     A restarted replica takes the scheduler lease of its own previous life over at once (same
-    --replica-id, or same --data); other replicas wait for it to expire (--lease-ttl)."""
+    --replica-id, or same --data); other replicas wait for it to expire (--lease-ttl). Workload
+    logs are read from the agents' log ports over HTTPS verified with --agent-ca, or over plain
+    HTTP on loopback only (--insecure-agent-logs: anywhere)."""
     import uvicorn
 
     from finesched.sched.profile import resolve_profile
     from finesched.server.app import create_app
+    from finesched.server.logs import AgentTrust, use_agent_trust
     from finesched.server.loop import LoopConfig
     from finesched.server.store import Store
+    from finesched.tls import TransportError
 
     if log_level.lower() not in LOG_LEVELS:
         raise typer.BadParameter(f"{log_level!r}: use one of {', '.join(LOG_LEVELS)}", param_hint="--log-level")
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     resolve_profile(profile)  # a bad profile is reported before anything starts
     tls = server_tls_options(tls_cert, tls_key)
+    try:
+        agent_trust = AgentTrust.load(agent_ca, local_agent_cert, insecure_agent_logs)
+    except TransportError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    if insecure_agent_logs:
+        logging.getLogger("finesched.server").warning(
+            "--insecure-agent-logs: log grants and workload output may cross the network in clear"
+        )
     identity = _identity(db, data, replica_id)
     config = LoopConfig(
         profile=profile,
@@ -81,6 +118,7 @@ def serve(
     )
     store = Store.open(db)
     app = create_app(store, config)
+    use_agent_trust(app, agent_trust)
     uvicorn.run(app, host=host, port=port, log_level=log_level.lower(), access_log=log_level.lower() == "debug", **tls)
 
 

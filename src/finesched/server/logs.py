@@ -11,16 +11,27 @@ for that workload (random, 60 s), which the agent checks with the server over it
 authenticated channel (`POST /v1/log-grants/verify`, agent token) before it reads anything. The
 store keeps only the grant's SHA-256 digest, and the verification consumes it, so a copied
 database or a replayed request reads nothing.
+
+The grant and the output cross the network between server and node, so, as the API server verifies
+a kubelet with ``--kubelet-certificate-authority``, the server reaches an agent's ``https://`` port
+only if its certificate is issued by the CA of ``--agent-ca`` (default: the system's trust store)
+for the address in the URL, and sends a grant to an ``http://`` port only on loopback, unless told
+``--insecure-agent-logs`` (`AgentTrust`). Every refusal is a 502 that says why, logged as well.
 """
 
 from __future__ import annotations
 
+import logging
 import secrets
+import ssl
+from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Annotated, Any
+from urllib.parse import urlsplit
 
 import httpx
-from fastapi import APIRouter, HTTPException, Query
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import delete, insert
@@ -31,18 +42,96 @@ from finesched.server.auth import AGENT, Identity, digest
 from finesched.server.context import Caller, Ctx, ServerContext
 from finesched.server.routes_workloads import _visible_workload
 from finesched.server.store import as_dict, now
+from finesched.tls import ca_context, in_clear_to_another_host, is_loopback, pinned_context
 
+log = logging.getLogger("finesched.server")
 router = APIRouter(prefix="/v1", tags=["logs"])
 
 GRANT_TTL_S = 60.0
 MAX_TAIL_LINES = 100_000
 #: How long the server waits for the agent to answer (a followed stream then runs until it ends).
 AGENT_TIMEOUT_S = 10.0
+#: OpenSSL's X509_V_ERR_HOSTNAME_MISMATCH and X509_V_ERR_IP_ADDRESS_MISMATCH: a trusted certificate
+#: issued for another name than the one in the agent's URL.
+NAME_MISMATCH = (62, 64)
 
 
 class GrantBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     grant: str = Field(min_length=16, max_length=256)
+
+
+@dataclass(frozen=True)
+class AgentTrust:
+    """How the server may reach node agents' log ports (`finesched serve --agent-ca`,
+    `--local-agent-cert`, `--insecure-agent-logs`); the contexts are built once, not per request."""
+
+    #: Verifies an agent's certificate and its name against the URL: --agent-ca, or the system's store.
+    verify: ssl.SSLContext
+    #: For an agent on this machine (a loopback URL): exactly this certificate, or one from the
+    #: --agent-ca file, whatever names it carries (`finesched up`: its agent serves with the
+    #: server's own pair and is reached at 127.0.0.1, a name that certificate need not list).
+    local: ssl.SSLContext | None = None
+    #: Send grants over plain HTTP to other machines too (they cross the network in clear).
+    insecure: bool = False
+
+    @classmethod
+    def load(cls, ca: Path | None = None, local_cert: Path | None = None, insecure: bool = False) -> AgentTrust:
+        """From the files (raises tls.TransportError naming the option of a file that cannot be read)."""
+        verify = ca_context(ca, "--agent-ca")
+        local = pinned_context(local_cert, "--local-agent-cert") if local_cert is not None else None
+        if local is not None and ca is not None:
+            local.load_verify_locations(cafile=str(ca))  # another agent on this machine, with its own certificate
+        return cls(verify, local, insecure)
+
+    def context(self, url: str) -> ssl.SSLContext:
+        """What an https:// log port at `url` is verified with."""
+        if self.local is not None and is_loopback(urlsplit(url).hostname or ""):
+            return self.local
+        return self.verify
+
+    def refusal(self, url: str) -> str | None:
+        """Why no grant may be sent to `url` (None: it may)."""
+        if self.insecure or not in_clear_to_another_host(url):
+            return None
+        return (
+            f"its log port {url} speaks plain HTTP and is not on this machine: the server does not send a log "
+            "grant, nor relay output, in clear; start that agent with --tls-cert/--tls-key (and this server with "
+            "--agent-ca, the CA of its certificate), or this server with --insecure-agent-logs"
+        )
+
+
+def use_agent_trust(app: FastAPI, trust: AgentTrust) -> None:
+    """Make `app` reach agents' log ports as `trust` says (`finesched serve` does, from its options)."""
+    app.state.agent_trust = trust
+
+
+def _agent_trust(request: Request) -> AgentTrust:
+    """The app's `AgentTrust`; by default the system's trust store and no plain HTTP to another host."""
+    trust = getattr(request.app.state, "agent_trust", None)
+    if trust is None:
+        trust = AgentTrust.load()
+        use_agent_trust(request.app, trust)
+    return trust  # type: ignore[no-any-return]
+
+
+def _refuse(workload: str, node: str, why: str) -> HTTPException:
+    """A 502 for the client, and the same reason in the server's log."""
+    log.warning("logs of %s not read from node %s: %s", workload, node, why)
+    return HTTPException(502, f"the agent of node {node}: {why}")
+
+
+def _unreachable(url: str, exc: httpx.HTTPError) -> str:
+    """Why the agent's log port could not be used, an untrusted certificate said as such."""
+    cause: BaseException | None = exc
+    while cause is not None and not isinstance(cause, ssl.SSLCertVerificationError):
+        cause = cause.__cause__ or cause.__context__
+    if cause is None:
+        return f"cannot reach its log port {url}: {exc}"
+    why = f"the certificate of its log port {url} is not trusted ({cause.verify_message.rstrip('.')})"
+    if cause.verify_code in NAME_MISMATCH:
+        return f"{why}: it must name the address the agent reports (finesched agent --logs-address)"
+    return f"{why}: give this server the CA that issued it (--agent-ca)"
 
 
 def _agent_url(ctx: ServerContext, node: str) -> str:
@@ -56,13 +145,19 @@ def _agent_url(ctx: ServerContext, node: str) -> str:
     return url.rstrip("/")
 
 
-def _grant(ctx: ServerContext, caller: Identity, namespace: str, name: str, tail: int | None, follow: bool) -> tuple:
-    """Authorize the caller, find where the workload ran, and store a one-time grant for it."""
+def _grant(
+    ctx: ServerContext, trust: AgentTrust, caller: Identity, namespace: str, name: str, tail: int | None, follow: bool
+) -> tuple:
+    """Authorize the caller, find where the workload ran, check the agent may be sent a grant, and
+    store a one-time grant for it."""
     row = _visible_workload(ctx, caller, namespace, name)
     node = row.get("node")
     if not node:
         raise HTTPException(404, f"workload {namespace}/{name} has not been placed on a node: it has no output yet")
     url = _agent_url(ctx, node)
+    why = trust.refusal(url)
+    if why is not None:
+        raise _refuse(f"{namespace}/{name}", node, why)
     grant = secrets.token_urlsafe(32)
     stamp = now()
     with ctx.store.write() as conn:
@@ -79,23 +174,28 @@ async def workload_logs(
     name: str,
     ctx: Ctx,
     caller: Caller,
+    trust: Annotated[AgentTrust, Depends(_agent_trust)],
     tail: Annotated[int | None, Query(ge=0, le=MAX_TAIL_LINES, description="only the last N lines")] = None,
     follow: Annotated[bool, Query(description="keep streaming until the process ends")] = False,
 ) -> StreamingResponse:
     """The workload's output (stdout and stderr) as its node agent recorded it, as plain text."""
-    node, url, grant = await run_in_threadpool(_grant, ctx, caller, namespace, name, tail, follow)
-    client = httpx.AsyncClient(timeout=httpx.Timeout(AGENT_TIMEOUT_S, read=None if follow else AGENT_TIMEOUT_S))
+    node, url, grant = await run_in_threadpool(_grant, ctx, trust, caller, namespace, name, tail, follow)
+    client = httpx.AsyncClient(
+        timeout=httpx.Timeout(AGENT_TIMEOUT_S, read=None if follow else AGENT_TIMEOUT_S), verify=trust.context(url)
+    )
     request = client.build_request("GET", f"{url}/logs", headers={"Authorization": f"Bearer {grant}"})
     try:
         response = await client.send(request, stream=True)
     except httpx.HTTPError as exc:
         await client.aclose()
-        raise HTTPException(502, f"cannot reach the agent of node {node} at {url}: {exc}") from None
+        raise _refuse(f"{namespace}/{name}", node, _unreachable(url, exc)) from None
     if response.status_code != 200:
         body = (await response.aread()).decode(errors="replace")[:500]
         await response.aclose()
         await client.aclose()
-        raise HTTPException(404 if response.status_code == 404 else 502, f"the agent of node {node}: {body}")
+        if response.status_code == 404:
+            raise HTTPException(404, f"the agent of node {node}: {body}")
+        raise _refuse(f"{namespace}/{name}", node, f"its log port answered {response.status_code}: {body}")
 
     async def relay() -> Any:
         try:
