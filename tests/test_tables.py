@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import re
 from collections.abc import Iterable
+from datetime import UTC, datetime
 from pathlib import Path
 
 from hypothesis import given
@@ -15,7 +16,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from finesched.cli import app
-from finesched.commands.tables import Columns, col, print_table
+from finesched.commands.tables import Columns, col, event_time, print_table
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 BOX = re.compile(r"[\u2500-\u257f]")  # box-drawing characters: borders, not words
@@ -95,3 +96,11 @@ def test_validate_and_job_tables_fit_80_columns() -> None:
     job = paths("jobs/gpu-inference.yaml")
     narrow_and_wide("job", "plan", *job, "--cluster", *paths("cluster.yaml"))
     narrow_and_wide("job", "plan", *paths("jobs/named-groups.yaml"))
+
+
+def test_event_times_are_short_in_tables_and_whole_with_wide() -> None:
+    today = datetime.now(UTC).replace(hour=9, minute=5, second=7, microsecond=123456)
+    assert event_time(today.isoformat(), wide=False) == "09:05:07"
+    assert event_time("2020-01-31T23:59:00.5+02:00", wide=False) == "01-31 21:59"  # shown in UTC
+    assert event_time("2020-01-31T23:59:00.5+02:00", wide=True) == "2020-01-31T23:59:00.5+02:00"
+    assert event_time("not a time", wide=False) == "not a time"

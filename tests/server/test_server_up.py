@@ -3,6 +3,7 @@ admin token across restarts unless a new one is asked for."""
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
@@ -11,6 +12,8 @@ from pathlib import Path
 
 import httpx
 from server_harness import FINESCHED, free_port, wait_until
+
+from finesched.commands.agent import check_port
 
 
 def up(data: Path, port: int, *extra: str) -> subprocess.Popen[str]:
@@ -79,3 +82,92 @@ def test_the_admin_token_is_kept_unless_a_new_one_is_asked_for(tmp_path: Path) -
     assert (data / "admin.token").read_text().strip() == token
     fresh = run_until_up(data, port, "--new-admin-token")
     assert (data / "admin.token").read_text().strip() != token and "(new;" in fresh
+
+
+def _pids_with(*words: str) -> list[int]:
+    """Processes whose command line contains every one of `words` (read from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                argv = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if all(word in argv for word in words) and (entry / "stat").read_text().split()[2] != "Z":
+                found.append(int(entry.name))
+    return found
+
+
+def _sleeping(seconds: int) -> list[int]:
+    """The workload processes `sleep SECONDS` themselves (not the agent's wrapper shell around them)."""
+    return [pid for pid in _pids_with("sleep", str(seconds)) if _argv(pid) == ["sleep", str(seconds)]]
+
+
+def _argv(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")[:-1]
+    except OSError:
+        return []
+
+
+def _running(admin: httpx.Client, key: str) -> bool:
+    try:
+        answer = admin.get(f"/v1/workloads/{key}")
+    except httpx.HTTPError:  # the server is being restarted
+        return False
+    return answer.status_code == 200 and answer.json()["status"]["phase"] == "Running"
+
+
+def _sleeper(name: str, seconds: int) -> dict[str, object]:
+    return {"apiVersion": "finesched.io/v1alpha1", "kind": "Workload",
+            "metadata": {"name": name, "namespace": "team-a"},
+            "spec": {"requests": {"cpu": "100m", "memory": "32Mi"}, "command": ["sleep", str(seconds)]}}  # fmt: skip
+
+
+def test_a_killed_control_plane_is_restarted_and_a_killed_up_takes_its_server_along(tmp_path: Path) -> None:
+    """kill -9 of the server: `up` starts it again on the same data while the workloads run on; kill -9 of
+    `up` itself: its server ends with it (the port is free for the next `up`) and the workloads run on."""
+    data, port = tmp_path / "data", free_port()
+    output = (tmp_path / "up.out").open("w")
+    process = subprocess.Popen(
+        [*FINESCHED, "up", "--data", str(data), "--port", str(port), "--interval", "0.5", "--quiet"],
+        stdout=output, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    first, second = 3000 + port % 1000, 5000 + port % 1000  # sleep durations no other process has
+    admin = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10)
+    try:
+        wait_until(lambda: (data / "admin.token").exists(), timeout=60, what="up to write its admin token")
+        admin.headers["Authorization"] = f"Bearer {(data / 'admin.token').read_text().strip()}"
+        tenant = {"apiVersion": "finesched.io/v1alpha1", "kind": "Tenant", "metadata": {"name": "team-a"}}
+        assert admin.post("/v1/tenants", json=tenant).status_code == 201
+        assert admin.post("/v1/workloads", json=_sleeper("first", first)).status_code == 201
+        wait_until(lambda: _running(admin, "team-a/first"), timeout=60, what="the first workload to run")
+        [server] = _pids_with("finesched.cli", "serve", str(data))
+        [workload] = _sleeping(first)
+
+        os.kill(server, signal.SIGKILL)
+        wait_until(lambda: _pids_with("finesched.cli", "serve", str(data)) not in ([], [server]), timeout=30,
+                   what="up to start its server again")  # fmt: skip
+        wait_until(lambda: _running(admin, "team-a/first"), timeout=60, what="the restarted server to answer")
+        assert admin.post("/v1/workloads", json=_sleeper("second", second)).status_code == 201
+        wait_until(lambda: _running(admin, "team-a/second"), timeout=60, what="a workload bound after the restart")
+        assert _sleeping(first) == [workload]  # never stopped
+
+        [restarted] = _pids_with("finesched.cli", "serve", str(data))
+        process.kill()
+        process.wait(timeout=30)
+        wait_until(lambda: not _pids_with("finesched.cli", "serve", str(data)), timeout=30,
+                   what="the server to end with its up")  # fmt: skip
+        assert _sleeping(first) == [workload] and _sleeping(second)
+        assert check_port("127.0.0.1", port) is None  # free for the next `up`
+        log = (tmp_path / "up.out").read_text()
+        assert f"the control plane (pid {server}) killed by SIGKILL; restarting it" in log
+        assert f"the control plane restarted (pid {restarted}, restart 1)" in log
+    finally:
+        admin.close()
+        if process.poll() is None:
+            process.send_signal(signal.SIGINT)
+            process.wait(timeout=60)
+        for pid in _sleeping(first) + _sleeping(second):
+            os.kill(pid, signal.SIGKILL)
+        output.close()

@@ -27,6 +27,7 @@ from rich.markup import escape
 
 from finesched.commands.client import CaOption, InsecureOption
 from finesched.commands.serve import AgentCaOption, InsecureAgentLogsOption, TlsCertOption, TlsKeyOption
+from finesched.commands.supervise import SupervisedServer
 
 out = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
@@ -87,6 +88,10 @@ def _logging(verbose: bool) -> None:
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
         stream=sys.stderr,
     )
+    # The agent polls its server every second: one INFO line per HTTP request would bury its own
+    # log (bindings started, pools moved, rejections) under hundreds of request lines a minute.
+    for chatty in ("httpx", "httpcore"):
+        logging.getLogger(chatty).setLevel(logging.WARNING)
 
 
 def agent_cmd(
@@ -296,7 +301,9 @@ def up_cmd(
     With --tls-cert/--tls-key the server speaks HTTPS, and this machine's agent trusts exactly that
     certificate; agents on other machines verify it with --ca. The agent's log port speaks HTTPS with
     the same pair (the server trusts that certificate there, whatever names it carries); other
-    machines' log ports are verified with --agent-ca."""
+    machines' log ports are verified with --agent-ca. A server that dies is started again on the same
+    data (the workloads run on); a killed `up` takes its server along and leaves the workloads to
+    the next `up`'s agent."""
     import socket
 
     from finesched.agent.client import AgentClient
@@ -323,16 +330,16 @@ def up_cmd(
     db = f"sqlite:///{data / 'finesched.db'}"
     url = f"{scheme}://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
     _logging(not quiet)
-    server_log = (data / "server.log").open("ab")
-    server = subprocess.Popen(
+    supervised = SupervisedServer(
         _cli("serve", "--db", db, "--host", host, "--port", str(port), "--heartbeat", str(interval), *tls_args,
              *agent_logs_args),
-        stdout=server_log, stderr=subprocess.STDOUT, start_new_session=True,
+        data / "server.log",
     )  # fmt: skip
     agent = None
     try:
         trust = verify or True
-        _wait_ready(url, server, data / "server.log", verify=trust)
+        _wait_ready(url, supervised.process, data / "server.log", verify=trust)
+        supervised.supervise()  # from now on a dead server is started again; the agent keeps running
         admin, kept = _kept_or_new(data / "admin.token", url, "/v1/nodes", trust, db, "--role", "admin",
                                    new=new_admin_token)  # fmt: skip
         agent_token, _ = _kept_or_new(
@@ -367,13 +374,7 @@ def up_cmd(
     finally:
         if agent is not None:  # its keep-alive connection would hold the server's TLS shutdown up
             agent.client.close()
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
-        server_log.close()
+        supervised.stop()
         print("finesched stopped", flush=True)
 
 

@@ -22,7 +22,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from finesched.commands.node_view import render_node
-from finesched.commands.tables import TABLE_OUTPUTS, Columns, col, print_table, simple_table
+from finesched.commands.tables import TABLE_OUTPUTS, Columns, col, event_time, print_table, simple_table
 from finesched.model.manifest import load_manifests, to_manifest
 from finesched.tls import TransportError, client_options
 
@@ -316,8 +316,9 @@ def describe(
 
 
 def _print_events(events: list[dict[str, Any]], output: str) -> None:
-    rows = [(e["time"], escape(e["reason"]), escape(e["message"])) for e in events]
-    print_table(out, simple_table("events", ["time", "reason", "message"], rows), wide=output == "wide")
+    wide = output == "wide"
+    rows = [(event_time(e["time"], wide), escape(e["reason"]), escape(e["message"])) for e in events]
+    print_table(out, simple_table("events", ["time (UTC)", "reason", "message"], rows), wide=wide)
 
 
 def _print_conditions(status: dict[str, Any]) -> None:

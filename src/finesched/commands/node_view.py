@@ -14,7 +14,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from finesched.commands.tables import Columns, col, print_table, simple_table
+from finesched.commands.tables import Columns, col, event_time, print_table, simple_table
 
 SIMULATED_LABEL = "finesched.io/simulated"
 DEVICE_COLUMNS = Columns(col("type"), col("minor", right=True), col("uuid", wide=True), col("healthy", keep=True),
@@ -47,8 +47,8 @@ def render_node(out: Console, item: dict[str, Any], events: list[dict[str, Any]]
     out.print("Enforcement: " + escape(str(discovery.get("cgroup") or "not reported")))
     _devices(out, spec.get("devices") or [], report.get("health") or {}, wide)
     _pools(out, report, wide)
-    rows = [(e["time"], escape(e["reason"]), escape(e["message"])) for e in events]
-    print_table(out, simple_table("events", ["time", "reason", "message"], rows), wide=wide)
+    rows = [(event_time(e["time"], wide), escape(e["reason"]), escape(e["message"])) for e in events]
+    print_table(out, simple_table("events", ["time (UTC)", "reason", "message"], rows), wide=wide)
 
 
 def _devices(out: Console, devices: list[dict[str, Any]], health: dict[str, Any], wide: bool) -> None:

@@ -77,6 +77,9 @@ def serve(
         ),
     ] = None,
     insecure_agent_logs: InsecureAgentLogsOption = False,
+    parent_pid: Annotated[
+        int | None, typer.Option("--parent-pid", hidden=True, help="End when this process (`finesched up`) ends.")
+    ] = None,
 ) -> None:
     """Run the control plane: HTTP API, store and scheduling loop (one leader per database).
 
@@ -93,6 +96,10 @@ def serve(
     from finesched.server.store import Store
     from finesched.tls import TransportError
 
+    if parent_pid is not None:
+        from finesched.commands.supervise import end_with_parent
+
+        end_with_parent(parent_pid)
     if log_level.lower() not in LOG_LEVELS:
         raise typer.BadParameter(f"{log_level!r}: use one of {', '.join(LOG_LEVELS)}", param_hint="--log-level")
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 from rich.cells import cell_len
@@ -102,3 +103,16 @@ def check_output(output: str, allowed: Sequence[str]) -> None:
     """Raise ValueError naming the allowed values when `-o` is not one of them."""
     if output not in allowed:
         raise ValueError(f"-o {output!r}: use one of {', '.join(allowed)}")
+
+
+def event_time(stamp: str, wide: bool) -> str:
+    """An event's time as a reader scans it: the full ISO stamp with -o wide, else UTC
+    `HH:MM:SS` for today's events and `MM-DD HH:MM` for older ones (the table keeps its width for
+    the message)."""
+    if wide:
+        return stamp
+    try:
+        when = datetime.fromisoformat(stamp).astimezone(UTC)
+    except ValueError:
+        return stamp
+    return when.strftime("%H:%M:%S" if when.date() == datetime.now(UTC).date() else "%m-%d %H:%M")

@@ -91,19 +91,26 @@ class BodyLimit:
         await self.app(scope, _replay([body], then=receive), send)
 
 
-class _NotFinite(ValueError):
-    pass
+class _NotFinite(str):
+    """A JSON number no double holds (1e400) or a NaN/Infinity constant, kept as its text so that
+    the problem can be reported at its field path."""
 
 
-def _finite(text: str) -> float:
+def _finite(text: str) -> float | _NotFinite:
     value = float(text)
-    if not math.isfinite(value):
-        raise _NotFinite(text)
-    return value
+    return value if math.isfinite(value) else _NotFinite(text)
 
 
-def _constant(text: str) -> float:
-    raise _NotFinite(text)
+def _not_finite_at(value: Any, path: list[str | int]) -> tuple[list[str | int], _NotFinite] | None:
+    """The path and text of the first non-finite number in a parsed body (depth first), if any."""
+    if isinstance(value, _NotFinite):
+        return path, value
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        found = _not_finite_at(item, [*path, key])
+        if found is not None:
+            return found
+    return None
 
 
 def _json_problem(scope: Scope, data: bytes) -> dict[str, Any] | None:
@@ -114,15 +121,17 @@ def _json_problem(scope: Scope, data: bytes) -> dict[str, Any] | None:
     if ctype and not (ctype == b"application/json" or ctype.endswith(b"+json")):
         return None
     try:
-        json.loads(data, parse_float=_finite, parse_constant=_constant)
-    except _NotFinite as exc:
-        msg = f"numbers must be finite: {exc} is not (JSON has no NaN or Infinity, and this overflows a double)"
-        return {"loc": ["body"], "msg": msg, "type": "value_error", "input": str(exc)}
+        parsed = json.loads(data, parse_float=_finite, parse_constant=_NotFinite)
     except json.JSONDecodeError as exc:
         return {"loc": ["body", exc.pos], "msg": f"JSON decode error: {exc.msg}", "type": "json_invalid"}
     except UnicodeDecodeError as exc:
         return {"loc": ["body", exc.start], "msg": f"the body is not UTF-8 ({exc.reason})", "type": "json_invalid"}
-    return None
+    found = _not_finite_at(parsed, ["body"])
+    if found is None:
+        return None
+    loc, text = found
+    why = "JSON has no NaN or Infinity" if text in ("NaN", "Infinity", "-Infinity") else "it overflows a double"
+    return {"loc": loc, "msg": f"numbers must be finite: {text} is not ({why})", "type": "value_error", "input": text}
 
 
 def _replay(messages: list[Message], then: Callable[[], Awaitable[Message]] | None = None) -> Any:
