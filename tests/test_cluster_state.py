@@ -214,6 +214,34 @@ def test_a_failed_update_leaves_every_account_of_the_node_as_it_was() -> None:
     state.check_invariants()
 
 
+def test_a_node_that_lost_a_card_is_applied_and_only_the_binding_on_that_card_is_released() -> None:
+    """The node's report is the machine's truth: the manifest with one card fewer is applied, the
+    binding on the card that is gone is forgotten and returned with why, the other stays committed."""
+    from finesched import Scheduler
+
+    def gpu_node(cards: int) -> object:
+        return make_node("g").topology(1, 1, 8, 2).memory("64Gi").gpus(cards, memory="80Gi").obj()
+
+    state = ClusterState.from_nodes([gpu_node(2)])
+    sched = Scheduler(state)
+    for name in ("a", "b"):
+        w = make_workload(name).req(cpu="2", memory="1Gi").lim(cpu="2", memory="1Gi").qos("LSR")
+        sched.schedule_one(w.request("nvidia.com/gpu", 1).obj())
+    on_second = next(b for b in state.bindings.values() if b.devices["gpu"][0].minor == 1)
+    kept = next(key for key in state.bindings if key != on_second.workload)
+    assert state.update_node_releasing(gpu_node(2)) == []  # nothing changed: nothing released
+    [(released, why)] = state.update_node_releasing(gpu_node(1))
+    assert released == on_second and "no gpu with minor 1" in why
+    assert list(state.bindings) == [kept] and state.is_committed(kept)
+    assert len(state.node("g").devices) == 1
+    state.check_invariants()
+    smaller = make_node("g").topology(1, 1, 1, 1).memory("64Gi").gpus(1, memory="80Gi").obj()
+    [(released, why)] = state.update_node_releasing(smaller)  # one CPU left: the LSR's two do not fit
+    assert released.workload == kept and not state.bindings and why
+    assert state.free[state.res_index["cpu"], 0] == 1000
+    state.check_invariants()
+
+
 def test_a_refused_node_leaves_no_new_resource_rows() -> None:
     from finesched.model.node import ForeignAllocation
     from finesched.state.devices import attach_device_accounts

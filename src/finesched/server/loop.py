@@ -18,6 +18,7 @@ feed does not have to reload them.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import threading
@@ -402,7 +403,8 @@ class SchedulerLoop:
             try:
                 node = node_from_row(row)
                 if name in state.index:
-                    state.update_node(node)
+                    for binding, why in state.update_node_releasing(node):
+                        self._requeue_unfit(binding.workload, name, why)
                 else:
                     state.add_node(node)
                 devices = (row.get("report") or {}).get("devices")
@@ -422,6 +424,15 @@ class SchedulerLoop:
             self._node_rows[name] = seen
         self.set_aside.clear("Node", name)
         return True
+
+    def _requeue_unfit(self, key: str, node: str, why: str) -> None:
+        """A binding the changed node no longer holds (forgotten by the state already): requeue it,
+        so its agent stops the process and the scheduler places it again where it fits."""
+        reason = f"node {node} changed and no longer holds its binding: {why}"
+        log.warning("%s: %s", key, reason)
+        self.queued.pop(key, None)
+        with contextlib.suppress(NotFound):  # released or deleted meanwhile by another writer
+            self.store.release(key, PENDING, reason)
 
     def reconcile_workload(self, key: str) -> None:
         self._apply_workload(key, self.store.find_workload(*key.split("/", 1)))

@@ -247,6 +247,42 @@ class ClusterState:
         self.capacity_version += 1
         self.nodes_version += 1
 
+    def update_node_releasing(self, node: Node) -> list[tuple[Binding, str]]:
+        """Replace a node's manifest even when some of its bindings no longer fit it (a device gone
+        from the machine, less memory); those bindings are forgotten and returned with the reason,
+        for the driver to requeue. The node's own report is the truth about the machine: keeping
+        the old manifest would leave the state promising devices that are not there.
+
+        The others are kept in the order of their keys, each as long as it still fits beside the
+        ones before it (a device-gone binding never fits, whatever the order)."""
+        try:
+            self.update_node(node)
+            return []
+        except StateError:
+            pass
+        held = self.bindings_on(node.name)
+        committed = {b.workload for b in held if self.is_committed(b.workload)}
+        for binding in held:
+            self.forget(binding.workload)
+        try:
+            self.update_node(node)
+        except StateError:  # the manifest itself cannot be applied: put everything back as it was
+            for binding in held:
+                self._restore(binding, binding.workload in committed)
+            raise
+        dropped: list[tuple[Binding, str]] = []
+        for binding in held:
+            try:
+                self._restore(binding, binding.workload in committed)
+            except StateError as exc:
+                dropped.append((binding, str(exc)))
+        return dropped
+
+    def _restore(self, binding: Binding, committed: bool) -> None:
+        self.assume(binding)
+        if committed:
+            self.commit(binding.workload)
+
     def _apply_node(self, i: int, node: Node) -> None:
         """Write `node` into slot i (scalars and every extra) and replay the bindings it holds."""
         self._ensure_rows(node.allocatable)

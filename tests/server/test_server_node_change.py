@@ -1,0 +1,40 @@
+"""A change on the node: when a node's manifest (its agent's registration) loses what a binding
+holds, the change is applied, that binding alone is requeued with the reason, and every other
+binding on the node stays as it was (never a node the scheduler believes has a card that is gone)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from manifests import node, workload
+from server_harness import Api
+
+SHARE = {"gpu-core": 60, "gpu-memory-ratio": 60}
+
+
+def events(api: Api, kind: str, name: str) -> list[dict[str, Any]]:
+    return api.admin.get("/v1/events", params={"kind": kind, "object": name}).json()["items"]
+
+
+def test_a_card_gone_from_the_node_requeues_only_the_workload_on_it(api: Api) -> None:
+    assert api.admin.post("/v1/nodes", json=node("n1", gpus=2)).status_code == 201
+    assert api.admin.post("/v1/workloads", json=[workload(n, requests={"cpu": "1", "memory": "1Gi", **SHARE})
+                                                 for n in ("s0", "s1")]).status_code == 201  # fmt: skip
+    cards = {}
+    for key in ("team-a/s0", "team-a/s1"):
+        status = api.wait_phase(key, ("Bound",))["status"]
+        cards[status["binding"]["devices"]["gpu"][0]["minor"]] = key
+    assert sorted(cards) == [0, 1]  # 60 % each: one per card
+
+    assert api.admin.put("/v1/nodes/n1", json=node("n1", gpus=1)).status_code == 200  # card 1 is gone
+    moved = api.wait_phase(cards[1], ("Pending",))["status"]
+    assert moved["reason"].startswith("node n1 changed and no longer holds its binding")
+    assert "no gpu with minor 1" in moved["reason"]
+    assert api.admin.get(f"/v1/workloads/{cards[0]}").json()["status"]["phase"] == "Bound"
+    assert len(api.admin.get("/v1/nodes/n1").json()["spec"]["devices"]) == 1
+    assert "UpdateRefused" not in [e["reason"] for e in events(api, "Node", "n1")]
+    assert "Requeued" in [e["reason"] for e in events(api, "Workload", cards[1])]
+
+    assert api.admin.put("/v1/nodes/n1", json=node("n1", gpus=2)).status_code == 200  # the card is back
+    again = api.wait_phase(cards[1], ("Bound",))["status"]
+    assert again["binding"]["devices"]["gpu"][0]["minor"] == 1
