@@ -301,6 +301,18 @@ class BucketMachine(RuleBasedStateMachine):
             self.state.update_node(node.obj())
 
     @precondition(lambda self: self.state.n > 0)
+    @rule(data=st.data(), cpu=st.integers(0, 20))
+    def update_node_releasing(self, data: st.DataObject, cpu: int) -> None:
+        """The node's report wins: what no longer fits is released, what stays fits, nothing else moves."""
+        name = data.draw(st.sampled_from(self.state.names))
+        before = set(self.state.bindings)
+        released = self.state.update_node_releasing(make_node(name).cpu(cpu).memory("16Gi").obj())
+        gone = {binding.workload for binding, _ in released}
+        assert all(binding.node == name for binding, _ in released)
+        assert set(self.state.bindings) == before - gone
+        self.state.check_invariants()
+
+    @precondition(lambda self: self.state.n > 0)
     @rule(data=st.data())
     def remove_node(self, data: st.DataObject) -> None:
         self.state.remove_node(data.draw(st.sampled_from(self.state.names)), force=True)
