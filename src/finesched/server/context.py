@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
@@ -15,7 +16,7 @@ from finesched.errors import ValidationError
 from finesched.model.tenant import Tenant
 from finesched.sched.scheduler import Scheduler
 from finesched.server.auth import TENANT, Identity, TokenCache, authenticate
-from finesched.server.cluster_view import node_from_row, tenant_from_row
+from finesched.server.cluster_view import tenant_from_row
 from finesched.server.loop import SchedulerLoop
 from finesched.server.metrics import Metrics
 from finesched.server.store import Store
@@ -36,6 +37,7 @@ class ServerContext:
     max_body_bytes: int = MAX_BODY_BYTES
     _device_types: tuple[float, frozenset[str]] = (0.0, frozenset())
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _refreshing: threading.Lock = field(default_factory=threading.Lock)
     #: Parsed tenants by name, with the stored manifest they were parsed from (parsed again only when it changed).
     _tenants: dict[str, tuple[Any, Tenant | None]] = field(default_factory=dict)
 
@@ -71,24 +73,28 @@ class ServerContext:
         return tenant
 
     def device_types(self) -> frozenset[str]:
-        """The device types of the cluster's nodes: the leader's state, else the stored nodes (cached)."""
+        """The device types of the cluster's nodes: the leader's state, else the stored nodes.
+
+        A follower reads them from the store at most every DEVICE_TYPES_TTL_S, in one thread: the
+        others go on with the types read last (stale by at most one refresh) instead of every
+        concurrent request reading and decoding every node at once."""
         with self.loop.lock:
             scheduler = self.loop.scheduler
             if scheduler is not None:
                 return frozenset(attach_device_accounts(scheduler.state).types)
-        with self._lock:
+        stamp, types = self._device_types
+        if time.monotonic() - stamp < DEVICE_TYPES_TTL_S:
+            return types
+        if not self._refreshing.acquire(blocking=stamp == 0.0):  # being read; a first read is waited for
+            return types
+        try:
             stamp, types = self._device_types
-            if time.monotonic() - stamp < DEVICE_TYPES_TTL_S:
-                return types
-        found: set[str] = set()
-        for row in self.store.list_nodes():
-            try:
-                found.update(d.type for d in node_from_row(row).devices)
-            except ValidationError:
-                continue
-        with self._lock:
-            self._device_types = (time.monotonic(), frozenset(found))
-        return frozenset(found)
+            if time.monotonic() - stamp >= DEVICE_TYPES_TTL_S:
+                types = frozenset(stored_device_types(self.store.list_nodes()))
+                self._device_types = (time.monotonic(), types)
+            return types
+        finally:
+            self._refreshing.release()
 
     def check_namespace(self, caller: Identity, namespace: str, world: World | None = None) -> None:
         """A tenant token acts only in the namespaces its tenant owns: 403 otherwise, the same answer
@@ -115,3 +121,13 @@ def get_context(request: Request) -> ServerContext:
 
 Ctx = Annotated[ServerContext, Depends(get_context)]
 Caller = Annotated[Identity, Depends(authenticate)]
+
+
+def stored_device_types(rows: Iterable[Mapping[str, Any]]) -> set[str]:
+    """The device types named by stored node manifests, read from the JSON as stored (admission
+    validated them; a node set aside may add a type, which only widens what admission accepts)."""
+    found: set[str] = set()
+    for row in rows:
+        devices = ((row.get("spec") or {}).get("spec") or {}).get("devices") or ()
+        found.update(d["type"] for d in devices if isinstance(d, Mapping) and isinstance(d.get("type"), str))
+    return found
