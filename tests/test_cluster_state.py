@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 
 from builders import make_node, make_workload
-from finesched import ClusterState
+from finesched import ClusterState, Scheduler
 from finesched.errors import InvariantViolation
 from finesched.model.binding import Binding
+from finesched.model.node import Node
 from finesched.model.resources import ResourceVector
 from finesched.state.cluster import StateError
 from finesched.state.invariants import check
@@ -192,18 +193,23 @@ def test_fast_copy_equals_model_copy() -> None:
         assert binding.cpuset == CPUSet()  # the original is untouched
 
 
-def test_a_failed_update_leaves_every_account_of_the_node_as_it_was() -> None:
-    """Scalars, CPU ownership, device grants and tenant usage: the old node is re-applied exactly."""
-    from finesched import Scheduler
+def gpu_node(cards: int) -> Node:
+    return make_node("g").topology(1, 1, 8, 2).memory("64Gi").gpus(cards, memory="80Gi").obj()
 
-    def gpu_node(cards: int) -> object:
-        return make_node("g").topology(1, 1, 8, 2).memory("64Gi").gpus(cards, memory="80Gi").obj()
 
+def two_cards_two_gpu_workloads() -> tuple[ClusterState, Scheduler]:
+    """Node g with two 80Gi cards, each held whole by an LSR workload (a, b) of two CPUs."""
     state = ClusterState.from_nodes([gpu_node(2)])
     sched = Scheduler(state)
     for name in ("a", "b"):
         w = make_workload(name).req(cpu="2", memory="1Gi").lim(cpu="2", memory="1Gi").qos("LSR")
         sched.schedule_one(w.request("nvidia.com/gpu", 1).obj())
+    return state, sched
+
+
+def test_a_failed_update_leaves_every_account_of_the_node_as_it_was() -> None:
+    """Scalars, CPU ownership, device grants and tenant usage: the old node is re-applied exactly."""
+    state, sched = two_cards_two_gpu_workloads()
     cpus, devices = state.extras["cpus"], state.extras["devices"]
     before = (state.free.copy(), cpus.view(0), devices.export_encoded(0), sched.queue.usage("default"))
     with pytest.raises(StateError, match="bindings no longer fit"):
@@ -217,16 +223,7 @@ def test_a_failed_update_leaves_every_account_of_the_node_as_it_was() -> None:
 def test_a_node_that_lost_a_card_is_applied_and_only_the_binding_on_that_card_is_released() -> None:
     """The node's report is the machine's truth: the manifest with one card fewer is applied, the
     binding on the card that is gone is forgotten and returned with why, the other stays committed."""
-    from finesched import Scheduler
-
-    def gpu_node(cards: int) -> object:
-        return make_node("g").topology(1, 1, 8, 2).memory("64Gi").gpus(cards, memory="80Gi").obj()
-
-    state = ClusterState.from_nodes([gpu_node(2)])
-    sched = Scheduler(state)
-    for name in ("a", "b"):
-        w = make_workload(name).req(cpu="2", memory="1Gi").lim(cpu="2", memory="1Gi").qos("LSR")
-        sched.schedule_one(w.request("nvidia.com/gpu", 1).obj())
+    state, _ = two_cards_two_gpu_workloads()
     on_second = next(b for b in state.bindings.values() if b.devices["gpu"][0].minor == 1)
     kept = next(key for key in state.bindings if key != on_second.workload)
     assert state.update_node_releasing(gpu_node(2)) == []  # nothing changed: nothing released
