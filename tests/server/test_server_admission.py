@@ -230,6 +230,7 @@ def test_numbers_and_parameters_are_bounded_never_a_500_or_a_null(api: Api) -> N
     assert refused_raw(api, "/v1/offers", nan)["ttlSeconds"].endswith("NaN is not (JSON has no NaN or Infinity)")
     listed = '[{"kind": "Workload"}, {"kind": "Workload", "spec": {"limits": {"memory": -Infinity}}}]'
     assert "-Infinity" in refused_raw(api, "/v1/workloads", listed)["1.spec.limits.memory"]
+    assert refused_raw(api, "/v1/workloads", "[" * 100_000 + "]" * 100_000)[""] == "JSON nested too deeply"
     assert "spec.weight" in problems(api.admin.put("/v1/tenants/team-a", json=tenant("team-a", weight=1e-9)))
     assert "spec.priority" in refused(api, "/v1/workloads", workload("p", priority=10**30))
     assert "spec.requests.memory" in refused(api, "/v1/workloads", workload("m", memory="9Pi"))

@@ -7,13 +7,20 @@ from __future__ import annotations
 from typing import Any
 
 from manifests import node, workload
-from server_harness import Api
+from server_harness import Api, wait_until
+
+from finesched.server.loop import SchedulerLoop
+from finesched.server.store import Store
 
 SHARE = {"gpu-core": 60, "gpu-memory-ratio": 60}
 
 
 def events(api: Api, kind: str, name: str) -> list[dict[str, Any]]:
     return api.admin.get("/v1/events", params={"kind": kind, "object": name}).json()["items"]
+
+
+def requeued(api: Api, key: str) -> list[str]:
+    return [e["message"] for e in events(api, "Workload", key) if e["reason"] == "Requeued"]
 
 
 def test_a_card_gone_from_the_node_requeues_only_the_workload_on_it(api: Api) -> None:
@@ -38,3 +45,32 @@ def test_a_card_gone_from_the_node_requeues_only_the_workload_on_it(api: Api) ->
     assert api.admin.put("/v1/nodes/n1", json=node("n1", gpus=2)).status_code == 200  # the card is back
     again = api.wait_phase(cards[1], ("Bound",))["status"]
     assert again["binding"]["devices"]["gpu"][0]["minor"] == 1
+
+
+def test_a_node_change_while_its_binding_is_being_written_requeues_it_without_a_rebuild(
+    api: Api, monkeypatch: Any
+) -> None:
+    """The loop decides a batch under its lock and writes it without: a node update in between can
+    let the state forget a binding the store then records. The store follows the state (the workload
+    is requeued with the reason), and the loop goes on without rebuilding."""
+    rebuilds: list[int] = []
+    rebuild = SchedulerLoop.rebuild
+    monkeypatch.setattr(SchedulerLoop, "rebuild", lambda self: (rebuilds.append(1), rebuild(self))[1])
+    assert api.admin.post("/v1/nodes", json=node("n1", gpus=1)).status_code == 201
+    bind, changed = Store.bind, []
+
+    def bind_after_the_card_is_gone(store: Store, decisions: Any, *args: Any, **kwargs: Any) -> Any:
+        if not changed and any(key == "team-a/racer" for _, _, key, _, _ in decisions):
+            changed.append(1)  # through the API, as an agent registering again would (its own thread)
+            with api.client(api.token("admin")) as admin:
+                assert admin.put("/v1/nodes/n1", json=node("n1")).status_code == 200
+        return bind(store, decisions, *args, **kwargs)
+
+    monkeypatch.setattr(Store, "bind", bind_after_the_card_is_gone)
+    racer = workload("racer", requests={"cpu": "1", "memory": "1Gi", **SHARE})
+    assert api.admin.post("/v1/workloads", json=racer).status_code == 201
+    wait_until(lambda: "node n1 changed while it was being bound" in requeued(api, "team-a/racer"), what="requeue")
+    assert api.admin.get("/v1/workloads/team-a/racer").json()["status"]["phase"] == "Pending"
+    assert api.admin.post("/v1/workloads", json=workload("after")).status_code == 201
+    api.wait_phase("team-a/after", ("Bound",))
+    assert changed and rebuilds == []

@@ -96,20 +96,31 @@ class _NotFinite(str):
     the problem can be reported at its field path."""
 
 
-def _finite(text: str) -> float | _NotFinite:
-    value = float(text)
-    return value if math.isfinite(value) else _NotFinite(text)
+def _parse_json(data: bytes) -> tuple[Any, bool]:
+    """The parsed body, non-finite numbers kept as `_NotFinite`, and whether there was any."""
+    seen: list[_NotFinite] = []
+
+    def keep(text: str) -> _NotFinite:
+        seen.append(_NotFinite(text))
+        return seen[-1]
+
+    def finite(text: str) -> float | _NotFinite:
+        value = float(text)
+        return value if math.isfinite(value) else keep(text)
+
+    return json.loads(data, parse_float=finite, parse_constant=keep), bool(seen)
 
 
-def _not_finite_at(value: Any, path: list[str | int]) -> tuple[list[str | int], _NotFinite] | None:
-    """The path and text of the first non-finite number in a parsed body (depth first), if any."""
-    if isinstance(value, _NotFinite):
-        return path, value
-    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
-    for key, item in items:
-        found = _not_finite_at(item, [*path, key])
-        if found is not None:
-            return found
+def _not_finite_at(value: Any) -> tuple[list[str | int], _NotFinite] | None:
+    """The path (from `body`) and text of the first non-finite number in a parsed body, depth first;
+    iterative, so a deeply nested body cannot exhaust the stack."""
+    stack: list[tuple[list[str | int], Any]] = [(["body"], value)]
+    while stack:
+        path, item = stack.pop()
+        if isinstance(item, _NotFinite):
+            return path, item
+        children = item.items() if isinstance(item, dict) else enumerate(item) if isinstance(item, list) else ()
+        stack.extend(reversed([([*path, key], child) for key, child in children]))
     return None
 
 
@@ -121,12 +132,14 @@ def _json_problem(scope: Scope, data: bytes) -> dict[str, Any] | None:
     if ctype and not (ctype == b"application/json" or ctype.endswith(b"+json")):
         return None
     try:
-        parsed = json.loads(data, parse_float=_finite, parse_constant=_NotFinite)
+        parsed, not_finite = _parse_json(data)
+    except RecursionError:
+        return {"loc": ["body"], "msg": "JSON nested too deeply", "type": "json_invalid"}
     except json.JSONDecodeError as exc:
         return {"loc": ["body", exc.pos], "msg": f"JSON decode error: {exc.msg}", "type": "json_invalid"}
     except UnicodeDecodeError as exc:
         return {"loc": ["body", exc.start], "msg": f"the body is not UTF-8 ({exc.reason})", "type": "json_invalid"}
-    found = _not_finite_at(parsed, ["body"])
+    found = _not_finite_at(parsed) if not_finite else None  # walked only when there is something to find
     if found is None:
         return None
     loc, text = found

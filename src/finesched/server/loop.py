@@ -560,7 +560,7 @@ class SchedulerLoop:
         self.metrics.bind_write_seconds.observe(time.thread_time() - write_started)
         conflicted = set(conflicts)
         stamp = time.time()
-        bound, victims = 0, []
+        bound, victims, dropped = 0, [], []
         self.own(event_ids)
         with self.lock:
             scheduler = self.scheduler
@@ -569,6 +569,10 @@ class SchedulerLoop:
                 if entry.id in conflicted:
                     if scheduler is not None:
                         self._undo(scheduler, binding, preemptions)
+                    continue
+                if scheduler is not None and key not in scheduler.state.bindings:
+                    dropped.append(binding)  # forgotten while written: its node changed, or it was deleted
+                    self.queued.pop(key, None)
                     continue
                 if scheduler is not None:
                     if key in preemptions:
@@ -584,6 +588,10 @@ class SchedulerLoop:
             self.metrics.decisions.labels("preempted").inc(len(victims))
         for key in victims:  # requeued by the same transaction: queue them again here
             self.reconcile_workload(key)
+        for binding in dropped:  # written, but the state let it go meanwhile: the store follows the state
+            with contextlib.suppress(NotFound):
+                self.store.release(binding.workload, PENDING, f"node {binding.node} changed while it was being bound")
+            self.reconcile_workload(binding.workload)
         if conflicted:
             self.metrics.write_conflicts.inc(len(conflicted))
             for entry, binding in decisions:
