@@ -143,10 +143,10 @@ class PoolKeeper:
             log.warning("moving %s to CPUs %s: %s", rec.workload, rec.cpuset, "; ".join(notes[:5]))
         else:
             rec.info.pop("moveErrors", None)
+        verb = "fixed" if only_outside else "re-pinned" if old == rec.cpuset else "moved"
         log.info(
             "%s %s: %d thread(s) of %d process(es) %s -> %s (%s)",
-            "fixed" if only_outside else "moved", rec.workload, result.threads, result.processes, old, rec.cpuset,
-            target.pool,
+            verb, rec.workload, result.threads, result.processes, old, rec.cpuset, target.pool,
         )  # fmt: skip
         return walked
 
