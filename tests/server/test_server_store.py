@@ -23,7 +23,7 @@ def _binding(key: str, node_name: str = "n1") -> dict:
 
 
 def test_schema_is_migrated_to_head(store: Store) -> None:
-    assert current_revision(store.engines.writer) == "0002"
+    assert current_revision(store.engines.writer) == "0003"
 
 
 def test_two_writers_cannot_both_bind_one_workload(store: Store) -> None:
@@ -96,3 +96,15 @@ def test_lease_is_exclusive_and_fenced(store: Store) -> None:
     assert store.bind([(wid, 1, "team-a/w", "n1", _binding("team-a/w"))], fence=second.fence)[0] == []
     second.release()
     assert first.try_acquire()
+
+
+def test_the_migrations_build_exactly_the_tables_the_code_declares(store: Store) -> None:
+    """A column or index added to schema.py without its migration (or the other way round) fails here."""
+    from alembic.autogenerate import compare_metadata
+    from alembic.migration import MigrationContext
+
+    from finesched.server import schema
+
+    with store.engines.writer.connect() as conn:
+        differences = compare_metadata(MigrationContext.configure(conn), schema.metadata)
+    assert differences == []

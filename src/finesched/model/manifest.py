@@ -23,18 +23,26 @@ import yaml
 from finesched.errors import ErrorDetail, ValidationError
 from finesched.model.job import Job
 from finesched.model.node import Node
+from finesched.model.priority_class import PriorityClass
 from finesched.model.tenant import Tenant
 from finesched.model.workload import Workload
 
 API_VERSION = "finesched.io/v1alpha1"
-Object = Node | Workload | Tenant | Job
-KINDS: dict[str, type[Object]] = {"Node": Node, "Workload": Workload, "Tenant": Tenant, "Job": Job}
+Object = Node | Workload | Tenant | Job | PriorityClass
+KINDS: dict[str, type[Object]] = {
+    "Node": Node,
+    "Workload": Workload,
+    "Tenant": Tenant,
+    "Job": Job,
+    "PriorityClass": PriorityClass,
+}
 #: Which model fields live under `metadata` for each kind; all others live under `spec`.
 METADATA_FIELDS: dict[str, tuple[str, ...]] = {
     "Node": ("name", "labels"),
     "Workload": ("name", "namespace", "labels", "annotations"),
     "Tenant": ("name",),
     "Job": ("name", "namespace", "labels"),
+    "PriorityClass": ("name",),
 }
 
 
@@ -46,11 +54,14 @@ class Manifests:
     workloads: list[Workload] = field(default_factory=list)
     tenants: list[Tenant] = field(default_factory=list)
     jobs: list[Job] = field(default_factory=list)
+    priority_classes: list[PriorityClass] = field(default_factory=list)
     #: Where each object was read ("file doc N"), by (kind, key); filled by `load_manifests`.
     origins: dict[tuple[str, str], str] = field(default_factory=dict, repr=False, compare=False)
 
     def add(self, obj: Object, where: str = "") -> None:
-        {Node: self.nodes, Workload: self.workloads, Tenant: self.tenants, Job: self.jobs}[type(obj)].append(obj)
+        by_kind = {Node: self.nodes, Workload: self.workloads, Tenant: self.tenants, Job: self.jobs,
+                   PriorityClass: self.priority_classes}  # fmt: skip
+        by_kind[type(obj)].append(obj)
         if where:
             self.origins[(type(obj).__name__, object_key(obj))] = where
 
@@ -59,13 +70,14 @@ class Manifests:
         return self.origins.get((type(obj).__name__, object_key(obj)), "")
 
     def __iter__(self) -> typing.Iterator[Object]:
+        yield from self.priority_classes
         yield from self.tenants
         yield from self.nodes
         yield from self.workloads
         yield from self.jobs
 
     def __len__(self) -> int:
-        return len(self.nodes) + len(self.workloads) + len(self.tenants) + len(self.jobs)
+        return len(self.nodes) + len(self.workloads) + len(self.tenants) + len(self.jobs) + len(self.priority_classes)
 
 
 def parse_manifest(doc: object, *, where: str = "") -> Object:

@@ -13,6 +13,16 @@ subtree's guarantee. `namespaces` grants a tenant namespaces besides the one of 
 namespace belongs to one tenant, whose tokens alone create and see objects there. Amounts are
 written in the names users write (``nvidia.com/gpu`` counts whole GPUs and is translated to
 gpu-core and gpu-memory-ratio, as requests are).
+
+What only an admin sets, because it is what keeps tenants apart:
+
+* `runAs` — the uid and gid the tenant's workloads run as on every node (Kubernetes'
+  runAsUser/runAsGroup, Slurm's submitting user); root only with `allowRoot`. A tenant without
+  one runs as a uid the node agent takes from its own range (HTCondor's slot users);
+* `priorityClasses` — the PriorityClass names its workloads may name; the highest of their
+  values is also the highest raw `priority` it may set;
+* `limits` — how many objects it may hold (Kubernetes' ResourceQuota ``count/*``): workloads,
+  jobs, and workloads waiting at once.
 """
 
 from __future__ import annotations
@@ -25,6 +35,43 @@ from finesched.model.resources import ResourceVector, translate_gpu_shortcuts
 
 #: Weights are ratios between tenants: bounded so that a weighted share (share / weight) stays finite.
 MIN_WEIGHT, MAX_WEIGHT = 0.001, 1_000_000.0
+#: The largest uid or gid Linux gives out ((uid_t) -1 means "unchanged" to setresuid).
+MAX_ID = 2**32 - 2
+#: The largest object count a limit may name (a count, as Kubernetes' quantities of count/* are).
+MAX_COUNT = 2**31 - 1
+
+
+class RunAs(Model):
+    """The user a tenant's processes run as: `uid`, `gid`, no supplementary groups. Root (uid or
+    gid 0) only where the admin says so with `allowRoot`; every other uid runs without
+    capabilities and with no_new_privs, so a setuid binary gives nothing back."""
+
+    uid: int = Field(ge=0, le=MAX_ID)
+    gid: int = Field(ge=0, le=MAX_ID)
+    allow_root: bool = False
+
+    @model_validator(mode="after")
+    def _root_is_explicit(self) -> RunAs:
+        problems: list[tuple[Loc, str, object]] = []
+        for name in ("uid", "gid"):
+            if getattr(self, name) == 0 and not self.allow_root:
+                problems.append(((name,), "is root: say allowRoot: true to run this tenant's workloads as root", 0))
+        raise_problems(problems, "RunAs")
+        return self
+
+    @property
+    def root(self) -> bool:
+        return self.uid == 0
+
+
+class ObjectLimits(Model):
+    """How many objects a tenant may hold at once (Kubernetes' ResourceQuota ``count/*``): a write that
+    would go over one is refused (403 "exceeded quota"), and nothing is stored. None: no limit."""
+
+    workloads: int | None = Field(default=None, ge=0, le=MAX_COUNT)
+    jobs: int | None = Field(default=None, ge=0, le=MAX_COUNT)
+    #: Workloads Pending at once (a flood waits in its own tenant's queue, not everyone's).
+    pending: int | None = Field(default=None, ge=0, le=MAX_COUNT)
 
 
 class Tenant(Model):
@@ -43,6 +90,11 @@ class Tenant(Model):
     #: Namespaces granted to this tenant besides the one of its own name (which it always owns
     #: when its name is a valid namespace): its tokens create and see objects only in these.
     namespaces: tuple[NamespaceName, ...] = ()
+    run_as: RunAs | None = None
+    #: The PriorityClasses this tenant's workloads may name (None and empty: none; the global
+    #: default class applies to every tenant).
+    priority_classes: tuple[ObjectName, ...] | None = None
+    limits: ObjectLimits | None = None
 
     @model_validator(mode="after")
     def _min_within_max(self) -> Tenant:
@@ -56,6 +108,9 @@ class Tenant(Model):
             elif namespace == self.name:
                 problems.append((("namespaces", i), "is the tenant's own namespace (owned without a grant)", namespace))
             seen.add(namespace)
+        for i, name in enumerate(self.priority_classes or ()):
+            if name in self.priority_classes[:i]:  # type: ignore[index]
+                problems.append((("priorityClasses", i), "is listed twice", name))
         if self.min is not None and self.max is not None:
             low, high = translate_gpu_shortcuts(self.min), translate_gpu_shortcuts(self.max)
             shown = self.min.to_quantities()

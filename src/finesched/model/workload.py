@@ -244,6 +244,9 @@ class Workload(Model):
     #: The tenant charged; default: the tenant that owns the namespace (the namespace's own name).
     tenant: str = ""
     priority: int = Field(default=0, ge=MIN_PRIORITY, le=MAX_PRIORITY)
+    #: The PriorityClass whose value and preemption policy the workload gets (admission resolves it;
+    #: a tenant may name only the classes its Tenant lists).
+    priority_class_name: ObjectName | None = None
     qos: QoS | None = None
     requests: ResourceVector = Field(default_factory=ResourceVector)
     limits: ResourceVector = Field(default_factory=ResourceVector)

@@ -104,6 +104,20 @@ tokens = Table(
     Column("tenant", String(253), nullable=True),
     Column("node", String(253), nullable=True),
     Column("created", DateTime(timezone=True), nullable=False),
+    # A token is refused from `expires` on (None: never), and from `revoked` on (`token revoke`).
+    Column("expires", DateTime(timezone=True), nullable=True),
+    Column("revoked", DateTime(timezone=True), nullable=True),
+    Column("description", String(253), nullable=False, default="", server_default=""),
+)
+
+priority_classes = Table(
+    "priority_classes",
+    metadata,
+    Column("name", String(253), primary_key=True),
+    Column("value", Integer, nullable=False),
+    Column("spec", JSON, nullable=False),  # the PriorityClass manifest
+    Column("version", Integer, nullable=False, default=1),
+    Column("created", DateTime(timezone=True), nullable=False),
 )
 
 events = Table(
@@ -120,6 +134,7 @@ events = Table(
     Column("count", Integer, nullable=False, default=1, server_default="1"),
     Column("first_time", DateTime(timezone=True), nullable=True),
     Index("ix_events_object", "kind", "object"),
+    Index("ix_events_time", "time"),  # events older than the retention time are pruned by it
 )
 
 jobs = Table(
@@ -138,6 +153,7 @@ jobs = Table(
     Column("created", DateTime(timezone=True), nullable=False),
     Column("updated", DateTime(timezone=True), nullable=False),
     UniqueConstraint("namespace", "name", name="uq_job_key"),
+    Index("ix_jobs_tenant", "tenant"),  # a tenant's object quota counts its jobs
 )
 
 log_grants = Table(
