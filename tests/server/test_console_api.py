@@ -78,6 +78,12 @@ def test_overview_counts_fragmentation_reasons_and_tenants(api: Api) -> None:
     team_b = overview(api.client(api.token("tenant", tenant="team-b")))
     assert team_b["nodes"]["total"] == 2 and team_b["pending"] == {"total": 0, "byReason": []}
     assert [t["name"] for t in team_b["tenants"]] == ["team-b"]
+    # Nor the shapes or counts of the others' work: its typical request is learned from its own.
+    shapes = lambda frag: [(t["gpuMilli"], t["gpuCount"], t["count"]) for t in frag["typical"]]  # noqa: E731
+    assert sorted(shapes(frag)) == [(700, 1, 1), (1000, 1, 1)] and frag["typicalFrom"] == "cluster"
+    assert shapes(team_b["fragmentation"]) == [(700, 1, 1)] and team_b["fragmentation"]["typicalFrom"] == "tenant"
+    team_a = overview(api.client(api.token("tenant", tenant="team-a")))
+    assert shapes(team_a["fragmentation"]) == [(1000, 1, 1)]
     agent = api.client(api.token("agent", node="g1"))
     assert agent.get("/ui/api/overview").status_code == 403
     nodes = api.admin.get("/ui/api/nodes").json()
@@ -121,3 +127,28 @@ def test_node_page_matches_the_node_and_its_bindings(api: Api) -> None:
     assert [h["workload"] for d in mine["devices"] for h in d["holders"]] == [None]
     assert mine["pools"]["ls"] == [None] and {w["workload"] for w in mine["workloads"]} == {"team-a/db", None}
     assert api.admin.get("/ui/api/nodes/nope").status_code == 404
+
+
+def test_a_tenant_reads_no_other_tenants_names_or_the_agents_notes_in_a_node_report(api: Api) -> None:
+    api.admin.post("/v1/nodes", json=node("n1", cores=4))
+    agent = api.client(api.token("agent", node="n1"))
+    pinned = [{"namespace": ns, "name": name, "cpuset": cpus, "qos": "LSR", "pool": None}
+              for ns, name, cpus in (("team-a", "db", "0"), ("team-b", "secret-project", "1"))]  # fmt: skip
+    report = {
+        "podCPUAllocs": pinned,
+        "workloadCPUs": pinned,
+        "discovery": {"sources": {"gpu": "not found"}, "agentPid": 4242, "logs": {"url": "http://127.0.0.1:1"}},
+    }
+    assert agent.post("/v1/nodes/n1/report", json=report).status_code == 200
+    amounts = {"cpu": "1", "memory": "1Gi"}
+    api.admin.post("/v1/workloads", json=workload("db", requests=amounts, limits=amounts, qos="LSR"))
+    api.wait_phase("team-a/db", ("Bound",))
+    sent = api.admin.get("/ui/api/nodes/n1").json()["report"]["sent"]
+    assert sent["podCPUAllocs"] == pinned and sent["discovery"]["agentPid"] == 4242  # the admin reads it all
+    mine = api.client(api.token("tenant", tenant="team-a")).get("/ui/api/nodes/n1").json()["report"]["sent"]
+    for part in ("podCPUAllocs", "workloadCPUs"):
+        assert [(e["namespace"], e["name"], e["cpuset"]) for e in mine[part]] == [
+            ("team-a", "db", "0"), (None, None, "1")
+        ]  # fmt: skip
+    assert mine["discovery"] == {"sources": {"gpu": "not found"}}
+    assert "secret-project" not in str(mine) and "team-b" not in str(mine)

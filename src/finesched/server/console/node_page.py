@@ -12,7 +12,10 @@
 * **Report**: the agent's last S0.2 report as it sent it (`k`, `count`, `bits` per dimension),
   with the per-device values decoded beside it.
 
-Workloads the caller may not see (another tenant's) are shown as held, without their names.
+Workloads the caller may not see (another tenant's) are shown as held, without their names; the
+report's own lists of workloads (``podCPUAllocs``, ``workloadCPUs``) likewise, and of the agent's
+discovery notes such a caller sees only which sources were found (not the agent's pid, log port or
+cgroup paths).
 """
 
 from __future__ import annotations
@@ -96,7 +99,7 @@ def node_page(data: NodeInput, row: Mapping[str, Any], visible: set[str] | None)
         "pools": _pools(data, shown),
         "zones": data.report.get("zones", []),
         "numaZones": [{"id": z.id, "memory": z.memory} for z in node.numa_zones] if node.numa_zones else [],
-        "report": _report(row.get("report"), data.devices),
+        "report": _report(row.get("report"), data.devices, shown, private=visible is not None),
         "workloads": sorted(
             ({"workload": shown(b.workload), "qos": b.qos, "cpuset": str(b.cpuset)} for b in data.bindings),
             key=lambda w: (w["workload"] is None, w["workload"] or ""),
@@ -184,10 +187,21 @@ def _pools(data: NodeInput, shown: Any) -> dict[str, Any]:
     }
 
 
-def _report(report: Mapping[str, Any] | None, devices: Mapping[str, NodeDevices]) -> dict[str, Any] | None:
-    """The agent's report as sent, with each encoded dimension decoded per device (minor order)."""
+#: The parts of an agent's report any caller may read: device vectors, health, totals and pools.
+PUBLIC_REPORT_PARTS = ("devices", "mig", "health", "totals", "cpuSharedPools", "beCPUSharedPools")
+#: The parts that name workloads, one entry per workload (``{namespace, name, cpuset, ...}``).
+WORKLOAD_REPORT_PARTS = ("podCPUAllocs", "workloadCPUs")
+
+
+def _report(
+    report: Mapping[str, Any] | None, devices: Mapping[str, NodeDevices], shown: Any, *, private: bool
+) -> dict[str, Any] | None:
+    """The agent's report as sent, with each encoded dimension decoded per device (minor order); for
+    a `private` caller (a tenant) without what names other tenants' workloads or the agent itself."""
     if not report:
         return None
+    if private:
+        report = _tenant_report(report, shown)
     decoded: dict[str, dict[str, Any]] = {}
     for kind, dims in (report.get("devices") or {}).items():
         for dim, enc in dims.items():
@@ -200,6 +214,26 @@ def _report(report: Mapping[str, Any] | None, devices: Mapping[str, NodeDevices]
                 values = dict(zip((str(m) for m in minors), values, strict=True))
             decoded.setdefault(kind, {})[dim] = values
     return {"sent": _exact_in_javascript(report), "decoded": decoded}
+
+
+def _tenant_report(report: Mapping[str, Any], shown: Any) -> dict[str, Any]:
+    """The report a tenant may read: the public parts, the workload lists with every workload it may
+    not see left unnamed (held, as on the rest of the page), and only the discovery's sources."""
+    out: dict[str, Any] = {k: report[k] for k in PUBLIC_REPORT_PARTS if k in report}
+    for part in WORKLOAD_REPORT_PARTS:
+        entries = report.get(part)
+        if isinstance(entries, list):
+            out[part] = [_unnamed_unless_shown(e, shown) for e in entries if isinstance(e, Mapping)]
+    discovery = report.get("discovery")
+    if isinstance(discovery, Mapping) and "sources" in discovery:
+        out["discovery"] = {"sources": discovery["sources"]}
+    return out
+
+
+def _unnamed_unless_shown(entry: Mapping[str, Any], shown: Any) -> dict[str, Any]:
+    if shown(f"{entry.get('namespace')}/{entry.get('name')}") is not None:
+        return dict(entry)
+    return {**entry, "namespace": None, "name": None}
 
 
 def _exact_in_javascript(value: Any) -> Any:

@@ -72,8 +72,10 @@ class OverviewInput:
     tenants: dict[str, dict[str, Any]]  # name -> {weight, usage, share, min, max, quota}
 
     @classmethod
-    def capture(cls, scheduler: Scheduler, queued: Iterable[Workload]) -> OverviewInput:
-        """Read everything the overview needs; the caller holds the loop's lock."""
+    def capture(cls, scheduler: Scheduler, queued: Iterable[Workload], tenant: str | None = None) -> OverviewInput:
+        """Read everything the overview needs; the caller holds the loop's lock. With `tenant`, the
+        bindings and queued workloads (what the typical request is learned from) are that tenant's
+        own: a tenant learns nothing of the shapes or counts of the others' work."""
         state, n = scheduler.state, scheduler.state.n
         resources = [
             (name, int(state.allocatable[i].sum()), int(state.free[i].sum())) for i, name in enumerate(state.resources)
@@ -91,8 +93,11 @@ class OverviewInput:
             free = np.where(gpu.healthy[:n], gpu.free[gpu.dim_index[GPU_CORE], :n], 0)
         else:
             free = np.zeros((n, 0), dtype=np.int64)
-        step = max(1, len(state.bindings) // TYPICAL_SAMPLE)
-        bindings = list(state.bindings.values())[::step]
+        held = list(state.bindings.values())
+        if tenant is not None:
+            held = [b for b in held if b.tenant == tenant]
+            queued = [w for w in queued if w.tenant == tenant]
+        bindings = held[:: max(1, len(held) // TYPICAL_SAMPLE)]
         queue = scheduler.queue
         names = set(queue.quotas.tenants) | set(scheduler.usage.tenants())
         tenants = {name: _tenant_figures(scheduler, name) for name in sorted(names)}
@@ -210,8 +215,11 @@ def typical_request(bindings: Iterable[Binding], queued: Iterable[Workload]) -> 
     return TargetWorkload.from_counts(counts), True
 
 
-def fragmentation(data: OverviewInput, target: TargetWorkload, learned: bool) -> dict[str, Any] | None:
-    """Idle GPU capacity and the part of it the typical request can no longer use (None: no GPUs)."""
+def fragmentation(
+    data: OverviewInput, target: TargetWorkload, learned: bool, learned_from: str = "cluster"
+) -> dict[str, Any] | None:
+    """Idle GPU capacity and the part of it the typical request can no longer use (None: no GPUs);
+    `learned_from` says whose work the typical request was learned from ("cluster" or "tenant")."""
     if data.gpu_free_pct.shape[1] == 0:
         return None
     gpu_free = data.gpu_free_pct * (MILLI // 100)
@@ -225,6 +233,7 @@ def fragmentation(data: OverviewInput, target: TargetWorkload, learned: bool) ->
         "fragmentedShare": round(fragmented / idle, 4) if idle else 0.0,
         "typical": target.to_specs(),
         "typicalLearned": learned,
+        "typicalFrom": learned_from,
     }
 
 

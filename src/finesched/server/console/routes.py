@@ -82,9 +82,10 @@ def overview(request: Request, ctx: Ctx, caller: Caller) -> dict[str, Any]:
     """Nodes by state, resources, GPU fragmentation, pending work by reason, tenants' shares."""
     caller.require(ADMIN, TENANT)
     started = time.perf_counter()
+    own = None if caller.role == ADMIN else caller.tenant or ""  # a tenant's figures come from its own work
     with ctx.loop.lock:
         scheduler = ctx.scheduler()
-        data = ov.OverviewInput.capture(scheduler, [q.workload for q in ctx.loop.queued.values()])
+        data = ov.OverviewInput.capture(scheduler, [q.workload for q in ctx.loop.queued.values()], own)
     total, ready, cordoned, flagged = ctx.store.node_summary()
     pending_visible = tenants_visible = None
     if caller.role != ADMIN:
@@ -93,7 +94,7 @@ def overview(request: Request, ctx: Ctx, caller: Caller) -> dict[str, Any]:
         pending_visible = {f"{w['metadata']['namespace']}/{w['metadata']['name']}" for w in listed}
         tenants_visible = {t["metadata"]["name"] for t in routes_tenants.list_tenants(ctx, caller)["items"]}
         tenants_visible.add(caller.tenant or "")
-    target, learned = _typical(request, data)
+    target, learned = _typical(request, data, own)
     pending = ov.pending_by_reason(data.waiting, pending_visible)
     return {
         "nodes": {
@@ -105,20 +106,24 @@ def overview(request: Request, ctx: Ctx, caller: Caller) -> dict[str, Any]:
             "attention": [{"name": n, "ready": r, "cordoned": c} for n, r, c in flagged],
         },
         "resources": ov.resources_view(data),
-        "fragmentation": ov.fragmentation(data, target, learned),
+        "fragmentation": ov.fragmentation(data, target, learned, "cluster" if own is None else "tenant"),
         "pending": {"total": ov.pending_total(data.waiting, pending_visible), "byReason": pending},
         "tenants": ov.tenants_view(data, tenants_visible),
         "took_ms": round(1000 * (time.perf_counter() - started), 1),
     }
 
 
-def _typical(request: Request, data: ov.OverviewInput) -> tuple[Any, bool]:
-    """The typical GPU request, relearned at most every TYPICAL_TTL_S seconds."""
-    cached = getattr(request.app.state, "console_typical", None)
-    if cached is not None and time.monotonic() - cached[0] < TYPICAL_TTL_S:
-        return cached[1], cached[2]
+def _typical(request: Request, data: ov.OverviewInput, tenant: str | None) -> tuple[Any, bool]:
+    """The typical GPU request of the cluster (`tenant` None) or of one tenant's own work, relearned at
+    most every TYPICAL_TTL_S seconds (one entry per tenant that asked in that time)."""
+    now = time.monotonic()
+    cache: dict[str | None, tuple[float, Any, bool]] = getattr(request.app.state, "console_typical", None) or {}
+    cache = {key: entry for key, entry in cache.items() if now - entry[0] < TYPICAL_TTL_S}
+    request.app.state.console_typical = cache
+    if tenant in cache:
+        return cache[tenant][1], cache[tenant][2]
     target, learned = ov.typical_request(data.bindings, data.queued)
-    request.app.state.console_typical = (time.monotonic(), target, learned)
+    cache[tenant] = (now, target, learned)
     return target, learned
 
 

@@ -78,10 +78,17 @@ function fragmentation(frag) {
       "p",
       { class: "muted" },
       "Fragmented: idle GPU capacity the typical request cannot use (FGD, as the simulator measures it). Typical request ",
-      frag.typicalLearned ? "learned from the GPU workloads running and waiting: " : "(no GPU workload yet): ",
+      typicalSource(frag),
       typical.join("; "),
     ),
   ];
+}
+
+// A tenant's typical request is learned from its own workloads only: it sees nothing of the others' work.
+function typicalSource(frag) {
+  const whose = frag.typicalFrom === "tenant" ? "your tenant's " : "the ";
+  if (frag.typicalLearned) return `learned from ${whose}GPU workloads running and waiting: `;
+  return frag.typicalFrom === "tenant" ? "(no GPU workload of your tenant yet): " : "(no GPU workload yet): ";
 }
 
 function resourceTable(resources) {
