@@ -13,6 +13,7 @@ import logging
 import os
 import stat
 from pathlib import Path
+from typing import BinaryIO
 
 DIR_MODE = 0o700
 FILE_MODE = 0o600
@@ -21,8 +22,14 @@ log = logging.getLogger("finesched.files")
 
 
 def private_dir(path: Path) -> Path:
-    """Create `path` (and its missing parents) 0700, or tighten an existing directory to 0700."""
+    """Create `path` (and its missing parents) 0700, or tighten an existing directory to 0700.
+
+    A shared directory (the sticky bit: /tmp, where an SQLite file may be put) is never tightened:
+    that would lock every other user out of it. Its finesched files are private all the same."""
     path.mkdir(parents=True, exist_ok=True, mode=DIR_MODE)
+    if path.lstat().st_mode & stat.S_ISVTX:
+        log.info("%s is a shared directory (sticky bit): left as it is; finesched's files in it are 0600", path)
+        return path
     _tighten(path, DIR_MODE)
     return path
 
@@ -39,10 +46,10 @@ def private_file(path: Path) -> Path:
     return path
 
 
-def open_private(path: Path, mode: str = "ab"):  # type: ignore[no-untyped-def]
-    """`open(path, mode)` of a file made (or tightened to) 0600 first: a log nobody else reads."""
+def open_private(path: Path) -> BinaryIO:
+    """`path` opened for appending, made (or tightened to) 0600 first: a log nobody else reads."""
     private_file(path)
-    return path.open(mode)
+    return path.open("ab")
 
 
 def write_private(path: Path, text: str) -> None:

@@ -22,6 +22,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
 
+from finesched.private import open_private
+
 log = logging.getLogger("finesched.up")
 
 FIRST_BACKOFF_S = 1.0
@@ -59,7 +61,7 @@ class SupervisedServer:
     def __init__(self, argv: Sequence[str], log_path: Path):
         self.argv = [*argv, "--parent-pid", str(os.getpid())]
         self.log_path = log_path
-        self._output: IO[bytes] = log_path.open("ab")
+        self._output: IO[bytes] = open_private(log_path)  # the server's log: readable by its owner only
         self._lock = threading.Lock()
         self._closing = threading.Event()
         self.process = self._spawn()

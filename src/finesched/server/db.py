@@ -21,6 +21,7 @@ from sqlalchemy.engine import URL, Engine, make_url
 from sqlalchemy.exc import ArgumentError
 
 from finesched.errors import ValidationError
+from finesched.private import DIR_MODE, private_file
 from finesched.server.migrate import upgrade
 
 BUSY_TIMEOUT_S = 30.0
@@ -66,7 +67,7 @@ def open_engines(url: str, *, migrate: bool = True) -> Engines:
     parsed = parse_db_url(url)
     if parsed.get_backend_name() == "sqlite":
         assert parsed.database is not None
-        Path(parsed.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        _private_sqlite_files(Path(parsed.database).expanduser())
         writer = _sqlite_engine(parsed, immediate=True, pool_size=1)
         engines = Engines(writer, _sqlite_engine(parsed, immediate=False, pool_size=5), parsed)
     else:
@@ -75,6 +76,20 @@ def open_engines(url: str, *, migrate: bool = True) -> Engines:
     if migrate:
         upgrade(engines.writer)
     return engines
+
+
+def _private_sqlite_files(path: Path) -> None:
+    """The database (workload specs, token digests) and its WAL files readable by their owner only:
+    the file is made 0600 before SQLite opens it (SQLite gives its -wal and -shm files the mode of
+    the database), and files an older version left wider are tightened. The directory is made 0700
+    when it is created here (an existing one is the user's choice: the data directory of `up` and
+    `serve --data` is tightened by them)."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=DIR_MODE)
+    private_file(path)
+    for suffix in ("-wal", "-shm", "-journal"):
+        companion = path.with_name(path.name + suffix)
+        if companion.exists():
+            private_file(companion)
 
 
 def _sqlite_engine(url: URL, *, immediate: bool, pool_size: int) -> Engine:

@@ -36,6 +36,7 @@ from sqlalchemy import Connection, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from finesched.errors import ValidationError
+from finesched.private import private_dir, private_file, write_private
 from finesched.server import schema as t
 from finesched.server.store import Store, aware, now
 
@@ -171,8 +172,8 @@ def replica_identity(data: Path, given: str | None = None) -> ReplicaIdentity:
             "a replica id is 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit",
             path="--replica-id", value=given,
         )  # fmt: skip
-    data.mkdir(parents=True, exist_ok=True)
-    lock = (data / LOCK_FILE).open("a+")
+    private_dir(data)
+    lock = private_file(data / LOCK_FILE).open("a+")
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -187,7 +188,5 @@ def replica_identity(data: Path, given: str | None = None) -> ReplicaIdentity:
     stored = path.read_text().strip() if path.is_file() else ""
     if not IDENTITY_PATTERN.fullmatch(stored):
         stored = f"replica-{uuid.uuid4().hex[:12]}"
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(stored + "\n")
-        tmp.replace(path)
+        write_private(path, stored + "\n")
     return ReplicaIdentity(stored, str(path), lock)
