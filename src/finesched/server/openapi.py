@@ -184,7 +184,10 @@ def _manifest_schemas() -> dict[str, Any]:
                     "apiVersion": {"type": "string", "enum": [API_VERSION]},
                     "kind": {"type": "string", "enum": [kind]},
                     "metadata": _object({n: properties[n] for n in meta}, [n for n in meta if n in required]),
-                    "spec": {"anyOf": [{"$ref": f"{REF}{kind}Spec"}, {"type": "null"}]},
+                    # null reads as {} (no fields): allowed only where the spec requires none
+                    "spec": {"$ref": f"{REF}{kind}Spec"}
+                    if spec_schema.get("required")
+                    else {"anyOf": [{"$ref": f"{REF}{kind}Spec"}, {"type": "null"}]},
                 },
                 ["apiVersion", "kind", "metadata"] + (["spec"] if spec_schema.get("required") else []),
             ),
