@@ -5,12 +5,15 @@ in the queue and preemption; and a preempted tenant never told another tenant's 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import threading
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import yaml
 from manifests import node, priority_class, tenant_with_classes, workload
 from server_harness import FINESCHED, Api, wait_until
 
@@ -234,3 +237,36 @@ def test_a_preempted_tenant_is_never_told_another_tenants_workload(api: Api) -> 
     # team-a's own events are as they were.
     mine = [(e["reason"], e["message"]) for e in events(team_a, object="team-a/secret-plan")]
     assert mine[:2] == [("Submitted", ""), ("Bound", "bound to n1")]
+
+
+# The command line --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_cli_submits_lists_describes_and_deletes_classes(api: Api, tmp_path: Path) -> None:
+    def run(token: str, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*FINESCHED, *args, "--server", api.base, "--token", token], capture_output=True,
+                              text=True, timeout=60, env={**os.environ, "COLUMNS": "200"})  # fmt: skip
+
+    admin, team_b = api.token("admin"), api.token("tenant", tenant="team-b")
+    files = tmp_path / "cluster.yaml"
+    files.write_text(yaml.safe_dump_all([
+        workload("web", priorityClassName="serving"), tenant_with_classes("team-a", "serving"),
+        priority_class("serving", 100, description="services"), priority_class("base", 1, globalDefault=True),
+    ]))  # fmt: skip
+    done = run(admin, "submit", "-f", str(files))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.index("PriorityClass") < done.stdout.index("Tenant") < done.stdout.index("Workload")
+    assert api.admin.get("/v1/workloads/team-a/web").json()["spec"]["priority"] == 100
+    table = run(team_b, "get", "priorityclasses")
+    assert table.returncode == 0 and "2 priority class(es)" in table.stdout and "serving" in table.stdout
+    listed = json.loads(run(team_b, "get", "pc", "-o", "json").stdout)
+    assert [(i["metadata"]["name"], i["spec"]["value"]) for i in listed] == [("base", 1), ("serving", 100)]
+    described = run(admin, "describe", "priorityclass", "base")
+    assert described.returncode == 0 and "Global default:    yes" in described.stdout and "Created" in described.stdout
+    # team-b lists no class: naming one is refused with the rule, as the API says it
+    mine = tmp_path / "mine.yaml"
+    mine.write_text(yaml.safe_dump(workload("x", namespace="team-b", priorityClassName="serving")))
+    refused = run(team_b, "submit", "-f", str(mine))
+    assert refused.returncode == 1 and "403" in refused.stderr and "may not use PriorityClass serving" in refused.stderr
+    assert run(team_b, "delete", "priorityclass", "base").returncode == 1
+    assert run(admin, "delete", "priorityclass", "base").returncode == 0
+    assert json.loads(run(admin, "get", "priorityclasses", "-o", "json").stdout)[0]["metadata"]["name"] == "serving"
