@@ -17,6 +17,11 @@ import yaml
 from manifests import node, priority_class, tenant_with_classes, workload
 from server_harness import FINESCHED, Api, wait_until
 
+from finesched.model.manifest import to_manifest
+from finesched.model.priority_class import PriorityClass
+from finesched.server.priority_store import delete_priority_class, list_priority_classes, put_priority_class
+from finesched.server.store import Conflict, Store
+
 API = "finesched.io/v1alpha1"
 
 
@@ -270,3 +275,32 @@ def test_cli_submits_lists_describes_and_deletes_classes(api: Api, tmp_path: Pat
     assert run(team_b, "delete", "priorityclass", "base").returncode == 1
     assert run(admin, "delete", "priorityclass", "base").returncode == 0
     assert json.loads(run(admin, "get", "priorityclasses", "-o", "json").stdout)[0]["metadata"]["name"] == "serving"
+
+
+def _write_default(store: Store, name: str, start: threading.Barrier, outcomes: dict[str, str]) -> None:
+    cls = PriorityClass(name=name, value=1, global_default=True)
+    start.wait()
+    try:
+        put_priority_class(store, cls, to_manifest(cls), create_only=True)
+        outcomes[name] = "stored"
+    except Conflict as exc:
+        outcomes[name] = str(exc)
+
+
+def test_two_global_defaults_written_at_once_one_wins(store: Store) -> None:
+    """Admission reads the stored classes before the write; the store checks again in its transaction
+    (PostgreSQL: under a table lock), so two writers of two defaults cannot both succeed."""
+    for round_ in range(5):
+        names = [f"d{round_}-{i}" for i in range(4)]
+        start, outcomes = threading.Barrier(len(names)), {}
+        writers = [threading.Thread(target=_write_default, args=(store, n, start, outcomes)) for n in names]
+        for writer in writers:
+            writer.start()
+        for writer in writers:
+            writer.join(timeout=60)
+        won = [n for n, outcome in outcomes.items() if outcome == "stored"]
+        assert len(won) == 1 and len(outcomes) == len(names), outcomes
+        assert all("is already the global default" in o for n, o in outcomes.items() if n not in won), outcomes
+        defaults = [r["name"] for r in list_priority_classes(store) if r["spec"]["spec"].get("globalDefault")]
+        assert defaults == won
+        delete_priority_class(store, won[0])
