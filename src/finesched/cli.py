@@ -78,14 +78,23 @@ def validate(files: Annotated[list[Path], typer.Argument(help="Manifest files (Y
     from finesched.commands.tables import simple_table
 
     manifests = admit_or_exit(files)
-    rows = [("Tenant", tenant.name, f"weight {tenant.weight:g}") for tenant in manifests.tenants]
+    rows = [("PriorityClass", c.name, _class_summary(c)) for c in manifests.priority_classes]
+    rows += [("Tenant", tenant.name, f"weight {tenant.weight:g}") for tenant in manifests.tenants]
     rows += [("Node", node.name, _node_summary(node)) for node in manifests.nodes]
     for w in manifests.workloads:
         asks = ", ".join(f"{k}={v}" for k, v in w.requests.to_quantities().items()) or "nothing"
-        rows.append(("Workload", w.key, f"{w.qos}, asks {asks}"))
+        priority = f", priority {w.priority}" + (f" ({w.priority_class_name})" if w.priority_class_name else "")
+        rows.append(("Workload", w.key, f"{w.qos}, asks {asks}{priority if w.priority else ''}"))
     rows += [("Job", f"{job.namespace}/{job.name}", f"{job.mode}, {len(job.tasks)} tasks") for job in manifests.jobs]
     title = f"{len(manifests)} valid objects in {len(files)} file(s)"
     out.print(simple_table(title, ["kind", "name", "summary"], [tuple(map(escape, row)) for row in rows]))
+
+
+def _class_summary(cls: object) -> str:
+    from finesched.model.priority_class import PriorityClass
+
+    assert isinstance(cls, PriorityClass)
+    return f"value {cls.value}, {cls.preemption_policy}" + (", global default" if cls.global_default else "")
 
 
 def _node_summary(node: object) -> str:
@@ -150,7 +159,9 @@ def encode_node_cmd(
 
 @app.command()
 def plan(
-    files: Annotated[list[Path], typer.Argument(help="Manifest files: nodes, workloads, tenants (any order).")],
+    files: Annotated[
+        list[Path], typer.Argument(help="Manifest files: nodes, workloads, tenants, priority classes (any order).")
+    ],
     profile: Annotated[
         str, typer.Option("--profile", "-p", help="Built-in profile name or a profile YAML file.")
     ] = "default",
@@ -175,6 +186,7 @@ def plan(
 ) -> None:
     """Schedule the workloads of FILES onto their nodes (queue, priority, DRF) and show every decision.
 
+    A workload naming a priorityClassName gets the value and policy of that PriorityClass in FILES.
     With --server, the workloads are planned by the control plane on a copy of its live state (where
     they would go now; nothing is stored there); the server's own profile and tenants apply."""
     from finesched.commands.plan import OUTPUTS, plan_on_server, render, run_plan, server_plan_problem
@@ -182,6 +194,8 @@ def plan(
 
     if output not in OUTPUTS:
         raise fail(f"--output must be one of {', '.join(OUTPUTS)}, got {output!r}", code=2)
+    from finesched.commands.plan import resolve_classes
+
     manifests = load_or_exit(files)
     if server is not None:
         offline = {"--profile": profile != "default", "--show-nodes": show_nodes, "--no-preemption": no_preemption,
@@ -193,6 +207,8 @@ def plan(
         return
     try:
         groups = [load_or_exit([f]).workloads for f in files] if waves else None
+        manifests, groups = resolve_classes(manifests, groups, warn=lambda w: err.print(
+            f"[yellow]warning:[/] {escape(str(w))} (these files only)", soft_wrap=True))  # fmt: skip
         outcome = run_plan(manifests, resolve_profile(profile), preemption=not no_preemption, waves=groups)
     except ValidationError as exc:
         for detail in exc.errors:

@@ -32,3 +32,13 @@ def tenant(name: str, weight: float = 1.0, quota: dict[str, Any] | None = None) 
     if quota:
         spec["quota"] = quota
     return {"apiVersion": API, "kind": "Tenant", "metadata": {"name": name}, "spec": spec}
+
+
+def priority_class(name: str, value: int, **spec: Any) -> dict:
+    """A PriorityClass manifest (`globalDefault`, `preemptionPolicy`, `description` as keywords)."""
+    return {"apiVersion": API, "kind": "PriorityClass", "metadata": {"name": name}, "spec": {"value": value, **spec}}
+
+
+def tenant_with_classes(name: str, *classes: str) -> dict:
+    """Tenant `name` whose workloads may name the PriorityClasses `classes`."""
+    return {"apiVersion": API, "kind": "Tenant", "metadata": {"name": name}, "spec": {"priorityClasses": list(classes)}}

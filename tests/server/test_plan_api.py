@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import yaml
-from manifests import node, workload
+from manifests import node, priority_class, tenant_with_classes, workload
 from server_harness import FINESCHED, Api
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -106,8 +106,14 @@ def test_plan_for_a_tenant_preempts_without_naming_others(api: Api) -> None:
     low = workload("batch", namespace="team-b", requests={"cpu": "1", "nvidia.com/gpu": 1}, priority=0)
     api.admin.post("/v1/workloads", json=low)
     api.wait_phase("team-b/batch", ("Bound",))
-    urgent = workload("urgent", requests={"cpu": "1", "nvidia.com/gpu": 1}, priority=100)
+    # team-a may use the class "urgent" (a raw priority 100 from a tenant token is refused: 403)
+    api.admin.post("/v1/priorityclasses", json=priority_class("urgent", 100)).raise_for_status()
+    api.admin.put("/v1/tenants/team-a", json=tenant_with_classes("team-a", "urgent")).raise_for_status()
+    urgent = workload("urgent", requests={"cpu": "1", "nvidia.com/gpu": 1}, priorityClassName="urgent")
     team_a = api.client(api.token("tenant", tenant="team-a"))
+    assert team_a.post("/v1/plan", json={**urgent, "spec": {**urgent["spec"], "priority": 99}}).status_code == 422
+    raw = team_a.post("/v1/plan", json=workload("raw", requests={"cpu": "1", "nvidia.com/gpu": 1}, priority=101))
+    assert raw.status_code == 403 and "highest priority tenant team-a may set, 100" in raw.json()["detail"]
     assert team_a.post("/v1/plan", json=workload("x", namespace="team-b")).status_code == 403
     seen_by_a = team_a.post("/v1/plan", json=urgent).json()
     (record,) = seen_by_a["results"]

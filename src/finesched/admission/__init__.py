@@ -16,7 +16,10 @@ fields that have one):
   when scheduled), and its CPU policies compile (`compile_cpu_request`);
 * references: a workload is charged to the tenant that owns its namespace, which must exist; a
   tenant's parent exists and the tree has no cycle (the scheduler's own `QuotaTree` check); a
-  namespace belongs to one tenant; a job's slots are admitted as workloads.
+  namespace belongs to one tenant; a job's slots are admitted as workloads;
+* priorities (`admission.priority`): a workload's `priorityClassName` resolves to the class's
+  value and preemption policy, at most one class is the global default, and a tenant's own token
+  may use only the classes its Tenant lists (`NotAllowed`, a 403, otherwise).
 
 Where the files checked by `finesched validate` are not the whole cluster, references to objects
 they do not define are warnings (`World.strict=False`), not errors.
@@ -25,18 +28,25 @@ they do not define are warnings (`World.strict=False`), not errors.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
 import pydantic
 
 from finesched.admission.numbers import MAX_SAFE_INTEGER, number_problems
+from finesched.admission.priority import (
+    NotAllowed,
+    check_priority_allowed,
+    priority_class_problems,
+    resolve_priority,
+)
 from finesched.dataflow import CompiledJob, compile_job, gang_workloads
 from finesched.errors import ErrorDetail, ValidationError
 from finesched.model.job import Job
 from finesched.model.manifest import Manifests, Object
 from finesched.model.node import Node
+from finesched.model.priority_class import PriorityClass
 from finesched.model.tenant import Tenant
 from finesched.model.workload import Workload
 from finesched.plugins.cpu.request import compile_cpu_request
@@ -49,10 +59,13 @@ __all__ = [
     "MAX_SAFE_INTEGER",
     "OFFER_NAMESPACE",
     "RESERVED_NAMESPACES",
+    "NotAllowed",
     "World",
     "admit_job",
     "admit_manifests",
     "admit_node",
+    "admit_priority",
+    "admit_priority_class",
     "admit_probe",
     "admit_tenant",
     "admit_workload",
@@ -76,12 +89,14 @@ class World:
 
     `tenants`: the tenants by name (an implicit ``default`` is added when absent);
     `device_types`: device types the nodes define besides gpu, rdma and fpga;
-    `strict`: references to objects not in `tenants` are errors (the server) or warnings
-    (`finesched validate` on files that are not the whole cluster).
+    `priority_classes`: the PriorityClasses by name;
+    `strict`: references to objects not in `tenants` (or `priority_classes`) are errors (the
+    server) or warnings (`finesched validate` on files that are not the whole cluster).
     """
 
     tenants: Mapping[str, Tenant] = field(default_factory=dict)
     device_types: frozenset[str] = frozenset()
+    priority_classes: Mapping[str, PriorityClass] = field(default_factory=dict)
     strict: bool = True
     #: Warnings collected when not strict: (where, path, message, value).
     warnings: list[ErrorDetail] = field(default_factory=list, compare=False)
@@ -104,7 +119,10 @@ class World:
         return namespace if self.tenant(namespace) is not None else None
 
     def with_tenant(self, tenant: Tenant) -> World:
-        return World({**self.tenants, tenant.name: tenant}, self.device_types, self.strict, self.warnings)
+        return replace(self, tenants={**self.tenants, tenant.name: tenant})
+
+    def with_priority_class(self, cls: PriorityClass) -> World:
+        return replace(self, priority_classes={**self.priority_classes, cls.name: cls})
 
     def missing(self, errors: list[ErrorDetail], detail: ErrorDetail) -> None:
         """A reference to an object this world does not hold: an error, or a warning when not strict."""
@@ -121,13 +139,27 @@ def _numbers(obj: object, where: str) -> list[ErrorDetail]:
 
 
 # Workloads ------------------------------------------------------------------------------------------
-def admit_workload(workload: Workload, world: World, *, where: str = "") -> Workload:
-    """`workload` as it will be stored (its tenant resolved from its namespace), or ValidationError."""
+def admit_workload(workload: Workload, world: World, *, where: str = "", as_tenant: bool = False) -> Workload:
+    """`workload` as it will be stored (its tenant resolved from its namespace, its priority from its
+    PriorityClass), or ValidationError. `as_tenant`: submitted by its tenant's own token, so the
+    tenant's PriorityClass rule applies (NotAllowed, before any ValidationError, when broken)."""
     errors = _numbers(workload, where) + _request_problems(workload, world, where)
     if workload.namespace in RESERVED_NAMESPACES:
         errors.append(ErrorDetail("metadata.namespace", "is reserved for the control plane", workload.namespace, where))
     else:
         workload = _resolve_tenant(workload, world, errors, where)
+    if as_tenant:
+        check_priority_allowed(workload, world.tenant(workload.tenant), world.priority_classes, where)
+    workload = resolve_priority(workload, world.priority_classes, errors, world.missing, where)
+    _fail(errors)
+    return workload
+
+
+def admit_priority(workload: Workload, world: World, *, where: str = "") -> Workload:
+    """`workload` with its PriorityClass resolved and nothing else checked (`finesched plan` on files,
+    whose other rules the scheduler applies itself), or ValidationError."""
+    errors: list[ErrorDetail] = []
+    workload = resolve_priority(workload, world.priority_classes, errors, world.missing, where)
     _fail(errors)
     return workload
 
@@ -200,6 +232,11 @@ def admit_tenant(tenant: Tenant, world: World, *, where: str = "") -> Tenant:
         for i, namespace in enumerate(tenant.namespaces):
             if namespace in other.owned_namespaces:
                 errors.append(ErrorDetail(f"spec.namespaces[{i}]", f"belongs to tenant {other.name}", namespace, where))
+    if not world.strict:  # a class listed before it is created is allowed: it can be used once it exists
+        for i, name in enumerate(tenant.priority_classes or ()):
+            if name not in world.priority_classes:
+                rule = f"no PriorityClass {name} exists (these files define: {_names(world.priority_classes)})"
+                world.warnings.append(ErrorDetail(f"spec.priorityClasses[{i}]", rule, name, where))
     if tenant.parent is not None and tenant.parent not in others:
         rule = f"tenant {tenant.parent} does not exist"
         world.missing(errors, ErrorDetail("spec.parent", rule, tenant.parent, where))
@@ -207,6 +244,10 @@ def admit_tenant(tenant: Tenant, world: World, *, where: str = "") -> Tenant:
         errors += _cycle_problems(tenant, world.tenants, where)
     _fail(errors)
     return tenant
+
+
+def _names(objects: Mapping[str, object]) -> str:
+    return ", ".join(sorted(objects)) or "none"
 
 
 def _cycle_problems(tenant: Tenant, existing: Mapping[str, Tenant], where: str) -> list[ErrorDetail]:
@@ -241,14 +282,25 @@ def sound_tenants(tenants: Iterable[Tenant]) -> tuple[list[Tenant], dict[str, st
                     del good[name]
 
 
+# Priority classes -----------------------------------------------------------------------------------
+def admit_priority_class(cls: PriorityClass, world: World, *, where: str = "") -> PriorityClass:
+    """`cls` if it may replace (or join) the classes of `world` (at most one global default), else
+    ValidationError."""
+    _fail(_numbers(cls, where) + priority_class_problems(cls, world.priority_classes, where))
+    return cls
+
+
 # Nodes and jobs -------------------------------------------------------------------------------------
 def admit_node(node: Node, world: World, *, where: str = "") -> Node:
     _fail(_numbers(node, where))
     return node
 
 
-def admit_job(job: Job, world: World, *, where: str = "") -> tuple[CompiledJob, list[Workload]]:
-    """The compiled job (seed S2) and its slot workloads, each admitted as a workload; or ValidationError."""
+def admit_job(
+    job: Job, world: World, *, where: str = "", as_tenant: bool = False
+) -> tuple[CompiledJob, list[Workload]]:
+    """The compiled job (seed S2) and its slot workloads, each admitted as a workload (`as_tenant`:
+    see `admit_workload`); or ValidationError."""
     _fail(_numbers(job, where))
     compiled = compile_job(job)  # CompileError (a ValidationError) names the job's fields
     if compiled.slots_needed > MAX_JOB_SLOTS:  # every slot is a workload of one gang, placed in one request
@@ -263,7 +315,7 @@ def admit_job(job: Job, world: World, *, where: str = "") -> tuple[CompiledJob, 
     admitted = []
     for workload in workloads:
         try:
-            admitted.append(admit_workload(workload, world, where=where))
+            admitted.append(admit_workload(workload, world, where=where, as_tenant=as_tenant))
         except ValidationError as exc:
             errors += [e for e in exc.errors if e not in errors]
     _fail(errors)
@@ -278,10 +330,18 @@ def admit_manifests(manifests: Manifests) -> tuple[Manifests, list[ErrorDetail]]
     world = World(
         {t.name: t for t in manifests.tenants},
         frozenset(d.type for n in manifests.nodes for d in n.devices),
-        strict=False,
-    )
+        {}, strict=False,
+    )  # fmt: skip
     out = Manifests(origins=manifests.origins)
     errors: list[ErrorDetail] = []
+    for cls in manifests.priority_classes:  # each against those before it: a second default is the error
+        try:
+            admit_priority_class(cls, world, where=manifests.where(cls))
+        except ValidationError as exc:
+            errors += exc.errors
+            continue
+        world = world.with_priority_class(cls)
+        out.add(cls)
     checks: list[tuple[Object, Any]] = [
         *((t, admit_tenant) for t in manifests.tenants),
         *((n, admit_node) for n in manifests.nodes),

@@ -116,7 +116,8 @@ def _dump(data: Any, output: str) -> None:
 
 def submit(
     file: Annotated[
-        list[Path], typer.Option("-f", "--file", help="Manifest file(s): Workloads, Nodes, Tenants, Jobs.")
+        list[Path],
+        typer.Option("-f", "--file", help="Manifest file(s): Workloads, Nodes, Tenants, Jobs, PriorityClasses."),
     ],
     server: ServerOption = DEFAULT_SERVER,
     token: TokenOption = "",
@@ -125,7 +126,7 @@ def submit(
     output: OutputOption = "table",
 ) -> None:
     """Send manifests to the server (checked here first by the server's own rules, as `finesched
-    validate` does): tenants, nodes, then workloads, then jobs."""
+    validate` does): priority classes, tenants, nodes, then workloads, then jobs."""
     from finesched.cli import admit_or_exit
 
     _check_output(output)
@@ -133,6 +134,9 @@ def submit(
     manifests = load_manifests(*file)  # sent as written: the server resolves what the files leave out
     client = Client(server, token, ca=ca, insecure=insecure)
     results: list[dict[str, Any]] = []
+    for cls in manifests.priority_classes:  # first: the workloads below may name them
+        client.call("PUT", f"/v1/priorityclasses/{cls.name}", json=to_manifest(cls))
+        results.append({"kind": "PriorityClass", "name": cls.name, "status": "applied"})
     for tenant in manifests.tenants:
         client.call("PUT", f"/v1/tenants/{tenant.name}", json=to_manifest(tenant))
         results.append({"kind": "Tenant", "name": tenant.name, "status": "applied"})
@@ -155,7 +159,7 @@ def submit(
 
 
 def get(
-    what: Annotated[str, typer.Argument(help="workloads, jobs, nodes or tenants")],
+    what: Annotated[str, typer.Argument(help="workloads, jobs, nodes, tenants or priorityclasses")],
     server: ServerOption = DEFAULT_SERVER,
     token: TokenOption = "",
     ca: CaOption = None,
@@ -167,12 +171,16 @@ def get(
     node: Annotated[str | None, typer.Option("--node")] = None,
     job: Annotated[str | None, typer.Option("--job", help="Workloads: the slots of job NAME or NS/NAME.")] = None,
 ) -> None:
-    """List workloads (filters: namespace, tenant, phase, node, job), jobs (namespace), nodes or tenants."""
+    """List workloads (filters: namespace, tenant, phase, node, job), jobs (namespace), nodes, tenants
+    or priority classes."""
+    from finesched.commands.priority_views import NAMES
+
     _check_output(output)
     kinds = {"workloads": "workloads", "workload": "workloads", "nodes": "nodes", "node": "nodes",
-             "tenants": "tenants", "tenant": "tenants", "jobs": "jobs", "job": "jobs"}  # fmt: skip
+             "tenants": "tenants", "tenant": "tenants", "jobs": "jobs", "job": "jobs",
+             **dict.fromkeys(NAMES, "priorityclasses")}  # fmt: skip
     if what not in kinds:
-        _fail(f"get {what!r}: use workloads, jobs, nodes or tenants", code=2)
+        _fail(f"get {what!r}: use workloads, jobs, nodes, tenants or priorityclasses", code=2)
     kind = kinds[what]
     filters = {"namespace": namespace, "tenant": tenant, "phase": phase, "node": node, "job": job}
     params = {k: v for k, v in filters.items() if v} if kind == "workloads" else None
@@ -255,11 +263,18 @@ def _jobs_table(items: list[dict[str, Any]], wide: bool) -> Table:
     return jobs_table(items, wide)
 
 
-_TABLES = {"workloads": _workloads_table, "nodes": _nodes_table, "tenants": _tenants_table, "jobs": _jobs_table}
+def _classes_table(items: list[dict[str, Any]], wide: bool) -> Table:
+    from finesched.commands.priority_views import classes_table
+
+    return classes_table(items, wide)
+
+
+_TABLES = {"workloads": _workloads_table, "nodes": _nodes_table, "tenants": _tenants_table, "jobs": _jobs_table,
+           "priorityclasses": _classes_table}  # fmt: skip
 
 
 def describe(
-    what: Annotated[str, typer.Argument(help="workload, job, node or tenant")],
+    what: Annotated[str, typer.Argument(help="workload, job, node, tenant or priorityclass")],
     name: Annotated[str, typer.Argument(help="NAME or NAMESPACE/NAME")],
     server: ServerOption = DEFAULT_SERVER,
     token: TokenOption = "",
@@ -270,11 +285,14 @@ def describe(
 ) -> None:
     """A workload's status, binding (node, cpuset, devices, NUMA), what its agent applied, and events;
     a job's phase, failover regions and slots; a node's state, discovery, devices, CPU pools as its
-    agent applies them, cgroup enforcement, and events; a tenant's spec and events; for nodes and
-    tenants their conditions first (SetAside: why the scheduler leaves one out)."""
+    agent applies them, cgroup enforcement, and events; a tenant's spec and events; a priority
+    class's value, policy and events; for nodes and tenants their conditions first (SetAside: why
+    the scheduler leaves one out)."""
+    from finesched.commands.priority_views import NAMES
+
     _check_output(output)
-    if what not in ("workload", "workloads", "job", "jobs", "node", "nodes", "tenant", "tenants"):
-        _fail(f"describe {what!r}: use workload, job, node or tenant", code=2)
+    if what not in ("workload", "workloads", "job", "jobs", "node", "nodes", "tenant", "tenants", *NAMES):
+        _fail(f"describe {what!r}: use workload, job, node, tenant or priorityclass", code=2)
     if what in ("node", "nodes"):
         client = Client(server, token, ca=ca, insecure=insecure)
         node = client.call("GET", f"/v1/nodes/{name}")
@@ -288,6 +306,9 @@ def describe(
     client = Client(server, token, ca=ca, insecure=insecure)
     if what in ("tenant", "tenants"):
         _describe_tenant(name, client, output)
+        return
+    if what in NAMES:
+        _describe_class(name, client, output)
         return
     namespace, name = _workload_key(name, namespace)
     if what in ("job", "jobs"):
@@ -340,6 +361,19 @@ def _describe_tenant(name: str, client: Client, output: str) -> None:
     _print_events(events, output)
 
 
+def _describe_class(name: str, client: Client, output: str) -> None:
+    """A priority class: value, default, policy, description and its events (an admin's token sees them)."""
+    from finesched.commands.priority_views import print_class
+
+    item = client.call("GET", f"/v1/priorityclasses/{name}")
+    events = client.call("GET", "/v1/events", params={"kind": "PriorityClass", "object": name})["items"]
+    if output not in TABLE_OUTPUTS:
+        _dump({**item, "events": events}, output)
+        return
+    print_class(out, item)
+    _print_events(events, output)
+
+
 def _describe_job(path: str, client: Client, output: str) -> None:
     from finesched.commands.job_views import print_job
 
@@ -351,7 +385,7 @@ def _describe_job(path: str, client: Client, output: str) -> None:
 
 
 def delete(
-    what: Annotated[str, typer.Argument(help="workload, job, node or tenant")],
+    what: Annotated[str, typer.Argument(help="workload, job, node, tenant or priorityclass")],
     name: Annotated[str, typer.Argument(help="NAME (workloads: NAME or NAMESPACE/NAME)")],
     server: ServerOption = DEFAULT_SERVER,
     token: TokenOption = "",
@@ -360,8 +394,10 @@ def delete(
     namespace: NamespaceOption = "default",
 ) -> None:
     """Delete a workload (its binding is released), a job (all its slots at once), a node (its
-    workloads are requeued) or a tenant (refused while workloads, child tenants or open offers
-    refer to it)."""
+    workloads are requeued), a tenant (refused while workloads, child tenants or open offers
+    refer to it) or a priority class (workloads admitted under it keep their priority)."""
+    from finesched.commands.priority_views import NAMES
+
     client = Client(server, token, ca=ca, insecure=insecure)
     if what in ("job", "jobs"):
         namespace, name = _workload_key(name, namespace)
@@ -378,8 +414,11 @@ def delete(
     elif what in ("tenant", "tenants"):
         client.call("DELETE", f"/v1/tenants/{name}")
         out.print(f"tenant {escape(name)} deleted")
+    elif what in NAMES:
+        client.call("DELETE", f"/v1/priorityclasses/{name}")
+        out.print(f"priorityclass {escape(name)} deleted")
     else:
-        _fail(f"delete {what!r}: use workload, job, node or tenant", code=2)
+        _fail(f"delete {what!r}: use workload, job, node, tenant or priorityclass", code=2)
 
 
 def cordon(

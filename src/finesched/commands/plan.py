@@ -13,8 +13,9 @@ listed with who was evicted for whom and why; an evicted workload's row says so.
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from rich.table import Table
 
 from finesched.commands.devices import format_grants
 from finesched.commands.tables import Columns, col, print_table, simple_table
+from finesched.errors import ErrorDetail
 from finesched.model.binding import Binding, DeviceGrant
 from finesched.model.manifest import Manifests
 from finesched.model.workload import Workload
@@ -69,6 +71,28 @@ def run_plan(
         results += scheduler.run(report_waiting=False)
     results += scheduler.run()
     return PlanOutcome(state, scheduler, results, scheduler.take_preemptions())
+
+
+def resolve_classes(
+    manifests: Manifests, waves: Sequence[Sequence[Workload]] | None, warn: Callable[[ErrorDetail], None]
+) -> tuple[Manifests, list[list[Workload]] | None]:
+    """The workloads (and waves) with their PriorityClasses of the files resolved, as the server's
+    admission resolves them; a class the files do not define is a warning (`warn`), an inconsistent
+    workload (a class and another raw priority) a ValidationError."""
+    from finesched.admission import World, admit_priority, admit_priority_class
+
+    world = World(strict=False)
+    for cls in manifests.priority_classes:  # a second global default is an error, as on the server
+        world = world.with_priority_class(admit_priority_class(cls, world, where=manifests.where(cls)))
+
+    def resolved(workloads: Sequence[Workload]) -> list[Workload]:
+        return [admit_priority(w, world, where=manifests.where(w)) for w in workloads]
+
+    out = dataclasses.replace(manifests, workloads=resolved(manifests.workloads))
+    groups = [resolved(wave) for wave in waves] if waves is not None else None
+    for detail in {(w.path, w.message, repr(w.value)): w for w in world.warnings}.values():
+        warn(detail)
+    return out, groups
 
 
 def utilization(state: ClusterState) -> dict[str, float]:
@@ -239,10 +263,11 @@ def server_plan_problem(manifests: Manifests, offline_flags: Sequence[str]) -> t
     """Why `plan --server` cannot run with these files and flags: (message, exit code), or None."""
     if offline_flags:
         return f"{', '.join(offline_flags)}: only for an offline plan, not with --server", 2
-    others = [f"{type(o).__name__} {o.name}" for o in (*manifests.nodes, *manifests.tenants, *manifests.jobs)]
+    objects = (*manifests.nodes, *manifests.tenants, *manifests.jobs, *manifests.priority_classes)
+    others = [f"{type(o).__name__} {o.name}" for o in objects]
     if others or not manifests.workloads:
         what = f"not {', '.join(others)}" if others else "none given"
-        return f"--server plans Workloads against the server's own nodes and tenants ({what})", 1
+        return f"--server plans Workloads against the server's own nodes, tenants and priority classes ({what})", 1
     return None
 
 

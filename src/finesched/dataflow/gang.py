@@ -77,6 +77,7 @@ def gang_workloads(job: Job, compiled: CompiledJob) -> list[Workload]:
                     requests=requests,
                     gang=Gang(name=job.name, min_member=total),
                     command=slot_command(job, compiled, group, index),
+                    priority_class_name=job.priority_class_name,
                 )
             )
     return out

@@ -179,6 +179,9 @@ class Job(Model):
     slot_sharing_groups: dict[str, SlotRun] = Field(default_factory=dict)
     restart_policy: RestartPolicy = "OnFailure"
     backoff_limit: int = Field(default=DEFAULT_BACKOFF_LIMIT, ge=0, le=1000)
+    #: The PriorityClass of every slot (a Kubernetes Job's pod template names one the same way);
+    #: none: the global default class, if any.
+    priority_class_name: ObjectName | None = None
 
     @model_validator(mode="after")
     def _structure(self) -> Job:

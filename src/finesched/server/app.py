@@ -25,6 +25,7 @@ from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from finesched import __version__
+from finesched.admission import NotAllowed
 from finesched.server import (
     console,
     jobs,
@@ -33,6 +34,7 @@ from finesched.server import (
     openapi,
     routes_nodes,
     routes_plan,
+    routes_priority,
     routes_tenants,
     routes_workloads,
 )
@@ -235,6 +237,11 @@ def create_app(store: Store, config: LoopConfig | None = None, *, max_body_bytes
     async def input_error(request: Request, exc: InputError) -> JSONResponse:
         return JSONResponse({"detail": exc.details}, exc.status)
 
+    @app.exception_handler(NotAllowed)
+    async def not_allowed(request: Request, exc: NotAllowed) -> JSONResponse:
+        """Admission found a valid request the caller may not make (a tenant's PriorityClass rule)."""
+        return JSONResponse({"detail": str(exc)}, 403)
+
     @app.exception_handler(Conflict)
     async def conflict(request: Request, exc: Conflict) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, 409)
@@ -270,7 +277,8 @@ def create_app(store: Store, config: LoopConfig | None = None, *, max_body_bytes
     def metrics_endpoint() -> Response:
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
 
-    for module in (routes_nodes, routes_workloads, routes_tenants, offers, jobs, logs, routes_plan, console):
+    for module in (routes_nodes, routes_workloads, routes_tenants, routes_priority, offers, jobs, logs, routes_plan,
+                   console):  # fmt: skip
         app.include_router(module.router)
     for module in (routes_nodes, routes_workloads, routes_tenants):  # last: old names with "/" (views.LegacyName)
         app.include_router(module.legacy)

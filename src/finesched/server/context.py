@@ -13,12 +13,14 @@ from fastapi import Depends, HTTPException, Request
 
 from finesched.admission import World
 from finesched.errors import ValidationError
+from finesched.model.priority_class import PriorityClass
 from finesched.model.tenant import Tenant
 from finesched.sched.scheduler import Scheduler
 from finesched.server.auth import TENANT, Identity, TokenCache, authenticate
 from finesched.server.cluster_view import tenant_from_row
 from finesched.server.loop import SchedulerLoop
 from finesched.server.metrics import Metrics
+from finesched.server.priority_store import class_from_row, list_priority_classes
 from finesched.server.store import Store
 from finesched.state.devices import attach_device_accounts
 
@@ -40,6 +42,8 @@ class ServerContext:
     _refreshing: threading.Lock = field(default_factory=threading.Lock)
     #: Parsed tenants by name, with the stored manifest they were parsed from (parsed again only when it changed).
     _tenants: dict[str, tuple[Any, Tenant | None]] = field(default_factory=dict)
+    #: Parsed PriorityClasses by name, likewise.
+    _classes: dict[str, tuple[Any, PriorityClass | None]] = field(default_factory=dict)
 
     def scheduler(self) -> Scheduler:
         """The leader's scheduler, or 503 on a replica that does not hold the lease."""
@@ -49,28 +53,16 @@ class ServerContext:
         return scheduler
 
     def world(self, *, devices: bool = True) -> World:
-        """The stored objects admission needs: the tenants (those that parse; a tenant stored before
-        today's rules is set aside, not trusted) and, with `devices`, the device types of the nodes."""
-        tenants: dict[str, Tenant] = {}
-        rows = self.store.list_tenants()
+        """The stored objects admission needs: the tenants and PriorityClasses (those that parse; one
+        stored before today's rules is set aside, not trusted) and, with `devices`, the device types
+        of the nodes."""
+        tenant_rows, class_rows = self.store.list_tenants(), list_priority_classes(self.store)
         with self._lock:
-            parsed = {row["name"]: self._parsed_tenant(row) for row in rows}
-            self._tenants = {name: self._tenants[name] for name in parsed}
-        for name, tenant in parsed.items():
-            if tenant is not None:
-                tenants[name] = tenant
-        return World(tenants, self.device_types() if devices else frozenset())
-
-    def _parsed_tenant(self, row: dict[str, Any]) -> Tenant | None:
-        cached = self._tenants.get(row["name"])
-        if cached is not None and cached[0] == row["spec"]:
-            return cached[1]
-        try:
-            tenant: Tenant | None = tenant_from_row(row)
-        except ValidationError:
-            tenant = None
-        self._tenants[row["name"]] = (row["spec"], tenant)
-        return tenant
+            self._tenants = {row["name"]: _parsed(self._tenants, row, tenant_from_row) for row in tenant_rows}
+            self._classes = {row["name"]: _parsed(self._classes, row, class_from_row) for row in class_rows}
+            tenants = {name: tenant for name, (_, tenant) in self._tenants.items() if tenant is not None}
+            classes = {name: cls for name, (_, cls) in self._classes.items() if cls is not None}
+        return World(tenants, self.device_types() if devices else frozenset(), classes)
 
     def device_types(self) -> frozenset[str]:
         """The device types of the cluster's nodes: the leader's state, else the stored nodes.
@@ -113,6 +105,17 @@ class ServerContext:
         world = world or self.world(devices=False)
         mine = world.tenant(caller.tenant or "")
         return tuple(n for n in mine.owned_namespaces if world.owner(n) == mine.name) if mine is not None else ()
+
+
+def _parsed(cache: dict[str, tuple[Any, Any]], row: dict[str, Any], parse: Any) -> tuple[Any, Any]:
+    """(stored spec, parsed object or None when invalid) of `row`: the cached one while the spec is unchanged."""
+    cached = cache.get(row["name"])
+    if cached is not None and cached[0] == row["spec"]:
+        return cached
+    try:
+        return row["spec"], parse(row)
+    except ValidationError:
+        return row["spec"], None
 
 
 def get_context(request: Request) -> ServerContext:

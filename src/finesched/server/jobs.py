@@ -47,7 +47,8 @@ def submit_job(body: JobBody, ctx: Ctx, caller: Caller) -> dict[str, Any]:
     ctx.check_namespace(caller, namespace_of(body), world)
     job: Job = parse_kind(body, "Job")
     try:
-        compiled, workloads = admit_job(job, world)  # CompileError is a ValidationError too
+        # CompileError is a ValidationError too; NotAllowed (a tenant's PriorityClass rule) is a 403
+        compiled, workloads = admit_job(job, world, as_tenant=caller.role == TENANT)
     except ValidationError as exc:
         raise invalid(exc, ("body",)) from None
     problems = command_problems(job, compiled)

@@ -7,7 +7,7 @@ the document is first asked for:
   409, 410 and 503, FastAPI's `HTTPValidationError` (``{"detail": [{loc, msg, type}]}``) for 413
   and 422 (every route may refuse a path or query value, every route with a body a bad body);
 * the bearer-token security every ``/v1`` operation requires;
-* the manifest bodies (Node, Workload, Tenant, Job) as the JSON schemas of their models, instead
+* the manifest bodies (Node, Workload, Tenant, Job, PriorityClass) as the JSON schemas of their models, instead
   of free-form objects (the routes read them with `parse_manifest`, whose error paths are the
   manifest's own);
 * the content types of ``/metrics`` (Prometheus text) and ``/v1/events/watch`` (Server-Sent Events).
@@ -60,6 +60,8 @@ EXTRA: dict[tuple[str, str], tuple[int, ...]] = {
     ("post", "/v1/jobs"): (409,),
     ("get", "/v1/workloads/{namespace}/{name}/logs"): (502,),
     ("post", "/v1/plan"): (409,),
+    ("post", "/v1/priorityclasses"): (409,),
+    ("put", "/v1/priorityclasses/{name}"): (409,),
 }
 #: Request bodies that are manifests: (method, path) -> the kind, and whether a list is accepted.
 MANIFEST_BODIES: dict[tuple[str, str], tuple[str, bool]] = {
@@ -70,6 +72,8 @@ MANIFEST_BODIES: dict[tuple[str, str], tuple[str, bool]] = {
     ("put", "/v1/tenants/{name}"): ("Tenant", False),
     ("post", "/v1/jobs"): ("Job", False),
     ("post", "/v1/plan"): ("Workload", True),
+    ("post", "/v1/priorityclasses"): ("PriorityClass", False),
+    ("put", "/v1/priorityclasses/{name}"): ("PriorityClass", False),
 }
 QUANTITY_PATTERN = r"^\+?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+|[numkMGTPE]|[KMGTPE]i)?$"
 QUANTITY = {
@@ -180,7 +184,10 @@ def _manifest_schemas() -> dict[str, Any]:
                     "apiVersion": {"type": "string", "enum": [API_VERSION]},
                     "kind": {"type": "string", "enum": [kind]},
                     "metadata": _object({n: properties[n] for n in meta}, [n for n in meta if n in required]),
-                    "spec": {"anyOf": [{"$ref": f"{REF}{kind}Spec"}, {"type": "null"}]},
+                    # null reads as {} (no fields): allowed only where the spec requires none
+                    "spec": {"$ref": f"{REF}{kind}Spec"}
+                    if spec_schema.get("required")
+                    else {"anyOf": [{"$ref": f"{REF}{kind}Spec"}, {"type": "null"}]},
                 },
                 ["apiVersion", "kind", "metadata"] + (["spec"] if spec_schema.get("required") else []),
             ),

@@ -50,7 +50,8 @@ class RejectReport(BaseModel):
 
 def parse_workloads(body: Any, caller: Identity, ctx: ServerContext, world: World) -> list[Workload]:
     """Every Workload of the body (one or a list) as admission stores it (its tenant is its
-    namespace's): all valid, names unique, in namespaces the caller may write to (403 otherwise)."""
+    namespace's): all valid, names unique, in namespaces the caller may write to, with priorities a
+    tenant's token may ask for (403 otherwise: `NotAllowed`, answered by the app)."""
     docs = body if isinstance(body, list) else [body]
     if not docs:
         raise InputError([{"loc": ["body"], "msg": "no workloads given"}])
@@ -76,7 +77,7 @@ def parse_workloads(body: Any, caller: Identity, ctx: ServerContext, world: Worl
     for i, workload in enumerate(workloads):
         prefix = ("body", i) if isinstance(body, list) else ("body",)
         try:
-            admitted.append(admit_workload(workload, world))
+            admitted.append(admit_workload(workload, world, as_tenant=caller.role == TENANT))
         except ValidationError as exc:
             problems += invalid(exc, prefix).details
     if problems:

@@ -72,6 +72,18 @@ def binding_row(workload_id: int, key: str, node: str, data: Mapping[str, Any], 
             "version": 1, "created": stamp}  # fmt: skip
 
 
+def preempted_reason(victim: Mapping[str, Any], preemptor: str, binding: Mapping[str, Any], why: str) -> str:
+    """What a preempted workload's event and reason say. The victim's tenant sees them, so another
+    tenant's preemptor is not named (issue 25: "preempted by a higher-priority workload"); one of
+    its own tenant is. `victim` and `binding` are the two bindings' stored data."""
+    node = binding.get("node", "")
+    if victim.get("tenant") == binding.get("tenant"):
+        return f"preempted by {preemptor} on {node}: {why}"
+    higher = int(binding.get("priority") or 0) > int(victim.get("priority") or 0)
+    who = "a higher-priority workload" if higher else "a workload of another tenant"
+    return f"preempted by {who} on {node}: {why}"
+
+
 def chunks(items: Sequence[T], size: int = CHUNK) -> Iterator[Sequence[T]]:
     """`items` in slices of at most `size` (keeps every statement under the drivers' parameter limits)."""
     for start in range(0, len(items), size):
@@ -353,7 +365,7 @@ class Store:
             events, rows = [], []
             for workload_id, _, key, node, data in chosen:
                 for victim, reason in evictions.get(workload_id, ()):
-                    events += self._evict(conn, victim, f"preempted by {key} on {node}: {reason}")
+                    events += self._evict(conn, victim, key, data, reason)
                 rows.append(binding_row(workload_id, key, node, data, stamp))
                 events.append(Event("Workload", key, "Bound", f"bound to {node}"))
             if rows:
@@ -375,11 +387,13 @@ class Store:
             found.update(workload_id for workload_id, version in conn.execute(query) if seen[workload_id] == version)
         return found
 
-    def _evict(self, conn: Connection, key: str, reason: str) -> list[Event]:
+    def _evict(self, conn: Connection, key: str, preemptor: str, binding: Mapping[str, Any], why: str) -> list[Event]:
         """Release a preemption victim's binding and requeue it (its agent stops its process)."""
-        row = conn.execute(select(t.bindings.c.workload_id).where(t.bindings.c.workload == key)).first()
+        query = select(t.bindings.c.workload_id, t.bindings.c.data).where(t.bindings.c.workload == key)
+        row = conn.execute(query).first()
         if row is None:
             return []
+        reason = preempted_reason(row[1], preemptor, binding, why)
         conn.execute(delete(t.bindings).where(t.bindings.c.workload_id == row[0]))
         conn.execute(
             update(t.workloads)
