@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from manifests import node, workload
-from server_harness import Api
+from server_harness import Api, wait_until
 
 
 def test_offer_picks_the_best_fit_node_and_holds_the_demand(api: Api) -> None:
@@ -58,3 +58,19 @@ def test_decline_releases_the_hold(api: Api) -> None:
     api.wait_phase("team-b/w", ("Bound",))
     nothing = api.admin.post("/v1/offers", json={"tenant": "team-a", "demand": {"cpu": "1"}})
     assert nothing.status_code == 409 and "no node can hold" in nothing.json()["detail"]
+
+
+def test_an_offers_hold_is_never_preempted(api: Api) -> None:
+    """What an offer promised stays promised: a higher-priority workload of another tenant waits
+    instead of evicting the hold (which never reached the bindings table, so nothing would say so)."""
+    api.admin.post("/v1/nodes", json=node("n1", cpu="4"))
+    offer = api.admin.post("/v1/offers", json={"tenant": "team-a", "demand": {"cpu": "4"}}).json()
+    api.admin.post("/v1/workloads", json=workload("urgent", namespace="team-b", cpu="4", priority=1_000_000))
+    urgent = lambda: api.admin.get("/v1/workloads/team-b/urgent").json()  # noqa: E731
+    wait_until(lambda: urgent()["status"]["reason"] != "", what="the scheduler to try the urgent workload")
+    waiting = urgent()
+    assert waiting["status"]["phase"] == "Pending" and waiting["status"]["reason"], waiting
+    assert api.admin.get(f"/v1/offers/{offer['id']}").json()["state"] == "Open"
+    assert api.admin.get("/v1/tenants/team-a/usage").json()["usage"]["cpu"] == 4000  # still held
+    accepted = api.admin.post(f"/v1/offers/{offer['id']}/accept", json={"workloads": [workload("mine", cpu="4")]})
+    assert accepted.status_code == 201, accepted.text

@@ -26,7 +26,7 @@ from finesched.errors import ValidationError
 from finesched.model.binding import Binding
 from finesched.model.names import ObjectName
 from finesched.model.resources import ResourceVector
-from finesched.model.workload import Workload
+from finesched.model.workload import MAX_PRIORITY, Workload
 from finesched.sched.diagnosis import FitError
 from finesched.sched.scheduler import Scheduler
 from finesched.server import schema as t
@@ -87,9 +87,12 @@ def make_offer(body: OfferRequest, ctx: Ctx, caller: Caller) -> dict[str, Any]:
     offer_id = uuid.uuid4().hex[:12]
     name = hold_key(offer_id).split("/", 1)[1]
     try:
+        # The hold is no preemption victim (nothing outranks it) and preempts nothing itself: what an
+        # offer promised stays promised until it is accepted, declined or expires.
         probe = Workload.model_validate(
-            {"name": name, "namespace": OFFER_NAMESPACE, "tenant": body.tenant, "requests": body.demand}
-        )
+            {"name": name, "namespace": OFFER_NAMESPACE, "tenant": body.tenant, "requests": body.demand,
+             "priority": MAX_PRIORITY, "preemptionPolicy": "Never"}
+        )  # fmt: skip
     except pydantic.ValidationError as exc:  # re-reported under body.demand
         raise InputError([_demand_problem(e) for e in exc.errors()]) from None
     try:
