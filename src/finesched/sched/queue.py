@@ -187,6 +187,38 @@ class SchedulingQueue:
         out += [(QueuedUnit(ws, -1), "gang") for ws in self._gangs.values()]
         return sorted(out, key=lambda pair: pair[0].seq)
 
+    def forget(self, keys: Iterable[str]) -> int:
+        """Drop queued workloads that no longer exist (deleted), wherever they wait: ready, backing off,
+        parked or in an incomplete gang. One pass over the queue for any number of keys; how many
+        were dropped. A gang that loses members goes on with the others."""
+        gone = {key for key in keys if key in self._keys}
+        if not gone:
+            return 0
+
+        def keep(unit: QueuedUnit) -> bool:
+            if not any(w.key in gone for w in unit.workloads):
+                return True
+            unit.workloads = [w for w in unit.workloads if w.key not in gone]
+            unit.__dict__.pop("demand", None)  # a cached_property: its workloads changed
+            return bool(unit.workloads)
+
+        for priority in list(self._active):
+            tenants = self._active[priority]
+            for tenant in list(tenants):
+                tenants[tenant] = deque(u for u in tenants[tenant] if keep(u))
+                if not tenants[tenant]:
+                    del tenants[tenant]
+            if not tenants:
+                del self._active[priority]
+        self._backoff = [u for u in self._backoff if keep(u)]
+        self._unschedulable = [u for u in self._unschedulable if keep(u)]
+        for gang_key in list(self._gangs):
+            self._gangs[gang_key] = [w for w in self._gangs[gang_key] if w.key not in gone]
+            if not self._gangs[gang_key]:
+                del self._gangs[gang_key]
+        self._keys -= gone
+        return len(gone)
+
     def __len__(self) -> int:
         return len(self._keys)
 
