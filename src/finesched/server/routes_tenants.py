@@ -321,6 +321,8 @@ async def watch_events(
                 if not joining.done():
                     yield ": keep-alive\n\n"
             joining.result()
+            if last is None:
+                last = watcher.joined_at
             refreshed = time.monotonic()
             while True:
                 chunks = await watcher.next(WATCH_KEEPALIVE_S)
@@ -329,7 +331,7 @@ async def watch_events(
                     yield chunk.data
                 if watcher.overflowed:
                     yield (f": this watch fell more than {watcher.limit} events behind and is closed; "
-                           f"resume with Last-Event-ID: {last if last is not None else 0}\n\n")  # fmt: skip
+                           f"resume with Last-Event-ID: {last}\n\n")  # fmt: skip
                     return
                 if not chunks:
                     yield ": keep-alive\n\n"

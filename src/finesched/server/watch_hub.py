@@ -80,6 +80,8 @@ class Watcher:
     object: str | None
     scope: EventScope | None  # None: an admin, who sees everything
     limit: int  # events it may have waiting
+    #: The feed's position when it joined: every event after it comes from the shared feed.
+    joined_at: int = 0
     pending: deque[Chunk] = field(default_factory=deque)
     waiting: int = 0
     overflowed: bool = False
@@ -247,6 +249,7 @@ class WatchHub:
                     await send(chunk)
                 position = page.rows[-1]["id"] if page.remaining else target
             if self.published == position:
+                watcher.joined_at = position
                 self.watchers.add(watcher)
                 return
             if position > self.published:  # resumes after an id the feed has not reached: wait for it
