@@ -95,8 +95,9 @@ def test_bad_continue_tokens_are_422_naming_continue(api: Api) -> None:
     token = first["metadata"]["continue"]
     forged_int = base64.urlsafe_b64encode(json.dumps({"k": "x", "q": "0"}).encode()).decode()
     cases = [
-        ("/v1/workloads", {"continue": "not a token!"}, "is not a continue token"),
-        ("/v1/workloads", {"continue": base64.urlsafe_b64encode(b"[1,2]").decode()}, "is not a continue token"),
+        ("/v1/workloads", {"continue": "not a token!"}, "should match pattern"),
+        ("/v1/workloads", {"continue": "bm90IGpzb24"}, "is not a continue token"),  # base64 of "not json"
+        ("/v1/workloads", {"continue": base64.urlsafe_b64encode(b"[1,2]").decode().rstrip("=")}, "is not a continue"),
         ("/v1/workloads", {"continue": forged_int}, "is not a continue token of this list"),
         ("/v1/workloads", {"continue": token}, "another query"),  # without the first page's phase filter
         ("/v1/workloads", {"continue": token, "phase": "Bound"}, "another query"),

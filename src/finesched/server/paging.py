@@ -41,6 +41,7 @@ ContinueQuery = Annotated[
     Query(
         alias="continue",
         max_length=MAX_TOKEN,
+        pattern="^[A-Za-z0-9_-]+$",
         description="The `metadata.continue` of the previous page (with the same filters): the next page",
     ),
 ]
