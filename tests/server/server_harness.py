@@ -22,6 +22,7 @@ import uvicorn
 
 from finesched.server.app import create_app
 from finesched.server.auth import create_token
+from finesched.server.http_server import Timeouts, server_config
 from finesched.server.loop import LoopConfig
 from finesched.server.store import Store
 
@@ -64,6 +65,7 @@ class Api:
     db: str
     store: Store
     admin: httpx.Client
+    app: Any = None  # the FastAPI app, for tests that look inside the server (e.g. its watch hub)
 
     def client(self, token: str | None) -> httpx.Client:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -117,13 +119,15 @@ def store_tenants(store: Store, names: tuple[str, ...] = TENANTS) -> None:
 
 @contextmanager
 def inprocess_server(
-    db: str, config: LoopConfig | None = None, tenants: tuple[str, ...] = TENANTS, **app_kwargs: Any
-) -> Iterator[Api]:
-    """A real uvicorn server in a thread on 127.0.0.1, with an admin client and `tenants` created."""
+    db: str, config: LoopConfig | None = None, tenants: tuple[str, ...] = TENANTS, timeouts: Timeouts | None = None,
+    **app_kwargs: Any,
+) -> Iterator[Api]:  # fmt: skip
+    """A real uvicorn server in a thread on 127.0.0.1 (configured as `finesched serve` configures it,
+    with `timeouts`), with an admin client and `tenants` created."""
     store = Store.open(db)
     app = create_app(store, config or LoopConfig(idle_wait_s=0.05), **app_kwargs)
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(server_config(app, "127.0.0.1", port, timeouts, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     wait_until(lambda: server.started, what="uvicorn start")
@@ -132,7 +136,7 @@ def inprocess_server(
     wait_until(lambda: admin.get("/readyz").json().get("leader"), what="leadership")
     create_tenants(admin, tenants)
     try:
-        yield Api(base, db, store, admin)
+        yield Api(base, db, store, admin, app)
     finally:
         admin.close()
         server.should_exit = True

@@ -70,6 +70,19 @@ class Client:
             _fail_response(response)
         return response.json()
 
+    def list_all(self, path: str, params: dict[str, Any] | None = None, chunk_size: int = 500) -> list[Any]:
+        """Every item of a list endpoint, following its pages (`limit`, `metadata.continue`) to the end,
+        as kubectl does with --chunk-size."""
+        query = {**(params or {}), "limit": chunk_size}
+        items: list[Any] = []
+        while True:
+            answer = self.call("GET", path, params=query)
+            items += answer["items"]
+            token = (answer.get("metadata") or {}).get("continue")
+            if not token:
+                return items
+            query["continue"] = token
+
 
 def _fail(message: str, code: int = 1) -> NoReturn:
     err.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
@@ -158,8 +171,16 @@ def submit(
     print_table(out, simple_table(f"{len(results)} object(s) submitted", ["kind", "name", "status"], rows))
 
 
+ChunkOption = Annotated[
+    int,
+    typer.Option(
+        "--chunk-size", "--limit", min=1, max=5000, help="Items per request; all pages are read (kubectl --chunk-size)."
+    ),
+]
+
+
 def get(
-    what: Annotated[str, typer.Argument(help="workloads, jobs, nodes, tenants or priorityclasses")],
+    what: Annotated[str, typer.Argument(help="workloads, jobs, nodes, tenants, priorityclasses or events")],
     server: ServerOption = DEFAULT_SERVER,
     token: TokenOption = "",
     ca: CaOption = None,
@@ -170,23 +191,29 @@ def get(
     phase: Annotated[str | None, typer.Option("--phase")] = None,
     node: Annotated[str | None, typer.Option("--node")] = None,
     job: Annotated[str | None, typer.Option("--job", help="Workloads: the slots of job NAME or NS/NAME.")] = None,
+    kind_filter: Annotated[str | None, typer.Option("--kind", help="Events: of this kind (Workload, Node...).")] = None,
+    obj: Annotated[str | None, typer.Option("--object", help="Events: of this object (e.g. NS/NAME).")] = None,
+    chunk_size: ChunkOption = 500,
 ) -> None:
     """List workloads (filters: namespace, tenant, phase, node, job), jobs (namespace), nodes, tenants
-    or priority classes."""
+    priority classes or events (kind, object); every page of the answer is read, --chunk-size items at
+    a time."""
     from finesched.commands.priority_views import NAMES
 
     _check_output(output)
     kinds = {"workloads": "workloads", "workload": "workloads", "nodes": "nodes", "node": "nodes",
-             "tenants": "tenants", "tenant": "tenants", "jobs": "jobs", "job": "jobs",
-             **dict.fromkeys(NAMES, "priorityclasses")}  # fmt: skip
+             "tenants": "tenants", "tenant": "tenants", "jobs": "jobs", "job": "jobs", "events": "events",
+             "event": "events", **dict.fromkeys(NAMES, "priorityclasses")}  # fmt: skip
     if what not in kinds:
-        _fail(f"get {what!r}: use workloads, jobs, nodes, tenants or priorityclasses", code=2)
+        _fail(f"get {what!r}: use workloads, jobs, nodes, tenants, priorityclasses or events", code=2)
     kind = kinds[what]
     filters = {"namespace": namespace, "tenant": tenant, "phase": phase, "node": node, "job": job}
     params = {k: v for k, v in filters.items() if v} if kind == "workloads" else None
     if kind == "jobs" and namespace:
         params = {"namespace": namespace}
-    items = Client(server, token, ca=ca, insecure=insecure).call("GET", f"/v1/{kind}", params=params)["items"]
+    if kind == "events":
+        params = {k: v for k, v in {"kind": kind_filter, "object": obj}.items() if v}
+    items = Client(server, token, ca=ca, insecure=insecure).list_all(f"/v1/{kind}", params, chunk_size)
     if output not in TABLE_OUTPUTS:
         _dump(items, output)
         return
@@ -269,8 +296,15 @@ def _classes_table(items: list[dict[str, Any]], wide: bool) -> Table:
     return classes_table(items, wide)
 
 
+def _events_table(items: list[dict[str, Any]], wide: bool) -> Table:
+    rows = [(str(e["id"]), event_time(e["time"], wide), e["kind"], escape(e["object"]), escape(e["reason"]),
+             escape(e["message"])) for e in items]  # fmt: skip
+    headers = [col("id", right=True), "time (UTC)", "kind", "object", "reason", "message"]
+    return simple_table(f"{len(items)} event(s)", headers, rows)
+
+
 _TABLES = {"workloads": _workloads_table, "nodes": _nodes_table, "tenants": _tenants_table, "jobs": _jobs_table,
-           "priorityclasses": _classes_table}  # fmt: skip
+           "priorityclasses": _classes_table, "events": _events_table}  # fmt: skip
 
 
 def describe(
@@ -386,19 +420,38 @@ def _describe_job(path: str, client: Client, output: str) -> None:
 
 def delete(
     what: Annotated[str, typer.Argument(help="workload, job, node, tenant or priorityclass")],
-    name: Annotated[str, typer.Argument(help="NAME (workloads: NAME or NAMESPACE/NAME)")],
+    name: Annotated[str | None, typer.Argument(help="NAME (workloads: NAME or NAMESPACE/NAME)")] = None,
     server: ServerOption = DEFAULT_SERVER,
     token: TokenOption = "",
     ca: CaOption = None,
     insecure: InsecureOption = False,
     namespace: NamespaceOption = "default",
+    every: Annotated[bool, typer.Option("--all", help="Workloads: every workload of the namespace.")] = False,
+    selector: Annotated[
+        str | None, typer.Option("-l", "--selector", help="Workloads: those whose labels match, e.g. app=web,tier!=db.")
+    ] = None,
 ) -> None:
     """Delete a workload (its binding is released), a job (all its slots at once), a node (its
     workloads are requeued), a tenant (refused while workloads, child tenants or open offers
-    refer to it) or a priority class (workloads admitted under it keep their priority)."""
+    refer to it) or a priority class (workloads admitted under it keep their priority).
+    `delete workloads -n NS --all` or `-l SELECTOR` deletes many workloads at once (a job's slots go
+    with their job)."""
     from finesched.commands.priority_views import NAMES
 
+    many = every or selector is not None
+    if many and (what not in ("workload", "workloads") or name is not None):
+        _fail("--all and -l delete workloads by namespace: `delete workloads -n NS --all` (no NAME)", code=2)
+    if not many and name is None:
+        hint = " (or --all, or -l SELECTOR)" if what.startswith("workload") else ""
+        _fail(f"delete {what}: give a NAME{hint}", code=2)
     client = Client(server, token, ca=ca, insecure=insecure)
+    if many:
+        params = {"namespace": namespace, **({"labelSelector": selector} if selector else {})}
+        answer = client.call("DELETE", "/v1/workloads", params=params, timeout=None)
+        out.print(f"{answer['deleted']} workload(s) deleted in namespace {escape(namespace)}, "
+                  f"{answer['released']} released")  # fmt: skip
+        return
+    assert name is not None
     if what in ("job", "jobs"):
         namespace, name = _workload_key(name, namespace)
         answer = client.call("DELETE", f"/v1/jobs/{namespace}/{name}")

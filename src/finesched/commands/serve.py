@@ -80,6 +80,18 @@ def serve(
     parent_pid: Annotated[
         int | None, typer.Option("--parent-pid", hidden=True, help="End when this process (`finesched up`) ends.")
     ] = None,
+    event_ttl: Annotated[
+        float, typer.Option(min=-1.0, help="Prune events older than this many seconds (-1: keep them).")
+    ] = 3600.0,
+    max_watches: Annotated[int, typer.Option(min=1, help="Event watches (SSE) held at once, in all.")] = 1000,
+    watch_per_token: Annotated[int, typer.Option(min=1, help="Event watches held at once by one token.")] = 10,
+    max_connections: Annotated[int, typer.Option(min=1, help="Connections and requests at once (503 past it).")] = 4096,
+    header_timeout: Annotated[
+        float, typer.Option(min=0.1, help="Close a connection whose request headers take longer (s).")
+    ] = 10.0,
+    body_timeout: Annotated[
+        float, typer.Option(min=0.1, help="Close a connection whose request body takes longer (s).")
+    ] = 30.0,
 ) -> None:
     """Run the control plane: HTTP API, store and scheduling loop (one leader per database).
 
@@ -87,13 +99,14 @@ def serve(
     --replica-id, or same --data); other replicas wait for it to expire (--lease-ttl). Workload
     logs are read from the agents' log ports over HTTPS verified with --agent-ca, or over plain
     HTTP on loopback only (--insecure-agent-logs: anywhere)."""
-    import uvicorn
-
     from finesched.sched.profile import resolve_profile
+    from finesched.server import http_server
     from finesched.server.app import create_app
+    from finesched.server.http_server import Timeouts
     from finesched.server.logs import AgentTrust, use_agent_trust
     from finesched.server.loop import LoopConfig
     from finesched.server.store import Store
+    from finesched.server.watch_hub import WatchLimits
     from finesched.tls import TransportError
 
     if parent_pid is not None:
@@ -122,11 +135,14 @@ def serve(
         missed_heartbeats=missed,
         requeue_after_s=None if requeue_after < 0 else requeue_after,
         holder=identity.name,
+        event_ttl_s=None if event_ttl < 0 else event_ttl,
     )
     store = Store.open(db)
-    app = create_app(store, config)
+    app = create_app(store, config, watch=WatchLimits(per_token=watch_per_token, total=max_watches))
     use_agent_trust(app, agent_trust)
-    uvicorn.run(app, host=host, port=port, log_level=log_level.lower(), access_log=log_level.lower() == "debug", **tls)
+    timeouts = Timeouts(header_timeout_s=header_timeout, body_timeout_s=body_timeout, max_connections=max_connections)
+    level = log_level.lower()
+    http_server.run(app, host, port, timeouts, log_level=level, access_log=level == "debug", **tls)
 
 
 def server_tls_options(cert: Path | None, key: Path | None, client_ca: Path | None = None) -> dict[str, object]:

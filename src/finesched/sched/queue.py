@@ -4,7 +4,11 @@ Order of `pop`:
 1. the highest priority that has a ready workload;
 2. among tenants with ready workloads at that priority, the one with the lowest
    *dominant share / weight*, where a tenant's dominant share is max over resources of
-   (what its bindings hold / cluster capacity) — Ghodsi et al., NSDI 2011; ties by tenant name;
+   (what its bindings hold / cluster capacity) — Ghodsi et al., NSDI 2011; ties by tenant name.
+   A tenant whose last FAILING_AFTER units in a row fitted nowhere comes after the tenants whose
+   work fits, until one of its units is placed: a flood of work that fits nowhere (which holds
+   nothing, so its share stays 0) does not make every other tenant wait while each of its
+   units is tried;
 3. FIFO within the tenant.
 
 A tenant whose next workload would take it over its quota (hard `quota`, elastic `max`, or
@@ -33,6 +37,8 @@ from finesched.sched.elastic import QuotaTree, ReclaimRule
 
 INITIAL_BACKOFF_S = 1.0
 MAX_BACKOFF_S = 10.0
+#: Units in a row of one tenant that fitted nowhere, after which its work goes after the others'.
+FAILING_AFTER = 8
 
 
 @dataclass
@@ -73,6 +79,7 @@ class _TenantAccount:
     weight: float = 1.0
     quota: Mapping[str, int] | None = None
     usage: dict[str, int] = field(default_factory=dict)
+    failures: int = 0  # units in a row that fitted nowhere
 
 
 class SchedulingQueue:
@@ -147,12 +154,14 @@ class SchedulingQueue:
         """The unit was placed; forget its keys (usage is charged separately, per binding)."""
         for w in unit.workloads:
             self._keys.discard(w.key)
+        self._account(unit.tenant).failures = 0
 
     def park(self, unit: QueuedUnit, error: FitError) -> None:
         """The unit fits nowhere now: wait for a cluster change, then retry after backoff."""
         unit.attempts += 1
         unit.last_error = error
         self._unschedulable.append(unit)
+        self._account(unit.tenant).failures += 1
 
     def cluster_changed(self) -> None:
         """Capacity may have grown: parked units become ready after their backoff."""
@@ -187,6 +196,38 @@ class SchedulingQueue:
         out += [(QueuedUnit(ws, -1), "gang") for ws in self._gangs.values()]
         return sorted(out, key=lambda pair: pair[0].seq)
 
+    def forget(self, keys: Iterable[str]) -> int:
+        """Drop queued workloads that no longer exist (deleted), wherever they wait: ready, backing off,
+        parked or in an incomplete gang. One pass over the queue for any number of keys; how many
+        were dropped. A gang that loses members goes on with the others."""
+        gone = {key for key in keys if key in self._keys}
+        if not gone:
+            return 0
+
+        def keep(unit: QueuedUnit) -> bool:
+            if not any(w.key in gone for w in unit.workloads):
+                return True
+            unit.workloads = [w for w in unit.workloads if w.key not in gone]
+            unit.__dict__.pop("demand", None)  # a cached_property: its workloads changed
+            return bool(unit.workloads)
+
+        for priority in list(self._active):
+            tenants = self._active[priority]
+            for tenant in list(tenants):
+                tenants[tenant] = deque(u for u in tenants[tenant] if keep(u))
+                if not tenants[tenant]:
+                    del tenants[tenant]
+            if not tenants:
+                del self._active[priority]
+        self._backoff = [u for u in self._backoff if keep(u)]
+        self._unschedulable = [u for u in self._unschedulable if keep(u)]
+        for gang_key in list(self._gangs):
+            self._gangs[gang_key] = [w for w in self._gangs[gang_key] if w.key not in gone]
+            if not self._gangs[gang_key]:
+                del self._gangs[gang_key]
+        self._keys -= gone
+        return len(gone)
+
     def __len__(self) -> int:
         return len(self._keys)
 
@@ -220,8 +261,9 @@ class SchedulingQueue:
     def _held(self, tenant: str) -> Mapping[str, int]:
         return self._usage_of(tenant) if self._usage_of is not None else self._account(tenant).usage
 
-    def _drf_key(self, tenant: str) -> tuple[float, str]:
-        return self.dominant_share(tenant) / self._account(tenant).weight, tenant
+    def _drf_key(self, tenant: str) -> tuple[bool, float, str]:
+        account = self._account(tenant)
+        return account.failures >= FAILING_AFTER, self.dominant_share(tenant) / account.weight, tenant
 
     def dominant_share(self, tenant: str) -> float:
         """max over resources of usage / cluster capacity (pods not counted)."""

@@ -45,6 +45,7 @@ from finesched.server.loop import LoopConfig, SchedulerLoop
 from finesched.server.metrics import Metrics
 from finesched.server.store import Conflict, NotFound, Store
 from finesched.server.views import InputError
+from finesched.server.watch_hub import WatchHub, WatchLimits
 
 log = logging.getLogger("finesched.server")
 
@@ -197,9 +198,14 @@ def _too_large(limit: int) -> JSONResponse:
     return JSONResponse({"detail": [problem]}, 413)
 
 
-def create_app(store: Store, config: LoopConfig | None = None, *, max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
+def create_app(
+    store: Store, config: LoopConfig | None = None, *, max_body_bytes: int = MAX_BODY_BYTES,
+    watch: WatchLimits | None = None,
+) -> FastAPI:  # fmt: skip
     metrics = Metrics()
     loop = SchedulerLoop(store, config, metrics)
+    hub = WatchHub(store, watch)  # the SSE watches' shared feed (server/watch_hub.py)
+    loop.pruner.readers.append(lambda: hub.position)
     loop.restorers.append(lambda scheduler: offers.restore_holds(store, scheduler))
     loop.maintenance.append(lambda: offers.expire_offers(store, loop))
     metrics.observe_cluster(loop.figures)
@@ -211,6 +217,7 @@ def create_app(store: Store, config: LoopConfig | None = None, *, max_body_bytes
         try:
             yield
         finally:
+            await hub.stop()
             loop.stop()
 
     app = FastAPI(
@@ -220,6 +227,7 @@ def create_app(store: Store, config: LoopConfig | None = None, *, max_body_bytes
         lifespan=lifespan,
     )
     app.state.ctx = ctx
+    app.state.watch_hub = hub
     openapi.install(app)
     app.add_middleware(BodyLimit, limit=max_body_bytes)
 

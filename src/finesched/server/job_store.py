@@ -12,10 +12,10 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, and_, delete, func, insert, or_, select, update
+from sqlalchemy import Connection, and_, delete, false, func, insert, or_, select, update
 
 from finesched.server import schema as t
-from finesched.server.store import PENDING, Event, NotFound, Store, as_dict, now
+from finesched.server.store import PENDING, Event, NotFound, Page, Store, as_dict, keyset_page, now
 
 ACTIVE, SUCCEEDED, FAILED = "Active", "Succeeded", "Failed"
 
@@ -55,6 +55,13 @@ def list_jobs(store: Store, namespace: str | None = None, tenant: str | None = N
         query = query.where(t.jobs.c.tenant == tenant)
     with store.read() as conn:
         return [as_dict(r) for r in conn.execute(query.order_by(t.jobs.c.id))]  # type: ignore[misc]
+
+
+def job_page(store: Store, after: int | None, limit: int | None, namespaces: Sequence[str] | None = None) -> Page:
+    """Jobs by id after `after`, in `namespaces` (None: any), in one query (a page of `GET /v1/jobs`)."""
+    conditions = [] if namespaces is None else [t.jobs.c.namespace.in_(sorted(namespaces)) if namespaces else false()]
+    with store.read() as conn:
+        return keyset_page(conn, select(t.jobs), t.jobs, "id", conditions, after, limit)
 
 
 def _slot_query() -> Any:

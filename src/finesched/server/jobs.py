@@ -20,12 +20,14 @@ from finesched.admission import admit_job
 from finesched.errors import ValidationError
 from finesched.model.job import Job
 from finesched.sched.diagnosis import FitError
-from finesched.server import job_store
+from finesched.server import job_store, paging
 from finesched.server.auth import ADMIN, TENANT, Identity
 from finesched.server.cluster_view import binding_view
 from finesched.server.context import Caller, Ctx, ServerContext
 from finesched.server.job_status import job_view
+from finesched.server.paging import ContinueQuery, LimitQuery
 from finesched.server.placement import commit_after_write, insert_bound, leader_write, log_own
+from finesched.server.quota import Charge, QuotaExceeded, charge
 from finesched.server.store import Event, NotFound, Store
 from finesched.server.views import InputError, canonical, detail_of, invalid, namespace_of, parse_kind
 
@@ -66,6 +68,7 @@ def submit_job(body: JobBody, ctx: Ctx, caller: Caller) -> dict[str, Any]:
         for region in failover_regions(compiled)
     ]  # fmt: skip
     spec = canonical(job)
+    tenant = workloads[0].tenant
     with ctx.loop.lock:
         scheduler = ctx.scheduler()
         try:
@@ -80,6 +83,7 @@ def submit_job(body: JobBody, ctx: Ctx, caller: Caller) -> dict[str, Any]:
 
             def write() -> None:
                 with leader_write(ctx.loop) as conn:
+                    charge(conn, tenant, Charge(workloads=len(workloads), jobs=1))
                     job_store.insert_job(conn, job.namespace, job.name, workloads[0].tenant, spec, regions)
                     events = insert_bound(conn, workloads, bindings, job=job_key, why=f" (job {job_key})")
                     log_own(ctx.loop, conn, [*events, submitted])
@@ -88,16 +92,21 @@ def submit_job(body: JobBody, ctx: Ctx, caller: Caller) -> dict[str, Any]:
                 commit_after_write(ctx.loop, bindings, write)
             except IntegrityError:
                 raise HTTPException(409, f"job {job_key} or one of its slots already exists") from None
+            except QuotaExceeded as exc:
+                raise HTTPException(403, str(exc)) from None
     if not bindings:
         items = [(w.namespace, w.name, w.tenant, canonical(w)) for w in workloads]
         try:
             with ctx.store.write() as conn:
+                charge(conn, tenant, Charge(workloads=len(workloads), pending=len(workloads), jobs=1))
                 job_store.insert_job(conn, job.namespace, job.name, workloads[0].tenant, spec, regions)
                 ids, events = Store.insert_pending(conn, items, job_key)
                 why = f"{len(workloads)} slots, {len(regions)} region(s): pending ({reason})"
                 events += Store.log(conn, [Event("Job", job_key, "Submitted", why)])
         except IntegrityError:
             raise HTTPException(409, f"job {job_key} or one of its slots already exists") from None
+        except QuotaExceeded as exc:
+            raise HTTPException(403, str(exc)) from None
         ctx.loop.submitted(zip(ids, workloads, strict=True), events)
     ctx.loop.wake()
     by_key = {b.workload: b for b in bindings}
@@ -115,21 +124,25 @@ def submit_job(body: JobBody, ctx: Ctx, caller: Caller) -> dict[str, Any]:
 
 
 @router.get("")
-def list_jobs(ctx: Ctx, caller: Caller, namespace: str | None = None) -> dict[str, Any]:
-    """Jobs with their phase and slot counts (a tenant token sees those of its tenant's namespaces,
-    as for workloads)."""
+def list_jobs(
+    ctx: Ctx, caller: Caller, namespace: str | None = None, limit: LimitQuery = None, continue_: ContinueQuery = None
+) -> dict[str, Any]:
+    """Jobs with their phase and slot counts, oldest first, a page at a time (`limit`, `continue`); a
+    tenant token sees those of its tenant's namespaces, as for workloads."""
     caller.require(ADMIN, TENANT)
-    namespaces: tuple[str | None, ...] = (namespace,)
+    namespaces: tuple[str, ...] | None = (namespace,) if namespace is not None else None
     if caller.role == TENANT:
         world = ctx.world(devices=False)
         if namespace is not None:
             ctx.check_namespace(caller, namespace, world)
         else:
             namespaces = ctx.namespaces_of(caller, world) or ()
-    rows = [row for ns in namespaces for row in job_store.list_jobs(ctx.store, namespace=ns)]
-    rows.sort(key=lambda r: r["id"])
+    page = paging.request("jobs", {"namespace": namespace}, limit, continue_)
+    found = job_store.job_page(ctx.store, page.after, page.limit, namespaces)  # type: ignore[arg-type]
+    rows = found.rows
     slots = job_store.slots_by_job(ctx.store, [f"{r['namespace']}/{r['name']}" for r in rows])
-    return {"items": [job_view(r, slots[f"{r['namespace']}/{r['name']}"]) for r in rows]}
+    items = [job_view(r, slots[f"{r['namespace']}/{r['name']}"]) for r in rows]
+    return page.answer(items, rows[-1]["id"] if rows else None, found.remaining)
 
 
 def _visible_job(ctx: ServerContext, caller: Identity, namespace: str, name: str) -> dict[str, Any]:

@@ -23,7 +23,7 @@ import gc
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -48,7 +48,7 @@ from finesched.server.locking import LoopLock
 from finesched.server.metrics import Metrics, cluster_figures
 from finesched.server.setaside import SetAside, Unusable
 from finesched.server.store import HOLDING, PENDING, REJECTED, Event, NotFound, Store, now
-from finesched.server.upkeep import HeartbeatMonitor, WaitingReasons
+from finesched.server.upkeep import EventPruner, HeartbeatMonitor, WaitingReasons
 from finesched.state.cluster import ClusterState, StateError
 from finesched.state.device_wire import EncodedUpdateError, apply_encoded_updates
 from finesched.state.mig_slices import apply_mig_report
@@ -68,6 +68,9 @@ class LoopConfig:
     holder: str | None = None
     #: Before a rejected workload is placed again and a failed one restarted (server/lifecycle.py).
     backoff: Backoff = field(default_factory=Backoff)
+    #: Events older than this are pruned by the leader (None: kept for ever); checked every `prune_every_s`.
+    event_ttl_s: float | None = 3600.0
+    prune_every_s: float = 60.0
 
 
 @dataclass
@@ -105,6 +108,7 @@ class SchedulerLoop:
             on_requeue=lambda keys, why: lifecycle.slots_lost(self, keys, why),
         )  # fmt: skip
         self.waiting = WaitingReasons()
+        self.pruner = EventPruner(store, cfg.event_ttl_s, cfg.prune_every_s)
         self._last_upkeep = 0.0
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -117,6 +121,9 @@ class SchedulerLoop:
         self.set_aside = SetAside(store, self.own)
         #: Workloads the scheduler raised on, set aside by the rebuild that follows.
         self._poisoned: dict[str, str] = {}
+        #: Deleted workloads still in the scheduler's queue: dropped from it in one pass (`_drop_deleted`)
+        #: before the next decision or submission, however many were deleted one by one meanwhile.
+        self._deleted: set[str] = set()
 
     # Life cycle ------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -202,6 +209,8 @@ class SchedulerLoop:
             self.scheduler = None
             self.queued.clear()
             self.deferred.clear()
+            self._deleted.clear()
+            self.waiting.written.clear()
 
     # Rebuild (S1.6) --------------------------------------------------------------------------------
     def rebuild(self) -> None:
@@ -242,6 +251,7 @@ class SchedulerLoop:
         with self.lock:
             self.scheduler = scheduler
             self.queued = queued
+            self._deleted = set()  # of the scheduler this one replaces
             self._node_rows = node_rows
             self._feed = FeedCursor(cursor)
             with self._own_lock:
@@ -319,17 +329,45 @@ class SchedulerLoop:
             self._own_events.update(event_ids)
 
     def submitted(self, rows: Iterable[tuple[int, Workload]], event_ids: Iterable[int]) -> None:
-        """Workloads this process just stored as Pending (id, workload): queue them without a reload."""
-        self.own(event_ids)
+        """Workloads this process just stored as Pending (id, workload): queue them without a reload.
+        (Only a leader owns the events: a follower has no feed to skip them in, and would keep them.)"""
         with self.lock:
             scheduler = self.scheduler
             if scheduler is not None:
+                self.own(event_ids)
+                self._drop_deleted(scheduler)
                 for workload_id, workload in rows:
                     if workload.key in self.queued or workload.key in scheduler.state.bindings:
                         continue
                     scheduler.submit([workload])
                     self.queued[workload.key] = Queued(workload_id, 1, workload)
         self.wake()
+
+    def deleted(self, keys: Collection[str], event_ids: Iterable[int]) -> None:
+        """Workloads this process just deleted (a bulk delete): forgotten here at once, without reading
+        them back one by one; their Deleted events are not applied again by the feed."""
+        with self.lock:
+            scheduler = self.scheduler
+            if scheduler is not None:
+                self.own(event_ids)
+                released = False
+                for key in keys:
+                    self.queued.pop(key, None)
+                    self.deferred.pop(key, None)
+                    if key in scheduler.state.bindings:
+                        scheduler.state.forget(key)
+                        released = True
+                self._deleted.update(keys)
+                self._drop_deleted(scheduler)
+                if released:
+                    scheduler.queue.cluster_changed()
+        self.wake()
+
+    def _drop_deleted(self, scheduler: Scheduler) -> None:
+        """Drop the deleted workloads from the scheduler's queue (called with the loop's lock held)."""
+        if self._deleted:
+            scheduler.queue.forget(self._deleted)
+            self._deleted.clear()
 
     def changed(self, kind: str, obj: str) -> None:
         """This process just changed `obj` in the store: apply it now, so the next request sees it
@@ -451,11 +489,14 @@ class SchedulerLoop:
                 if row is None or row["phase"] != PENDING:
                     self.queued.pop(key, None)
                     self.deferred.pop(key, None)
+                    if scheduler.queue.holds(key):  # gone (or finished) while queued: out of the queue too
+                        self._deleted.add(key)
                     return
                 entry = self.queued.get(key)
                 if entry is not None and entry.id == row["id"]:
                     entry.version = row["version"]
                     return
+                self._drop_deleted(scheduler)
                 if scheduler.queue.holds(key):  # a stale entry of an earlier submission: bound later and dropped
                     self.queued.pop(key, None)
                     return
@@ -501,7 +542,10 @@ class SchedulerLoop:
         started = time.perf_counter()
         with self.lock:
             scheduler = self.scheduler
-            if scheduler is None or not self.queued:
+            if scheduler is None:
+                return False
+            self._drop_deleted(scheduler)
+            if not self.queued:
                 return False
             decide_started = time.thread_time()
             try:
@@ -627,7 +671,8 @@ class SchedulerLoop:
             return
         self._last_upkeep = time.monotonic()
         restarts = lambda: lifecycle.start_due_restarts(self.store)  # noqa: E731
-        for task in [*self.maintenance, restarts, self.heartbeats.check]:
+        prune = lambda: self.pruner.check(self._feed.position)  # noqa: E731
+        for task in [*self.maintenance, restarts, self.heartbeats.check, prune]:
             try:
                 task()
             except SQLAlchemyError:

@@ -29,6 +29,7 @@ from finesched.model.resources import ResourceVector
 from finesched.model.workload import MAX_PRIORITY, Workload
 from finesched.sched.diagnosis import FitError
 from finesched.sched.scheduler import Scheduler
+from finesched.server import quota
 from finesched.server import schema as t
 from finesched.server.auth import ADMIN, TENANT
 from finesched.server.cluster_view import binding_view, pinned
@@ -218,6 +219,10 @@ def _write_accept(ctx: ServerContext, offer_id: str, workloads: list[Workload], 
         )
         if closed.rowcount != 1:
             raise HTTPException(409, f"offer {offer_id} was closed meanwhile")
+        try:
+            quota.charge(conn, workloads[0].tenant, quota.Charge(workloads=len(workloads)))
+        except quota.QuotaExceeded as exc:
+            raise HTTPException(403, str(exc)) from None
         events = [Event("Offer", offer_id, "Accepted", f"{len(workloads)} workload(s)")]
         events += insert_bound(conn, workloads, bindings, job=None, why=f" (offer {offer_id})")
         log_own(ctx.loop, conn, events)

@@ -9,9 +9,11 @@ from fastapi import APIRouter, Body, HTTPException
 from finesched.admission import World, admit_node
 from finesched.errors import ValidationError
 from finesched.model.node import Node
+from finesched.server import paging
 from finesched.server.auth import ADMIN, Identity
 from finesched.server.cluster_view import node_from_row
 from finesched.server.context import Caller, Ctx, ServerContext
+from finesched.server.paging import ContinueQuery, LimitQuery
 from finesched.server.reports import NodeReport, check_report
 from finesched.server.store import Conflict, Event, NotFound
 from finesched.server.views import InputError, canonical, invalid, node_view, parse_kind
@@ -53,9 +55,13 @@ def put_node(name: str, body: NodeBody, ctx: Ctx, caller: Caller) -> dict[str, A
 
 
 @router.get("")
-def list_nodes(ctx: Ctx, caller: Caller) -> dict[str, Any]:
+def list_nodes(ctx: Ctx, caller: Caller, limit: LimitQuery = None, continue_: ContinueQuery = None) -> dict[str, Any]:
+    """Nodes by name, a page at a time (`limit`, `continue`)."""
     caller.require(ADMIN)
-    return {"items": [_view(ctx, r, _allocation(ctx, r["name"])) for r in ctx.store.list_nodes()]}
+    page = paging.request("nodes", {}, limit, continue_, key=str)
+    found = ctx.store.node_page(page.after, page.limit)  # type: ignore[arg-type]
+    items = [_view(ctx, r, _allocation(ctx, r["name"])) for r in found.rows]
+    return page.answer(items, found.rows[-1]["name"] if found.rows else None, found.remaining)
 
 
 @router.get("/{name}")

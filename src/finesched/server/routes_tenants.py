@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import json
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Header, HTTPException, Query, Request
@@ -16,21 +16,23 @@ from finesched.admission import admit_tenant, sound_tenants
 from finesched.errors import ValidationError
 from finesched.model.tenant import Tenant
 from finesched.sched.queue import demand_of
+from finesched.server import paging
 from finesched.server import schema as t
-from finesched.server.auth import ADMIN, TENANT, Identity
+from finesched.server.auth import ADMIN, TENANT, Identity, digest
 from finesched.server.cluster_view import tenant_from_row
 from finesched.server.context import Caller, Ctx, ServerContext
-from finesched.server.feed import FeedCursor
-from finesched.server.store import Conflict, Event, NotFound, Store
+from finesched.server.paging import ContinueQuery, LimitQuery
+from finesched.server.store import Conflict, Event, EventScope, NotFound, Store
 from finesched.server.views import InputError, canonical, event_view, invalid, parse_kind, tenant_view
+from finesched.server.watch_hub import Chunk, TooManyWatches, Watcher, WatchHub
 
 router = APIRouter(prefix="/v1", tags=["tenants", "events"])
 
 TenantBody = Annotated[dict[str, Any], Body(description="A Tenant manifest")]
 PatchBody = Annotated[dict[str, Any], Body(description="Tenant spec fields to change, e.g. {weight, quota}")]
-WATCH_POLL_S = 0.25
 WATCH_KEEPALIVE_S = 15.0
-WATCH_PAGE = 500
+#: How often a tenant's watch reads its tenant's namespaces again (a namespace granted or taken away).
+SCOPE_REFRESH_S = 30.0
 #: Event ids are 64-bit (the store's sequence); a larger `since` is refused, not sent to the database.
 MAX_EVENT_ID = 2**63 - 1
 
@@ -48,7 +50,7 @@ def _store_tenant(ctx: ServerContext, tenant: Tenant, *, create_only: bool) -> b
     before = world.tenants.get(tenant.name)
     if before is not None:
         dropped = [n for n in before.owned_namespaces if n not in tenant.owned_namespaces]
-        in_use = [n for n in dropped if ctx.store.list_workloads(namespace=n)]
+        in_use = [n for n in dropped if ctx.store.has_workloads(n)]
         if in_use:
             raise HTTPException(409, f"namespace {in_use[0]} still holds workloads; delete them before ungranting it")
     try:
@@ -154,13 +156,20 @@ def _refused_tenants(rows: list[dict[str, Any]]) -> dict[str, str]:
 
 
 @router.get("/tenants")
-def list_tenants(ctx: Ctx, caller: Caller) -> dict[str, Any]:
-    rows = ctx.store.list_tenants()
-    refused = _refused_tenants(rows)
+def list_tenants(ctx: Ctx, caller: Caller, limit: LimitQuery = None, continue_: ContinueQuery = None) -> dict[str, Any]:
+    """Tenants by name, a page at a time (`limit`, `continue`); a tenant token sees its own."""
     if caller.role != ADMIN:
         caller.require(TENANT)
+    page = paging.request("tenants", {}, limit, continue_, key=str)
+    rows = ctx.store.list_tenants()  # all of them: whether one is sound depends on the others (parents)
+    refused = _refused_tenants(rows)
+    if caller.role != ADMIN:
         rows = [r for r in rows if r["name"] == caller.tenant]
-    return {"items": [_tenant_view(ctx, r, refused) for r in rows]}
+    if page.after is not None:
+        rows = [r for r in rows if r["name"] > page.after]
+    shown = rows if page.limit is None else rows[: page.limit]
+    last = shown[-1]["name"] if shown else None
+    return page.answer([_tenant_view(ctx, r, refused) for r in shown], last, len(rows) - len(shown))
 
 
 @router.get("/tenants/{name}/usage")
@@ -199,16 +208,20 @@ def get_tenant(name: str, ctx: Ctx, caller: Caller) -> dict[str, Any]:
 
 
 # Events -------------------------------------------------------------------------------------------------
-def _visible_events(ctx: ServerContext, caller: Identity, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Admins see everything; a tenant its own events and those of the workloads in its namespaces;
-    an agent only its node's."""
+def event_scope(ctx: ServerContext, caller: Identity) -> EventScope | None:
+    """The events `caller` may see (None: all of them, an admin): a tenant its own events and those of
+    the workloads in its namespaces; an agent only its node's."""
     if caller.role == ADMIN:
-        return rows
+        return None
     if caller.role == TENANT:
-        namespaces = set(ctx.namespaces_of(caller) or ())
-        return [r for r in rows if (r["kind"] == "Workload" and r["object"].split("/", 1)[0] in namespaces)
-                or (r["kind"] == "Tenant" and r["object"] == caller.tenant)]  # fmt: skip
-    return [r for r in rows if r["kind"] == "Node" and r["object"] == caller.node]
+        return EventScope(namespaces=tuple(ctx.namespaces_of(caller) or ()), tenant=caller.tenant)
+    return EventScope(node=caller.node or "")
+
+
+def _visible_events(ctx: ServerContext, caller: Identity, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows of `rows` that `caller` may see (see `event_scope`)."""
+    scope = event_scope(ctx, caller)
+    return rows if scope is None else [r for r in rows if scope.allows(r)]
 
 
 @router.get("/events")
@@ -218,13 +231,41 @@ def list_events(
     since: Annotated[int, Query(ge=0, le=MAX_EVENT_ID, description="only events with a larger id")] = 0,
     kind: str | None = None,
     object: str | None = None,
-    limit: Annotated[int, Query(ge=1, le=5000)] = 500,
+    limit: LimitQuery = None,
+    continue_: ContinueQuery = None,
 ) -> dict[str, Any]:
-    rows = ctx.store.events(since, kind=kind, obj=object, limit=limit)
-    return {"items": [event_view(r) for r in _visible_events(ctx, caller, rows)]}
+    """Events, oldest first, a page at a time (`limit`, `continue`); what the token may see is decided
+    in the query, so every page is full until the last."""
+    page = paging.request("events", {"since": since, "kind": kind, "object": object}, limit, continue_)
+    after = since if page.after is None else page.after
+    found = ctx.store.event_page(after, page.limit, kind, object, event_scope(ctx, caller))  # type: ignore[arg-type]
+    last = found.rows[-1]["id"] if found.rows else None
+    return page.answer([event_view(r) for r in found.rows], last, found.remaining)
 
 
-@router.get("/events/watch")
+def watch_hub(request: Request) -> WatchHub:
+    """The process's shared feed of SSE watches (app.py makes it; made here with default limits otherwise)."""
+    hub = getattr(request.app.state, "watch_hub", None)
+    if hub is None:
+        hub = request.app.state.watch_hub = WatchHub(request.app.state.ctx.store)
+    return hub  # type: ignore[no-any-return]
+
+
+class _WatchResponse(StreamingResponse):
+    """A streaming response that gives its watch back however it ends (even before the first event)."""
+
+    def __init__(self, content: Any, release: Callable[[], None], **kwargs: Any):
+        super().__init__(content, **kwargs)
+        self.release = release
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.release()
+
+
+@router.get("/events/watch", responses={429: {"description": "Too many watches (per token or in total)"}})
 async def watch_events(
     request: Request,
     ctx: Ctx,
@@ -234,7 +275,9 @@ async def watch_events(
     kind: str | None = None,
     object: str | None = None,
 ) -> StreamingResponse:
-    """Server-Sent Events: each event as `id`/`event`/`data`; resume with `Last-Event-ID` or `?since=`."""
+    """Server-Sent Events: each event as `id`/`event`/`data`; resume with `Last-Event-ID` or `?since=`.
+    Every watch of the process is served from one shared read of the event table (server/watch_hub.py);
+    a client that reads too slowly is closed with a comment saying where to resume."""
     cursor = since
     if cursor is None and last_event_id is not None:
         if not last_event_id.isdigit() or int(last_event_id) > MAX_EVENT_ID:
@@ -242,27 +285,75 @@ async def watch_events(
                 [{"loc": ["header", "Last-Event-ID"], "msg": "must be an event id", "input": last_event_id}]
             )
         cursor = int(last_event_id)
-    if cursor is None:
-        cursor = await run_in_threadpool(ctx.store.last_event_id)
+    hub = watch_hub(request)
+    token = digest(request.headers.get("authorization", "").partition(" ")[2].strip())
+    try:
+        hub.admit(token)
+    except TooManyWatches as exc:
+        raise HTTPException(429, str(exc), headers={"Retry-After": str(hub.limits.retry_after_s)}) from None
+    try:
+        scope = await run_in_threadpool(event_scope, ctx, caller)
+    except BaseException:
+        hub.release(token)
+        raise
+    watcher = Watcher(kind, object, scope, hub.limits.buffer)
 
-    async def stream(position: int) -> AsyncIterator[str]:
-        yield f": watching events after {position}\n\n"
-        feed, quiet = FeedCursor(position), 0.0
-        while not await request.is_disconnected():
-            read = await run_in_threadpool(feed.read, ctx.store, WATCH_PAGE)
-            rows = [r for r in read if (not kind or r["kind"] == kind) and (not object or r["object"] == object)]
-            for row in await run_in_threadpool(_visible_events, ctx, caller, rows) if rows else ():
-                yield f"id: {row['id']}\nevent: {row['kind']}\ndata: {json.dumps(event_view(row))}\n\n"
-                quiet = 0.0
-            if len(read) == WATCH_PAGE:  # more to catch up on: no pause
-                continue
-            await asyncio.sleep(WATCH_POLL_S)
-            quiet += WATCH_POLL_S
-            if quiet >= WATCH_KEEPALIVE_S:
-                yield ": keep-alive\n\n"
-                quiet = 0.0
+    async def stream() -> AsyncIterator[bytes | str]:
+        outbox: asyncio.Queue[Chunk] = asyncio.Queue(maxsize=2)  # catch-up reads wait for the client
+        last = cursor
+        joining: asyncio.Future[None] | None = None
+        try:
+            yield f": watching events after {'the newest' if cursor is None else cursor}\n\n"
+            if cursor is not None:
+                note = await hub.pruned_after(cursor)
+                if note is not None:
+                    yield f": {note}\n\n"
+            joining = asyncio.ensure_future(hub.join(watcher, cursor, outbox.put))
+            while not joining.done() or not outbox.empty():  # catching up from the database
+                getter = asyncio.ensure_future(outbox.get())
+                await asyncio.wait({getter, joining}, timeout=WATCH_KEEPALIVE_S, return_when=asyncio.FIRST_COMPLETED)
+                if getter.done():
+                    chunk = getter.result()
+                    last = chunk.last_id
+                    yield chunk.data
+                    continue
+                getter.cancel()
+                if not joining.done():
+                    yield ": keep-alive\n\n"
+            joining.result()
+            if last is None:
+                last = watcher.joined_at
+            refreshed = time.monotonic()
+            while True:
+                chunks = await watcher.next(WATCH_KEEPALIVE_S)
+                for chunk in chunks:
+                    last = chunk.last_id
+                    yield chunk.data
+                if watcher.overflowed:
+                    yield (f": this watch fell more than {watcher.limit} events behind and is closed; "
+                           f"resume with Last-Event-ID: {last}\n\n")  # fmt: skip
+                    return
+                if not chunks:
+                    yield ": keep-alive\n\n"
+                if caller.role == TENANT and time.monotonic() - refreshed > SCOPE_REFRESH_S:
+                    # namespaces granted or taken away since: the next fan-out filters by the new scope
+                    watcher.scope = await run_in_threadpool(event_scope, ctx, caller)
+                    refreshed = time.monotonic()
+        finally:
+            if joining is not None:
+                joining.cancel()
+            hub.leave(watcher)
 
-    return StreamingResponse(stream(cursor), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    released = False
+
+    def release() -> None:
+        nonlocal released
+        if not released:
+            released = True
+            hub.leave(watcher)
+            hub.release(token)
+
+    return _WatchResponse(stream(), release, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
 #: Routes reached only when no other route matches (app.py includes them last): a tenant stored

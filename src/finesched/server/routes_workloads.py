@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import gc
+import logging
 import time
+from collections.abc import Callable, Mapping
 from typing import Annotated, Any, Literal, get_args
 
 from fastapi import APIRouter, Body, HTTPException, Query
@@ -10,10 +15,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from finesched.admission import World, admit_workload
 from finesched.errors import ValidationError
+from finesched.model.selector import parse_selector
 from finesched.model.workload import Workload
-from finesched.server import lifecycle
+from finesched.server import lifecycle, paging
 from finesched.server.auth import ADMIN, AGENT, TENANT, Identity
 from finesched.server.context import MAX_ITEMS_PER_REQUEST, Caller, Ctx, ServerContext
+from finesched.server.paging import ContinueQuery, LimitQuery
+from finesched.server.quota import Charge, QuotaExceeded, charge_all
 from finesched.server.store import FAILED, HOLDING, PENDING, PHASES, RUNNING, SUCCEEDED, Conflict, NotFound
 from finesched.server.views import (
     InputError,
@@ -26,6 +34,7 @@ from finesched.server.views import (
     workload_view,
 )
 
+log = logging.getLogger("finesched.server")
 router = APIRouter(prefix="/v1", tags=["workloads"])
 Phase = Literal["Pending", "Bound", "Running", "Succeeded", "Failed", "Rejected"]
 assert get_args(Phase) == PHASES
@@ -91,11 +100,17 @@ def submit_workloads(body: ManifestBody, ctx: Ctx, caller: Caller) -> dict[str, 
     caller.require(ADMIN, TENANT)
     workloads = parse_workloads(body, caller, ctx, ctx.world())
     items = [(w.namespace, w.name, w.tenant, canonical(w)) for w in workloads]
+    per_tenant: dict[str, int] = {}
+    for w in workloads:
+        per_tenant[w.tenant] = per_tenant.get(w.tenant, 0) + 1
+    charges = {tenant: Charge(workloads=n, pending=n) for tenant, n in per_tenant.items()}
     started = time.thread_time()
     try:
-        ids, events = ctx.store.submit(items)
+        ids, events = ctx.store.submit(items, check=lambda conn: charge_all(conn, charges))
     except Conflict as exc:
         raise HTTPException(409, str(exc)) from None
+    except QuotaExceeded as exc:
+        raise HTTPException(403, str(exc)) from None
     ctx.metrics.submit_store_seconds.observe(time.thread_time() - started)
     ctx.loop.submitted(zip(ids, workloads, strict=True), events)
     return {"items": [_pending_view(w, i) for w, i in zip(workloads, ids, strict=True)]}
@@ -116,10 +131,12 @@ def list_workloads(
     phase: Annotated[Phase | None, Query(description=f"one of {', '.join(PHASES)}")] = None,
     node: str | None = None,
     job: str | None = None,
+    limit: LimitQuery = None,
+    continue_: ContinueQuery = None,
 ) -> dict[str, Any]:
-    """Workloads, oldest first; a tenant token sees those of its tenant's namespaces, an agent token
-    those bound to its node."""
-    namespaces: tuple[str | None, ...] = (namespace,)
+    """Workloads, oldest first, a page at a time (`limit`, `continue`); a tenant token sees those of
+    its tenant's namespaces, an agent token those bound to its node."""
+    namespaces: tuple[str, ...] | None = None
     if caller.role == TENANT:
         if tenant not in (None, caller.tenant):
             raise HTTPException(403, f"this token is for tenant {caller.tenant}, not {tenant}")
@@ -130,11 +147,69 @@ def list_workloads(
             namespaces = ctx.namespaces_of(caller, world) or ()
     elif caller.role == AGENT:
         node = caller.node
-    rows = []
-    for ns in namespaces:
-        rows += ctx.store.list_workloads(namespace=ns, tenant=tenant, phase=phase, node=node, job=job)
-    rows.sort(key=lambda r: r["id"])
-    return {"items": [workload_view(r) for r in rows]}
+    filters = {"namespace": namespace, "tenant": tenant, "phase": phase, "node": node, "job": job}
+    page = paging.request("workloads", filters, limit, continue_)
+    found = ctx.store.workload_page(page.after, page.limit, namespaces, **filters)  # type: ignore[arg-type]
+    last = found.rows[-1]["id"] if found.rows else None
+    return page.answer([workload_view(r) for r in found.rows], last, found.remaining)
+
+
+def visible_workloads(ctx: ServerContext, caller: Identity, **filters: str | None) -> list[dict[str, Any]]:
+    """Every workload `GET /v1/workloads` lists for `caller` with these filters, all pages followed
+    (for the server's own views; each page is answered by the route itself)."""
+    items: list[dict[str, Any]] = []
+    token = None
+    query: dict[str, Any] = {"namespace": None, "tenant": None, "phase": None, "node": None, "job": None, **filters}
+    while True:
+        answer = list_workloads(ctx, caller, **query, limit=paging.MAX_PAGE, continue_=token)
+        items += answer["items"]
+        token = answer["metadata"].get("continue")
+        if token is None:
+            return items
+
+
+@router.delete("/workloads")
+def delete_workloads(
+    ctx: Ctx,
+    caller: Caller,
+    namespace: Annotated[str | None, Query(description="The namespace (required for a tenant token)")] = None,
+    label_selector: Annotated[
+        str | None,
+        Query(alias="labelSelector", description="Only workloads whose labels match, e.g. `app=web,tier!=db`"),
+    ] = None,
+) -> dict[str, Any]:
+    """Delete many workloads at once (Kubernetes' deletecollection): those of `namespace` (an admin
+    without one: of every namespace) whose labels match `labelSelector` (none: all). Their bindings
+    are released (node agents stop the processes), a thousand per transaction, with one Deleted event
+    each. A Job's slots are left to their job (`DELETE /v1/jobs/{namespace}/{name}`)."""
+    caller.require(ADMIN, TENANT)
+    if namespace is None and caller.role == TENANT:
+        raise InputError([{"loc": ["query", "namespace"], "msg": "a tenant token names the namespace to delete in"}])
+    if namespace is not None:
+        ctx.check_namespace(caller, namespace)
+    matches: Callable[[Mapping[str, str]], bool] | None = None
+    if label_selector:
+        try:
+            matches = parse_selector(label_selector).matches
+        except ValidationError as exc:
+            raise invalid(exc, ("query",)) from None
+    deleted = released = 0
+    for keys, bound, event_ids in ctx.store.delete_workloads(namespace, matches):
+        ctx.loop.deleted(keys, event_ids)
+        deleted += len(keys)
+        released += len(bound)
+    if deleted >= 1000:
+        _give_memory_back()
+    log.info("deleted %d workloads (namespace %s, selector %r)", deleted, namespace or "*", label_selector or "")
+    return {"deleted": deleted, "released": released, "namespace": namespace, "labelSelector": label_selector or ""}
+
+
+def _give_memory_back() -> None:
+    """After a large delete: collect what the deleted workloads left, and let the C allocator return
+    its free pages to the system (glibc keeps them otherwise, and the process stays at its peak)."""
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to ask
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def _visible_workload(ctx: ServerContext, caller: Identity, namespace: str, name: str) -> dict[str, Any]:
@@ -189,15 +264,23 @@ def report_status(namespace: str, name: str, report: StatusReport, ctx: Ctx, cal
 
 
 @router.get("/bindings")
-def list_bindings(ctx: Ctx, caller: Caller, node: str | None = None) -> dict[str, Any]:
-    """Bindings, optionally of one node (an agent token sees only its own node's)."""
+def list_bindings(
+    ctx: Ctx, caller: Caller, node: str | None = None, limit: LimitQuery = None, continue_: ContinueQuery = None
+) -> dict[str, Any]:
+    """Bindings, optionally of one node (an agent token sees only its own node's), by workload id, a
+    page at a time. One node's bindings without `limit` come in one answer, all of them (what node
+    agents read; a node holds what fits on it)."""
     if caller.role == AGENT:
         if node not in (None, caller.node):
             raise HTTPException(403, f"this agent token is for node {caller.node}, not {node}")
         node = caller.node
     else:
         caller.require(ADMIN)
-    return {"items": [binding_row_view(r) for r in ctx.store.bindings(node)]}
+    default = None if node is not None else paging.DEFAULT_PAGE
+    page = paging.request("bindings", {"node": node}, limit, continue_, default=default)
+    found = ctx.store.binding_page(node, page.after, page.limit)  # type: ignore[arg-type]
+    last = found.rows[-1]["workload_id"] if found.rows else None
+    return page.answer([binding_row_view(r) for r in found.rows], last, found.remaining)
 
 
 @router.get("/bindings/{namespace}/{name}")

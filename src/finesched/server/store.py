@@ -9,13 +9,28 @@ when the object is gone. Rows come back as plain dicts (no ORM objects leak out)
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from sqlalchemy import Connection, Row, case, delete, func, insert, or_, select, update
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    Row,
+    Select,
+    Table,
+    and_,
+    case,
+    delete,
+    false,
+    func,
+    insert,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy.exc import IntegrityError
 
 from finesched.server import schema as t
@@ -82,6 +97,64 @@ def preempted_reason(victim: Mapping[str, Any], preemptor: str, binding: Mapping
     higher = int(binding.get("priority") or 0) > int(victim.get("priority") or 0)
     who = "a higher-priority workload" if higher else "a workload of another tenant"
     return f"preempted by {who} on {node}: {why}"
+
+
+@dataclass(frozen=True)
+class Page:
+    """One keyset page of a list: its rows, and how many more rows match after the last one."""
+
+    rows: list[dict[str, Any]]
+    remaining: int
+
+
+@dataclass(frozen=True)
+class EventScope:
+    """The events a non-admin caller may see: a tenant's (its own Tenant events and the Workload
+    events of its namespaces) or an agent's (its node's)."""
+
+    namespaces: tuple[str, ...] = ()
+    tenant: str | None = None
+    node: str | None = None
+
+    def condition(self) -> ColumnElement[bool]:
+        """The scope as SQL (a namespace prefix is a range on the (kind, object) index)."""
+        parts: list[ColumnElement[bool]] = [
+            and_(t.events.c.kind == "Workload", t.events.c.object >= f"{ns}/", t.events.c.object < f"{ns}0")
+            for ns in self.namespaces
+        ]  # "0" is the character after "/"
+        if self.tenant is not None:
+            parts.append(and_(t.events.c.kind == "Tenant", t.events.c.object == self.tenant))
+        if self.node is not None:
+            parts.append(and_(t.events.c.kind == "Node", t.events.c.object == self.node))
+        return or_(*parts) if parts else false()
+
+    def allows(self, row: Mapping[str, Any]) -> bool:
+        """The same rule in Python, for events already read (the SSE watch's shared feed)."""
+        kind, obj = row["kind"], row["object"]
+        if kind == "Workload":
+            return obj.split("/", 1)[0] in self.namespaces
+        if kind == "Tenant":
+            return self.tenant is not None and obj == self.tenant
+        return kind == "Node" and self.node is not None and obj == self.node
+
+
+def keyset_page(
+    conn: Connection, query: Select[Any], table: Table, key: str, conditions: Sequence[ColumnElement[bool]],
+    after: Any, limit: int | None,
+) -> Page:  # fmt: skip
+    """At most `limit` rows of `query` (None: all) matching `conditions`, with `key` > `after`, by
+    `key`; and how many more match (counted only when there are more)."""
+    column = table.c[key]
+    where = [*conditions, column > after] if after is not None else list(conditions)
+    ordered = query.where(*where).order_by(column)
+    if limit is not None:
+        ordered = ordered.limit(limit + 1)
+    rows: list[dict[str, Any]] = [as_dict(r) for r in conn.execute(ordered)]  # type: ignore[misc]
+    if limit is None or len(rows) <= limit:
+        return Page(rows, 0)
+    rows = rows[:limit]
+    more = select(func.count()).select_from(table).where(*conditions, column > rows[-1][key])
+    return Page(rows, int(conn.execute(more).scalar_one()))
 
 
 def chunks(items: Sequence[T], size: int = CHUNK) -> Iterator[Sequence[T]]:
@@ -158,6 +231,11 @@ class Store:
     def list_nodes(self) -> list[dict[str, Any]]:
         with self.read() as conn:
             return [as_dict(r) for r in conn.execute(select(t.nodes).order_by(t.nodes.c.name))]  # type: ignore[misc]
+
+    def node_page(self, after: str | None, limit: int | None) -> Page:
+        """Nodes by name after `after` (a page of `GET /v1/nodes`)."""
+        with self.read() as conn:
+            return keyset_page(conn, select(t.nodes), t.nodes, "name", (), after, limit)
 
     def node_summary(self, limit: int = 100) -> tuple[int, int, int, list[tuple[str, bool, bool]]]:
         """(nodes, Ready, cordoned, the first `limit` NotReady or cordoned nodes by name as (name,
@@ -243,14 +321,18 @@ class Store:
 
     # Workloads ---------------------------------------------------------------------------------------
     def submit(
-        self, items: Sequence[tuple[str, str, str, Mapping[str, Any]]], job: str | None = None
-    ) -> tuple[list[int], list[int]]:
+        self, items: Sequence[tuple[str, str, str, Mapping[str, Any]]], job: str | None = None,
+        check: Callable[[Connection], None] | None = None,
+    ) -> tuple[list[int], list[int]]:  # fmt: skip
         """Insert workloads (namespace, name, tenant, manifest) as Pending, all or none; their ids and
-        the ids of the events announcing them.
+        the ids of the events announcing them. `check(conn)` runs first in the same transaction and
+        may refuse the whole write by raising (the tenants' object quotas, server/quota.py).
 
         Raises Conflict naming the first key that already exists."""
         try:
             with self.write() as conn:
+                if check is not None:
+                    check(conn)
                 return self.insert_pending(conn, items, job)
         except IntegrityError:
             keys = [f"{ns}/{name}" for ns, name, _, _ in items]
@@ -304,16 +386,77 @@ class Store:
         """Workloads (with bindings) matching namespace / tenant / phase / node / job, in submission order.
         A job without a namespace (``clicks``) is that job name in whichever namespaces the other
         filters allow."""
+        return self.workload_page(None, None, **filters).rows
+
+    def workload_page(
+        self, after: int | None, limit: int | None, namespaces: Collection[str] | None = None, **filters: str | None
+    ) -> Page:
+        """Workloads (with bindings) matching the filters of `list_workloads`, in `namespaces` (None:
+        any), by id after `after`: one query whatever the number of namespaces."""
+        conditions = self._workload_filters(filters)
+        if namespaces is not None:
+            conditions.append(t.workloads.c.namespace.in_(sorted(namespaces)) if namespaces else false())
         query = select(t.workloads, t.bindings.c.data.label("binding_data")).outerjoin(
             t.bindings, t.bindings.c.workload_id == t.workloads.c.id
         )
+        with self.read() as conn:
+            return keyset_page(conn, query, t.workloads, "id", conditions, after, limit)
+
+    @staticmethod
+    def _workload_filters(filters: Mapping[str, str | None]) -> list[ColumnElement[bool]]:
+        conditions: list[ColumnElement[bool]] = []
         for column, value in filters.items():
             if column == "job" and value and "/" not in value:
-                query = query.where(t.workloads.c.job.endswith(f"/{value}", autoescape=True))
+                conditions.append(t.workloads.c.job.endswith(f"/{value}", autoescape=True))
             elif value:
-                query = query.where(getattr(t.workloads.c, column) == value)
+                conditions.append(getattr(t.workloads.c, column) == value)
+        return conditions
+
+    def has_workloads(self, namespace: str) -> bool:
         with self.read() as conn:
-            return [as_dict(r) for r in conn.execute(query.order_by(t.workloads.c.id))]  # type: ignore[misc]
+            query = select(t.workloads.c.id).where(t.workloads.c.namespace == namespace).limit(1)
+            return conn.execute(query).first() is not None
+
+    def delete_workloads(
+        self, namespace: str | None, matches: Callable[[Mapping[str, str]], bool] | None = None, chunk: int = CHUNK
+    ) -> Iterator[tuple[list[str], list[str], list[int]]]:
+        """Delete the workloads of `namespace` (None: every namespace) whose labels `matches` (None:
+        all of them), `chunk` at a time, each chunk one transaction that releases their bindings and
+        writes one Deleted event per workload (the change feed). Yields, per chunk, the keys deleted,
+        those of them that were bound, and the event ids. A job's slots are not deleted here: a job
+        goes with all its slots at once (job_store.delete_job)."""
+        after = 0
+        while True:
+            with self.write() as conn:
+                columns = [t.workloads.c.id, t.workloads.c.namespace, t.workloads.c.name,
+                           t.bindings.c.workload_id.label("bound")]  # fmt: skip
+                if matches is not None:
+                    columns.append(t.workloads.c.spec)
+                conditions = [t.workloads.c.id > after, t.workloads.c.job.is_(None)]
+                if namespace is not None:
+                    conditions.append(t.workloads.c.namespace == namespace)
+                query = (
+                    select(*columns)
+                    .outerjoin(t.bindings, t.bindings.c.workload_id == t.workloads.c.id)
+                    .where(*conditions)
+                    .order_by(t.workloads.c.id)
+                    .limit(chunk)
+                )
+                rows = conn.execute(query).all()
+                if not rows:
+                    return
+                after = rows[-1].id
+                if matches is not None:
+                    rows = [r for r in rows if matches(_labels(r.spec))]
+                if not rows:
+                    continue
+                ids = [r.id for r in rows]
+                keys = [f"{r.namespace}/{r.name}" for r in rows]
+                bound = [f"{r.namespace}/{r.name}" for r in rows if r.bound is not None]
+                conn.execute(delete(t.bindings).where(t.bindings.c.workload_id.in_(ids)))
+                conn.execute(delete(t.workloads).where(t.workloads.c.id.in_(ids)))
+                event_ids = self.log(conn, [Event("Workload", key, "Deleted", "deleted with others") for key in keys])
+            yield keys, bound, event_ids
 
     def pending(self, after_id: int = 0) -> list[dict[str, Any]]:
         """Pending workloads with id > `after_id`, oldest first (what the scheduler must queue)."""
@@ -403,13 +546,16 @@ class Store:
         return [Event("Workload", key, "Preempted", reason)]
 
     def bindings(self, node: str | None = None) -> list[dict[str, Any]]:
+        return self.binding_page(node, None, None).rows
+
+    def binding_page(self, node: str | None, after: int | None, limit: int | None) -> Page:
+        """Bindings (with their workload's spec and phase), optionally of one node, by workload id."""
         query = select(t.bindings, t.workloads.c.spec, t.workloads.c.phase).join(
             t.workloads, t.workloads.c.id == t.bindings.c.workload_id
         )
-        if node is not None:
-            query = query.where(t.bindings.c.node == node)
+        conditions = [t.bindings.c.node == node] if node is not None else []
         with self.read() as conn:
-            return [as_dict(r) for r in conn.execute(query.order_by(t.bindings.c.workload_id))]  # type: ignore[misc]
+            return keyset_page(conn, query, t.bindings, "workload_id", conditions, after, limit)
 
     def ack(self, key: str) -> None:
         with self.write() as conn:
@@ -510,6 +656,43 @@ class Store:
         with self.read() as conn:
             return [as_dict(r) for r in conn.execute(query.order_by(t.events.c.id).limit(limit))]  # type: ignore[misc]
 
+    def event_page(
+        self, after: int, limit: int | None, kind: str | None = None, obj: str | None = None,
+        scope: EventScope | None = None, up_to: int | None = None,
+    ) -> Page:  # fmt: skip
+        """Events by id after `after` (and up to `up_to`), of one kind / object, within `scope` (None:
+        all of them)."""
+        conditions = [t.events.c.id <= up_to] if up_to is not None else []
+        if kind:
+            conditions.append(t.events.c.kind == kind)
+        if obj:
+            conditions.append(t.events.c.object == obj)
+        if scope is not None:
+            conditions.append(scope.condition())
+        with self.read() as conn:
+            return keyset_page(conn, select(t.events), t.events, "id", conditions, after, limit)
+
+    def prune_events(self, before: datetime, up_to: int, chunk: int = CHUNK) -> int:
+        """Delete events older than `before` with ids up to `up_to` (what every reader of this process
+        has read), `chunk` per transaction so that writers wait at most one chunk; how many."""
+        removed = 0
+        while True:
+            with self.write() as conn:
+                ids = [r[0] for r in conn.execute(
+                    select(t.events.c.id).where(t.events.c.time < before, t.events.c.id <= up_to)
+                    .order_by(t.events.c.id).limit(chunk)
+                )]  # fmt: skip
+                if ids:
+                    conn.execute(delete(t.events).where(t.events.c.id.in_(ids)))
+            removed += len(ids)
+            if len(ids) < chunk:
+                return removed
+
+    def first_event_id(self) -> int:
+        """The oldest event id kept (0 when there are none)."""
+        with self.read() as conn:
+            return int(conn.execute(select(func.coalesce(func.min(t.events.c.id), 0))).scalar_one())
+
     def silent_nodes(self, cutoff: datetime) -> list[tuple[str, bool, datetime]]:
         """(name, ready, last heartbeat) of nodes with an agent that has not reported since `cutoff`
         (nodes registered by hand never reported and are left out)."""
@@ -547,3 +730,10 @@ class Store:
     def list_tenants(self) -> list[dict[str, Any]]:
         with self.read() as conn:
             return [as_dict(r) for r in conn.execute(select(t.tenants).order_by(t.tenants.c.name))]  # type: ignore[misc]
+
+
+def _labels(spec: Any) -> Mapping[str, str]:
+    """The labels of a stored manifest (none when it has none, or they are not a mapping)."""
+    metadata = spec.get("metadata") if isinstance(spec, Mapping) else None
+    labels = metadata.get("labels") if isinstance(metadata, Mapping) else None
+    return labels if isinstance(labels, Mapping) else {}

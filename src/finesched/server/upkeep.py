@@ -1,9 +1,11 @@
 """What the scheduling leader looks after once a second besides deciding: agents' heartbeats
-(NotReady, then requeue after a grace period) and why each queued workload still waits."""
+(NotReady, then requeue after a grace period), why each queued workload still waits, and the
+events table's retention (old events pruned)."""
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -82,3 +84,30 @@ class WaitingReasons:
         self.written = {k: v for k, v in self.written.items() if k in queued}
         self.written.update(changed)
         return changed
+
+
+@dataclass
+class EventPruner:
+    """Events older than `ttl_s` (Kubernetes keeps them an hour) are deleted every `every_s`, in
+    chunks (the `ix_events_time` index finds them), but never one a reader of this process has not
+    read yet: the scheduling loop's change feed (`feed_position`) and the `readers` (the SSE watch
+    feed's position, None while it is not running). None: events are kept for ever."""
+
+    store: Store
+    ttl_s: float | None
+    every_s: float = 60.0
+    readers: list[Callable[[], int | None]] = field(default_factory=list)
+    last: float = field(default_factory=time.monotonic)  # the first pruning waits a period after start
+    pruned: int = 0
+
+    def check(self, feed_position: int) -> int:
+        """Prune if a period has passed; how many events were deleted."""
+        if self.ttl_s is None or time.monotonic() - self.last < self.every_s:
+            return 0
+        self.last = time.monotonic()
+        positions = [feed_position, *(p for read in self.readers if (p := read()) is not None)]
+        removed = self.store.prune_events(now() - timedelta(seconds=self.ttl_s), min(positions))
+        if removed:
+            self.pruned += removed
+            log.info("pruned %d events older than %.0fs", removed, self.ttl_s)
+        return removed

@@ -32,5 +32,5 @@ def visible_on_node(ctx: ServerContext, caller: Identity, node: str) -> set[str]
     """The keys of `node`'s workloads that `GET /v1/workloads?node=` lists for `caller`; None: all."""
     if caller.role == ADMIN:
         return None
-    listed = routes_workloads.list_workloads(ctx, caller, namespace=None, tenant=None, phase=None, node=node, job=None)
-    return {f"{w['metadata']['namespace']}/{w['metadata']['name']}" for w in listed["items"]}
+    listed = routes_workloads.visible_workloads(ctx, caller, node=node)
+    return {f"{w['metadata']['namespace']}/{w['metadata']['name']}" for w in listed}
