@@ -89,8 +89,7 @@ def overview(request: Request, ctx: Ctx, caller: Caller) -> dict[str, Any]:
     total, ready, cordoned, flagged = ctx.store.node_summary()
     pending_visible = tenants_visible = None
     if caller.role != ADMIN:
-        listed = routes_workloads.list_workloads(ctx, caller, namespace=None, tenant=None, phase="Pending", node=None,
-                                                 job=None)["items"]  # fmt: skip
+        listed = routes_workloads.visible_workloads(ctx, caller, phase="Pending")
         pending_visible = {f"{w['metadata']['namespace']}/{w['metadata']['name']}" for w in listed}
         tenants_visible = {t["metadata"]["name"] for t in routes_tenants.list_tenants(ctx, caller)["items"]}
         tenants_visible.add(caller.tenant or "")

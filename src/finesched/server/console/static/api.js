@@ -44,6 +44,24 @@ export async function api(path, { method = "GET", body, contentType } = {}) {
   return data;
 }
 
+// Every item of a paged list (GET `path`: the server answers at most `limit` items a request, with
+// metadata.continue for the next page), keeping only the newest `keep` (lists are oldest first);
+// `total` counts them all.
+export async function apiAll(path, { keep = Infinity, limit = 5000 } = {}) {
+  const join = path.includes("?") ? "&" : "?";
+  let items = [];
+  let total = 0;
+  let next = null;
+  do {
+    const page = await api(`${path}${join}limit=${limit}${next ? `&continue=${encodeURIComponent(next)}` : ""}`);
+    total += page.items.length;
+    items = items.concat(page.items);
+    if (items.length > keep) items = items.slice(-keep);
+    next = page.metadata && page.metadata.continue;
+  } while (next);
+  return { items, total };
+}
+
 // GET `path` as text (a workload's output); an ApiError with the server's detail when refused.
 export async function apiText(path) {
   const response = await fetch(path, { headers: { Authorization: `Bearer ${token()}` } });

@@ -3,7 +3,7 @@
 // slot sharing groups (from its slot workloads, GET /v1/workloads?job=ns/name, which also give each
 // slot's binding) and its events.
 
-import { api } from "./api.js";
+import { api, apiAll } from "./api.js";
 import { amounts, h, keyValues, nodeLink, phaseBadge, section, table, workloadLink } from "./dom.js";
 import { devicesText } from "./workloads.js";
 
@@ -30,7 +30,7 @@ export const list = {
       minInterval: 2000,
       wants: (event) => event.kind === "Workload" || event.kind === "Job",
       async refresh() {
-        const jobs = (await api("/v1/jobs")).items.filter((job) => {
+        const jobs = (await apiAll("/v1/jobs")).items.filter((job) => {
           const st = job.status;
           const nodes = st.regions.flatMap((r) => r.slots.map((slot) => slot.node));
           return (mine || !tenant.value || st.tenant === tenant.value) && (!phase.value || st.phase === phase.value) && (!node.value || nodes.includes(node.value));
@@ -67,7 +67,7 @@ export const detail = {
       async refresh() {
         const [job, slots] = await Promise.all([
           api(`/v1/jobs/${encodeURIComponent(namespace)}/${encodeURIComponent(name)}`),
-          api(`/v1/workloads?job=${encodeURIComponent(key)}`),
+          apiAll(`/v1/workloads?job=${encodeURIComponent(key)}`),
         ]);
         root.replaceChildren(...draw(key, job, slots.items));
       },

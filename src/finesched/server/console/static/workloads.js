@@ -2,7 +2,7 @@
 // may see) and one workload with its binding, events, what its agent applied and the tail of its
 // output (GET /v1/workloads/{ns}/{name}/logs: the server relays it from the node's agent).
 
-import { api, apiText } from "./api.js";
+import { api, apiAll, apiText } from "./api.js";
 import { amounts, deviceAmount, grantText, h, keyValues, nodeLink, phaseBadge, section, table, workloadLink } from "./dom.js";
 
 const PHASES = ["", "Pending", "Bound", "Running", "Succeeded", "Failed", "Rejected"];
@@ -34,13 +34,12 @@ export const list = {
       minInterval: 1000,
       wants: (event) => event.kind === "Workload",
       async refresh() {
-        const data = await api(`/v1/workloads${params.toString() ? `?${params}` : ""}`);
-        const items = data.items;
+        const { items, total } = await apiAll(`/v1/workloads${params.toString() ? `?${params}` : ""}`, { keep: SHOWN });
         body.replaceChildren(
-          h("p", { class: "muted", id: "workload-count" }, items.length > SHOWN ? `${items.length} workloads; the newest ${SHOWN} shown` : `${items.length} workload(s)`),
+          h("p", { class: "muted", id: "workload-count" }, total > SHOWN ? `${total} workloads; the newest ${SHOWN} shown` : `${total} workload(s)`),
           table(
             ["workload", "tenant", "phase", "node", "cpuset", "devices", "reason"],
-            items.slice(-SHOWN).reverse().map((w) => {
+            items.slice().reverse().map((w) => {
               const key = `${w.metadata.namespace}/${w.metadata.name}`;
               const binding = w.status.binding || {};
               return h(
