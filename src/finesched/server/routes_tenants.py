@@ -18,6 +18,7 @@ from finesched.model.tenant import Tenant
 from finesched.sched.queue import demand_of
 from finesched.server import schema as t
 from finesched.server.auth import ADMIN, TENANT, Identity
+from finesched.server.authz import AdminCaller
 from finesched.server.cluster_view import tenant_from_row
 from finesched.server.context import Caller, Ctx, ServerContext
 from finesched.server.feed import FeedCursor
@@ -60,7 +61,7 @@ def _store_tenant(ctx: ServerContext, tenant: Tenant, *, create_only: bool) -> b
 
 
 @router.post("/tenants", status_code=201)
-def create_tenant(body: TenantBody, ctx: Ctx, caller: Caller) -> dict[str, Any]:
+def create_tenant(body: TenantBody, ctx: Ctx, caller: AdminCaller) -> dict[str, Any]:
     caller.require(ADMIN)
     tenant: Tenant = parse_kind(body, "Tenant")
     _store_tenant(ctx, tenant, create_only=True)
@@ -68,7 +69,7 @@ def create_tenant(body: TenantBody, ctx: Ctx, caller: Caller) -> dict[str, Any]:
 
 
 @router.put("/tenants/{name}")
-def put_tenant(name: str, body: TenantBody, ctx: Ctx, caller: Caller) -> dict[str, Any]:
+def put_tenant(name: str, body: TenantBody, ctx: Ctx, caller: AdminCaller) -> dict[str, Any]:
     caller.require(ADMIN)
     tenant: Tenant = parse_kind(body, "Tenant")
     if tenant.name != name:
@@ -78,7 +79,7 @@ def put_tenant(name: str, body: TenantBody, ctx: Ctx, caller: Caller) -> dict[st
 
 
 @router.patch("/tenants/{name}")
-def patch_tenant(name: str, body: PatchBody, ctx: Ctx, caller: Caller) -> dict[str, Any]:
+def patch_tenant(name: str, body: PatchBody, ctx: Ctx, caller: AdminCaller) -> dict[str, Any]:
     """Change some spec fields (weight, quota, ...); the result is validated like a whole manifest."""
     caller.require(ADMIN)
     row = _tenant_row(ctx, name)

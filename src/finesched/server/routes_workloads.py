@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any, Literal, get_args
 
-from fastapi import APIRouter, Body, HTTPException, Query
+from fastapi import APIRouter, Body, Depends, HTTPException, Query
 from pydantic import BaseModel, ConfigDict, Field
 
 from finesched.admission import World, admit_workload
@@ -13,6 +13,7 @@ from finesched.errors import ValidationError
 from finesched.model.workload import Workload
 from finesched.server import lifecycle
 from finesched.server.auth import ADMIN, AGENT, TENANT, Identity
+from finesched.server.authz import AdminOrAgent, ManifestWriter, check_namespaces
 from finesched.server.context import MAX_ITEMS_PER_REQUEST, Caller, Ctx, ServerContext
 from finesched.server.store import FAILED, HOLDING, PENDING, PHASES, RUNNING, SUCCEEDED, Conflict, NotFound
 from finesched.server.views import (
@@ -21,7 +22,6 @@ from finesched.server.views import (
     binding_row_view,
     canonical,
     invalid,
-    namespace_of,
     parse_kind,
     workload_view,
 )
@@ -56,8 +56,7 @@ def parse_workloads(body: Any, caller: Identity, ctx: ServerContext, world: Worl
         raise InputError([{"loc": ["body"], "msg": "no workloads given"}])
     if len(docs) > MAX_ITEMS_PER_REQUEST:
         raise InputError([{"loc": ["body"], "msg": f"at most {MAX_ITEMS_PER_REQUEST} workloads per request"}], 413)
-    for namespace in dict.fromkeys(map(namespace_of, docs)):  # who may write there, before what is written
-        ctx.check_namespace(caller, namespace, world)
+    check_namespaces(ctx, caller, docs, world)  # who may write there, before what is written
     workloads, problems, seen = [], [], set()
     for i, doc in enumerate(docs):
         prefix: tuple[str | int, ...] = ("body", i) if isinstance(body, list) else ("body",)
@@ -85,7 +84,7 @@ def parse_workloads(body: Any, caller: Identity, ctx: ServerContext, world: Worl
 
 
 @router.post("/workloads", status_code=201)
-def submit_workloads(body: ManifestBody, ctx: Ctx, caller: Caller) -> dict[str, Any]:
+def submit_workloads(body: ManifestBody, ctx: Ctx, caller: ManifestWriter) -> dict[str, Any]:
     """Submit one Workload manifest or a list (all or none); they are Pending until bound."""
     caller.require(ADMIN, TENANT)
     workloads = parse_workloads(body, caller, ctx, ctx.world())
@@ -167,10 +166,19 @@ def delete_workload(namespace: str, name: str, ctx: Ctx, caller: Caller) -> dict
     return {"deleted": f"{namespace}/{name}", "released": row["binding"] is not None}
 
 
+def _agent_workload(namespace: str, name: str, ctx: Ctx, caller: AdminOrAgent) -> dict[str, Any]:
+    """The workload an agent reports on (an admin's: any), before the report is read: another
+    node's agent is answered 403 whatever it sends."""
+    return _visible_workload(ctx, caller, namespace, name)
+
+
+AgentWorkload = Annotated[dict[str, Any], Depends(_agent_workload)]
+
+
 @router.post("/workloads/{namespace}/{name}/status")
-def report_status(namespace: str, name: str, report: StatusReport, ctx: Ctx, caller: Caller) -> dict[str, Any]:
+def report_status(namespace: str, name: str, report: StatusReport, ctx: Ctx, caller: Caller,
+                  row: AgentWorkload) -> dict[str, Any]:  # fmt: skip
     """A node agent reports Running, or the exit (Succeeded / Failed), which releases the binding."""
-    row = _visible_workload(ctx, caller, namespace, name)
     if row["binding"] is None or row["phase"] not in HOLDING:
         raise HTTPException(409, f"workload {namespace}/{name} is {row['phase']}, not bound")
     caller.require_node(row["binding"]["node"])
@@ -225,7 +233,7 @@ def ack_binding(namespace: str, name: str, ctx: Ctx, caller: Caller) -> dict[str
     return {"workload": key, "acked": True}
 
 
-@router.post("/bindings/{namespace}/{name}/reject")
+@router.post("/bindings/{namespace}/{name}/reject", dependencies=[Depends(_agent_workload)])
 def reject_binding(namespace: str, name: str, report: RejectReport, ctx: Ctx, caller: Caller) -> dict[str, Any]:
     """The agent cannot apply the binding: it is released and the workload requeued with the reason,
     placed again after a backoff that grows with each rejection in a row (server/lifecycle.py)."""
