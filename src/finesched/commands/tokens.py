@@ -19,7 +19,6 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 import yaml
-from click.core import ParameterSource
 from rich.markup import escape
 
 from finesched.commands.client import CaOption, Client, InsecureOption, TokenOption, err, out
@@ -45,8 +44,12 @@ OUTPUTS = ("table", "wide", "json", "yaml")
 
 def _on_server(ctx: typer.Context, server: str | None) -> bool:
     """Whether to go through the API: --server (or FINESCHED_SERVER) unless --db is on the command line."""
-    db_given = ctx.get_parameter_source("db") == ParameterSource.COMMANDLINE
-    if db_given and ctx.get_parameter_source("server") == ParameterSource.COMMANDLINE:
+    def typed(name: str) -> bool:  # given on the command line (not from the environment or a default)
+        source = ctx.get_parameter_source(name)
+        return source is not None and source.name == "COMMANDLINE"
+
+    db_given = typed("db")
+    if db_given and typed("server"):
         raise typer.BadParameter("give --db (the database) or --server (a running control plane), not both",
                                  param_hint="--server")  # fmt: skip
     return server is not None and not db_given
