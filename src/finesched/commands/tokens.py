@@ -44,6 +44,7 @@ OUTPUTS = ("table", "wide", "json", "yaml")
 
 def _on_server(ctx: typer.Context, server: str | None) -> bool:
     """Whether to go through the API: --server (or FINESCHED_SERVER) unless --db is on the command line."""
+
     def typed(name: str) -> bool:  # given on the command line (not from the environment or a default)
         source = ctx.get_parameter_source(name)
         return source is not None and source.name == "COMMANDLINE"
@@ -171,7 +172,10 @@ def token_list(
 @token_app.command("revoke")
 def token_revoke(
     ctx: typer.Context,
-    ids: Annotated[list[int], typer.Argument(help="The ids of the tokens (`finesched token list`).", min=1)],
+    ids: Annotated[
+        list[int],
+        typer.Argument(help="The ids of the tokens (`finesched token list`).", min=1, max=2**63 - 1, metavar="ID"),
+    ],
     db: DbOption = DEFAULT_DB,
     server: ServerOption = None,
     token: TokenOption = "",

@@ -15,8 +15,10 @@ endpoint accepts. Two things stood in the way:
   once the caller got past these checks (app.py's validation handler, or `raise_deferred` in a
   route that reads its body itself). A route that takes no body ignores one.
 
-A body whose target cannot be read at all (not JSON) names the `default` namespace, as a manifest
-without a namespace does (`views.namespace_of`).
+A body that cannot be read at all (empty, not JSON) names nothing: a caller whose right to write
+depends on what the body names (a tenant on the workloads it submits, an agent registering its
+node) then gets the 422 saying the body cannot be read, which tells nothing of the route. A
+manifest that names no namespace is in `default` (`views.namespace_of`).
 """
 
 from __future__ import annotations
@@ -89,7 +91,7 @@ NodeCaller = Annotated[Identity, Depends(_node_caller)]
 
 
 async def _node_writer(caller: AdminOrAgent, body: Annotated[Any, Depends(sent_json)]) -> Identity:
-    if caller.role == AGENT:
+    if caller.role == AGENT and body is not None:
         metadata = body.get("metadata") if isinstance(body, dict) else None
         name = metadata.get("name") if isinstance(metadata, dict) else None
         if name != caller.node:
@@ -102,7 +104,10 @@ NodeWriter = Annotated[Identity, Depends(_node_writer)]
 
 
 def check_namespaces(ctx: ServerContext, caller: Identity, body: Any, world: Any = None) -> None:
-    """403 unless `caller` may write in every namespace the manifests of `body` (one or a list) name."""
+    """403 unless `caller` may write in every namespace the manifests of `body` (one or a list)
+    name; nothing is checked of a body that cannot be read (None)."""
+    if body is None:
+        return
     docs = body if isinstance(body, list) else [body]
     for namespace in dict.fromkeys(map(namespace_of, docs)):
         ctx.check_namespace(caller, namespace, world)

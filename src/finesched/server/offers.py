@@ -84,8 +84,10 @@ def remaining(scheduler: Scheduler, node: str) -> dict[str, str]:
 
 async def _offer_maker(caller: AdminOrTenant, sent: Annotated[Any, Depends(sent_json)]) -> Identity:
     """An admin, or a tenant asking for itself (the tenant the body names, before it is validated)."""
+    if caller.role != TENANT or sent is None:  # a body that cannot be read is a 422 (server/authz.py)
+        return caller
     tenant = sent.get("tenant") if isinstance(sent, dict) else None
-    if caller.role == TENANT and tenant != caller.tenant:
+    if tenant != caller.tenant:
         raise HTTPException(403, f"this token is for tenant {caller.tenant}, not {tenant!r}")
     return caller
 
@@ -187,8 +189,9 @@ def _offer_to_accept(offer_id: str, ctx: Ctx, caller: AdminOrTenant, sent: Annot
     """The open offer `caller` may accept, and a tenant's workloads in its own namespaces, before the
     body is validated."""
     row = _open_offer(ctx, offer_id, caller)
-    if caller.role == TENANT:
-        check_namespaces(ctx, caller, sent.get("workloads") if isinstance(sent, dict) else None)
+    workloads = sent.get("workloads") if isinstance(sent, dict) else None
+    if caller.role == TENANT and isinstance(workloads, list):  # the offer, in the URL, is the tenant's
+        check_namespaces(ctx, caller, workloads)
     return row
 
 

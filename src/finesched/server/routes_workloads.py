@@ -13,7 +13,7 @@ from finesched.errors import ValidationError
 from finesched.model.workload import Workload
 from finesched.server import lifecycle
 from finesched.server.auth import ADMIN, AGENT, TENANT, Identity
-from finesched.server.authz import AdminOrAgent, ManifestWriter, check_namespaces
+from finesched.server.authz import ManifestWriter, check_namespaces
 from finesched.server.context import MAX_ITEMS_PER_REQUEST, Caller, Ctx, ServerContext
 from finesched.server.store import FAILED, HOLDING, PENDING, PHASES, RUNNING, SUCCEEDED, Conflict, NotFound
 from finesched.server.views import (
@@ -166,10 +166,12 @@ def delete_workload(namespace: str, name: str, ctx: Ctx, caller: Caller) -> dict
     return {"deleted": f"{namespace}/{name}", "released": row["binding"] is not None}
 
 
-def _agent_workload(namespace: str, name: str, ctx: Ctx, caller: AdminOrAgent) -> dict[str, Any]:
+def _agent_workload(namespace: str, name: str, ctx: Ctx, caller: Caller) -> dict[str, Any]:
     """The workload an agent reports on (an admin's: any), before the report is read: another
-    node's agent is answered 403 whatever it sends."""
-    return _visible_workload(ctx, caller, namespace, name)
+    node's agent, or a tenant, is answered 403 whatever it sends."""
+    row = _visible_workload(ctx, caller, namespace, name)
+    caller.require(ADMIN, AGENT)
+    return row
 
 
 AgentWorkload = Annotated[dict[str, Any], Depends(_agent_workload)]
