@@ -18,6 +18,7 @@ import httpx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from manifests import tenant
 from server_harness import FINESCHED, Api, ServerProcess, inprocess_server, store_tenants, wait_until
 from sqlalchemy import delete
 
@@ -185,6 +186,15 @@ def test_the_token_api_is_for_admins(api: Api) -> None:
     again = api.admin.delete(f"/v1/tokens/{token_id}")
     assert again.json()["revoked"] == revoked.json()["revoked"]  # the first time is kept
     refused_within(tenant, "revoked token")
+
+
+def test_a_deleted_tenants_tokens_are_not_inherited(api: Api) -> None:
+    assert api.admin.post("/v1/tenants", json=tenant("t9")).status_code == 201
+    token = api.token("tenant", tenant="t9")
+    assert api.client(token).get("/v1/tenants/t9").status_code == 200
+    assert api.admin.delete("/v1/tenants/t9").status_code == 200
+    assert api.admin.post("/v1/tenants", json=tenant("t9")).status_code == 201  # the same name again
+    refused_within(api.client(token), "revoked token", "/v1/tenants/t9")
 
 
 @pytest.fixture

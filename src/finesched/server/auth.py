@@ -28,7 +28,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from fastapi import HTTPException, Request
-from sqlalchemy import insert, select, update
+from sqlalchemy import Connection, insert, select, update
 
 from finesched.admission import DEFAULT_TENANT
 from finesched.errors import ErrorDetail, ValidationError
@@ -193,6 +193,14 @@ def revoke_tokens(store: Store, ids: Sequence[int]) -> list[dict[str, Any]]:
     for i in fresh:
         log.info("token %d revoked", i)
     return [_info({**found[i]._mapping, "revoked": found[i].revoked or stamp}) for i in wanted]
+
+
+def revoke_tenant_tokens(conn: Connection, tenant: str) -> None:
+    """In the caller's transaction (the tenant's deletion): revoke the tenant's tokens, so that a
+    tenant created again under that name does not inherit them."""
+    if tenant != DEFAULT_TENANT:  # it exists whether stored or not
+        live = (t.tokens.c.tenant == tenant) & (t.tokens.c.role == TENANT) & t.tokens.c.revoked.is_(None)
+        conn.execute(update(t.tokens).where(live).values(revoked=now()))
 
 
 # Checking -----------------------------------------------------------------------------------------------

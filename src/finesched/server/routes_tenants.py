@@ -17,7 +17,7 @@ from finesched.errors import ValidationError
 from finesched.model.tenant import Tenant
 from finesched.sched.queue import demand_of
 from finesched.server import schema as t
-from finesched.server.auth import ADMIN, TENANT, Identity
+from finesched.server.auth import ADMIN, TENANT, Identity, revoke_tenant_tokens
 from finesched.server.authz import AdminCaller
 from finesched.server.cluster_view import tenant_from_row
 from finesched.server.context import Caller, Ctx, ServerContext
@@ -119,6 +119,7 @@ def delete_tenant(name: str, ctx: Ctx, caller: Caller) -> dict[str, Any]:
         if offer is not None:
             raise HTTPException(409, f"tenant {name} holds open offer {offer[0]}; decline it or let it expire")
         conn.execute(delete(t.tenants).where(t.tenants.c.name == name))
+        revoke_tenant_tokens(conn, name)
         Store.log(conn, [Event("Tenant", name, "Deleted")])
     ctx.loop.changed("Tenant", name)
     return {"deleted": name}
