@@ -231,7 +231,8 @@ _add_sim()
 
 def _add_control_plane() -> None:
     from finesched.commands import client
-    from finesched.commands.serve import serve, token_app
+    from finesched.commands.serve import serve
+    from finesched.commands.tokens import token_app
 
     app.command("serve")(serve)
     app.add_typer(token_app, name="token")

@@ -53,6 +53,8 @@ def test_logs_through_the_server_with_tenant_rights(cluster: Cluster) -> None:
     assert cluster.admin.get("/v1/workloads/t/printer/logs", params={"tail": 2}).text == "line 4\nline 5\n"
     token = create_token(cluster.store, "tenant", tenant="t")
     own = httpx.Client(base_url=cluster.url, headers={"Authorization": f"Bearer {token}"})
+    tenant_u = {"apiVersion": "finesched.io/v1alpha1", "kind": "Tenant", "metadata": {"name": "u"}}
+    assert cluster.admin.post("/v1/tenants", json=tenant_u).status_code == 201  # a token's tenant must exist
     other_token = create_token(cluster.store, "tenant", tenant="u")
     other = httpx.Client(base_url=cluster.url, headers={"Authorization": f"Bearer {other_token}"})
     assert own.get("/v1/workloads/t/printer/logs", params={"tail": 1}).text == "line 5\n"

@@ -1,8 +1,9 @@
 """`finesched up`: the port is checked before anything is written, and a data directory keeps its
-admin token across restarts unless a new one is asked for."""
+admin token across restarts unless a new one is asked for (or it was revoked)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -82,6 +83,13 @@ def test_the_admin_token_is_kept_unless_a_new_one_is_asked_for(tmp_path: Path) -
     assert (data / "admin.token").read_text().strip() == token
     fresh = run_until_up(data, port, "--new-admin-token")
     assert (data / "admin.token").read_text().strip() != token and "(new;" in fresh
+    token = (data / "admin.token").read_text().strip()
+    db = f"sqlite:///{data / 'finesched.db'}"  # the kept token revoked meanwhile: up makes a new one
+    listed = subprocess.run([*FINESCHED, "token", "list", "--db", db, "-o", "json"], capture_output=True, text=True)
+    active = [str(t["id"]) for t in json.loads(listed.stdout) if t["role"] == "admin" and t["state"] == "Active"]
+    assert subprocess.run([*FINESCHED, "token", "revoke", "--db", db, *active], capture_output=True).returncode == 0
+    renewed = run_until_up(data, port)
+    assert (data / "admin.token").read_text().strip() != token and "(new;" in renewed
 
 
 def _pids_with(*words: str) -> list[int]:

@@ -1,4 +1,4 @@
-"""`finesched serve` (the control plane) and `finesched token create` (credentials, printed once)."""
+"""`finesched serve`: the control plane (its token commands are commands/tokens.py)."""
 
 from __future__ import annotations
 
@@ -36,8 +36,6 @@ InsecureAgentLogsOption = Annotated[
         help="Read logs over plain HTTP from agents on other machines (log grants and output cross it in clear).",
     ),
 ]
-
-token_app = typer.Typer(help="Create API tokens (stored hashed; printed once).", no_args_is_help=True)
 
 
 def serve(
@@ -173,21 +171,3 @@ def _identity(db: str, data: Path | None, replica_id: str | None) -> ReplicaIden
         raise typer.BadParameter(f"{data}: {exc.strerror}", param_hint="--data") from None
     logging.getLogger("finesched.server").info("replica identity %s (%s)", identity.name, identity.source)
     return identity
-
-
-@token_app.command("create")
-def token_create(
-    role: Annotated[str, typer.Option(help="admin, agent (one node) or tenant (one tenant).")],
-    db: DbOption = DEFAULT_DB,
-    tenant: Annotated[str | None, typer.Option(help="The tenant of a tenant token.")] = None,
-    node: Annotated[str | None, typer.Option(help="The node of an agent token.")] = None,
-) -> None:
-    """Print a new token for ROLE (keep it: only its hash is stored)."""
-    from finesched.server.auth import create_token
-    from finesched.server.store import Store
-
-    store = Store.open(db)
-    try:
-        typer.echo(create_token(store, role, tenant=tenant, node=node))
-    finally:
-        store.close()

@@ -4,7 +4,8 @@
 app's lifespan. Errors are JSON: ``{"detail": [{"loc": [...], "msg": ..., "type": ...}]}`` for bad
 input (422, or 413 when the body is too large) and ``{"detail": "..."}`` otherwise; a store conflict
 is 409. Nothing is changed by a request that is refused. A body must be JSON without NaN, Infinity
-or numbers that overflow (RFC 8259 has none of them; Python's reader would make them infinite). A
+or numbers that overflow (RFC 8259 has none of them; Python's reader would make them infinite). The
+caller is authenticated and authorized before its body is validated (server/authz.py). A
 method a path does not have is 405 with the path's real `Allow`; OPTIONS answers 204 with it. The
 OpenAPI document says all of this (`server/openapi.py`).
 """
@@ -19,7 +20,9 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.exception_handlers import http_exception_handler
+from fastapi.encoders import jsonable_encoder
+from fastapi.exception_handlers import http_exception_handler, request_validation_exception_handler
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -27,6 +30,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from finesched import __version__
 from finesched.admission import NotAllowed
 from finesched.server import (
+    authz,
     console,
     jobs,
     logs,
@@ -36,9 +40,11 @@ from finesched.server import (
     routes_plan,
     routes_priority,
     routes_tenants,
+    routes_tokens,
     routes_workloads,
 )
 from finesched.server.auth import TokenCache
+from finesched.server.auth_limit import FailedAuthLimiter
 from finesched.server.context import MAX_BODY_BYTES, Ctx, ServerContext
 from finesched.server.lease import LostLease
 from finesched.server.loop import LoopConfig, SchedulerLoop
@@ -58,7 +64,8 @@ class BodyLimit:
     """Refuse request bodies over `limit` bytes with 413, whether announced by Content-Length or streamed.
 
     The body is read here first (bounded by `limit`) and handed to the app in one piece, so the
-    app never sees a body that is cut short."""
+    app never sees a body that is cut short. A JSON body that cannot be read is not answered here:
+    its problem is kept for after the caller is authorized (server/authz.py)."""
 
     def __init__(self, app: ASGIApp, limit: int):
         self.app = app
@@ -87,9 +94,9 @@ class BodyLimit:
             more = message.get("more_body", False)
         data = b"".join(chunks)
         problem = _json_problem(scope, data)
-        if problem is not None:
-            await JSONResponse({"detail": [problem]}, 422)(scope, receive, send)
-            return
+        if problem is not None:  # answered after authorization (server/authz.py); the app gets no body
+            authz.defer(scope, problem, data)
+            data = b""
         body = {"type": "http.request", "body": data, "more_body": False}
         await self.app(scope, _replay([body], then=receive), send)
 
@@ -200,8 +207,10 @@ def _too_large(limit: int) -> JSONResponse:
 
 def create_app(
     store: Store, config: LoopConfig | None = None, *, max_body_bytes: int = MAX_BODY_BYTES,
-    watch: WatchLimits | None = None,
+    watch: WatchLimits | None = None, auth_limiter: FailedAuthLimiter | None = None,
 ) -> FastAPI:  # fmt: skip
+    """The app; `watch` caps SSE watches (server/watch_hub.py), `auth_limiter` slows sources of failed
+    authentications (default: auth_limit.py's limits)."""
     metrics = Metrics()
     loop = SchedulerLoop(store, config, metrics)
     hub = WatchHub(store, watch)  # the SSE watches' shared feed (server/watch_hub.py)
@@ -209,7 +218,7 @@ def create_app(
     loop.restorers.append(lambda scheduler: offers.restore_holds(store, scheduler))
     loop.maintenance.append(lambda: offers.expire_offers(store, loop))
     metrics.observe_cluster(loop.figures)
-    ctx = ServerContext(store, loop, metrics, TokenCache(store), max_body_bytes)
+    ctx = ServerContext(store, loop, metrics, TokenCache(store, limiter=auth_limiter), max_body_bytes)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -240,6 +249,14 @@ def create_app(
         if exc.status_code == 400:  # FastAPI could not read the body: bad input, like every other
             return JSONResponse({"detail": [{"loc": ["body"], "msg": str(exc.detail), "type": "value_error"}]}, 422)
         return await http_exception_handler(request, exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> Response:
+        problem = authz.deferred_problem(request)
+        if problem is None:
+            return await request_validation_exception_handler(request, exc)
+        others = [e for e in exc.errors() if not e.get("loc") or e["loc"][0] != "body"]  # the body was not read
+        return JSONResponse({"detail": [*jsonable_encoder(others), problem]}, 422)
 
     @app.exception_handler(InputError)
     async def input_error(request: Request, exc: InputError) -> JSONResponse:
@@ -286,7 +303,7 @@ def create_app(
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
 
     for module in (routes_nodes, routes_workloads, routes_tenants, routes_priority, offers, jobs, logs, routes_plan,
-                   console):  # fmt: skip
+                   routes_tokens, console):  # fmt: skip
         app.include_router(module.router)
     for module in (routes_nodes, routes_workloads, routes_tenants):  # last: old names with "/" (views.LegacyName)
         app.include_router(module.legacy)

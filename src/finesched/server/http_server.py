@@ -112,6 +112,9 @@ def server_config(app: Any, host: str, port: int, timeouts: Timeouts | None = No
         http=protocol_with(timeouts),
         timeout_keep_alive=max(1, round(timeouts.keep_alive_s)),
         limit_concurrency=timeouts.max_connections,
+        # a client's X-Forwarded-For is not its address: the failed-authentication limit counts by the
+        # peer's address (server/auth_limit.py)
+        proxy_headers=False,
         **options,
     )
 

@@ -22,6 +22,7 @@ from finesched.model.job import Job
 from finesched.sched.diagnosis import FitError
 from finesched.server import job_store, paging
 from finesched.server.auth import ADMIN, TENANT, Identity
+from finesched.server.authz import ManifestWriter
 from finesched.server.cluster_view import binding_view
 from finesched.server.context import Caller, Ctx, ServerContext
 from finesched.server.job_status import job_view
@@ -38,7 +39,7 @@ MAX_JOB_EVENTS = 200
 
 
 @router.post("", status_code=201)
-def submit_job(body: JobBody, ctx: Ctx, caller: Caller) -> dict[str, Any]:
+def submit_job(body: JobBody, ctx: Ctx, caller: ManifestWriter) -> dict[str, Any]:
     from finesched.dataflow import QUOTAS_ANNOTATION
     from finesched.dataflow.commands import command_problems
     from finesched.dataflow.failover import failover_regions, region_tasks

@@ -39,6 +39,7 @@ from starlette.concurrency import run_in_threadpool
 
 from finesched.server import schema as t
 from finesched.server.auth import AGENT, Identity, digest
+from finesched.server.authz import AgentCaller
 from finesched.server.context import Caller, Ctx, ServerContext
 from finesched.server.routes_workloads import _visible_workload
 from finesched.server.store import as_dict, now
@@ -209,7 +210,7 @@ async def workload_logs(
 
 
 @router.post("/log-grants/verify")
-def verify_grant(body: GrantBody, ctx: Ctx, caller: Caller) -> dict[str, Any]:
+def verify_grant(body: GrantBody, ctx: Ctx, caller: AgentCaller) -> dict[str, Any]:
     """A node agent checks a grant it was shown (once): what it may serve, or 403."""
     caller.require(AGENT)
     with ctx.store.write() as conn:

@@ -17,7 +17,7 @@ from datetime import timedelta
 from typing import Annotated, Any
 
 import pydantic
-from fastapi import APIRouter, Body, HTTPException
+from fastapi import APIRouter, Body, Depends, HTTPException
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import insert, select, update
 
@@ -31,7 +31,8 @@ from finesched.sched.diagnosis import FitError
 from finesched.sched.scheduler import Scheduler
 from finesched.server import quota
 from finesched.server import schema as t
-from finesched.server.auth import ADMIN, TENANT
+from finesched.server.auth import ADMIN, TENANT, Identity
+from finesched.server.authz import AdminOrTenant, check_namespaces, sent_json
 from finesched.server.cluster_view import binding_view, pinned
 from finesched.server.context import Caller, Ctx, ServerContext
 from finesched.server.placement import commit_after_write, insert_bound, leader_write, log_own
@@ -82,8 +83,18 @@ def remaining(scheduler: Scheduler, node: str) -> dict[str, str]:
     return ResourceVector({k: v for k, v in amounts.items() if v > 0}).to_quantities()
 
 
+async def _offer_maker(caller: AdminOrTenant, sent: Annotated[Any, Depends(sent_json)]) -> Identity:
+    """An admin, or a tenant asking for itself (the tenant the body names, before it is validated)."""
+    if caller.role != TENANT or sent is None:  # a body that cannot be read is a 422 (server/authz.py)
+        return caller
+    tenant = sent.get("tenant") if isinstance(sent, dict) else None
+    if tenant != caller.tenant:
+        raise HTTPException(403, f"this token is for tenant {caller.tenant}, not {tenant!r}")
+    return caller
+
+
 @router.post("", status_code=201)
-def make_offer(body: OfferRequest, ctx: Ctx, caller: Caller) -> dict[str, Any]:
+def make_offer(body: OfferRequest, ctx: Ctx, caller: Annotated[Identity, Depends(_offer_maker)]) -> dict[str, Any]:
     caller.require_tenant(body.tenant)
     offer_id = uuid.uuid4().hex[:12]
     name = hold_key(offer_id).split("/", 1)[1]
@@ -177,11 +188,21 @@ def _open_offer(ctx: ServerContext, offer_id: str, caller: Any) -> dict[str, Any
     return row
 
 
-@router.post("/{offer_id}/accept", status_code=201)
-def accept_offer(offer_id: str, body: Annotated[AcceptRequest, Body()], ctx: Ctx, caller: Caller) -> dict[str, Any]:
-    """Place the workloads on the offered node, all or none, and close the offer."""
-    caller.require(ADMIN, TENANT)
+def _offer_to_accept(offer_id: str, ctx: Ctx, caller: AdminOrTenant, sent: Annotated[Any, Depends(sent_json)]
+                     ) -> dict[str, Any]:  # fmt: skip
+    """The open offer `caller` may accept, and a tenant's workloads in its own namespaces, before the
+    body is validated."""
     row = _open_offer(ctx, offer_id, caller)
+    workloads = sent.get("workloads") if isinstance(sent, dict) else None
+    if caller.role == TENANT and isinstance(workloads, list):  # the offer, in the URL, is the tenant's
+        check_namespaces(ctx, caller, workloads)
+    return row
+
+
+@router.post("/{offer_id}/accept", status_code=201)
+def accept_offer(offer_id: str, body: Annotated[AcceptRequest, Body()], ctx: Ctx, caller: Caller,
+                 row: Annotated[dict[str, Any], Depends(_offer_to_accept)]) -> dict[str, Any]:  # fmt: skip
+    """Place the workloads on the offered node, all or none, and close the offer."""
     workloads = parse_workloads(body.workloads, caller, ctx, ctx.world())
     wrong = [w.key for w in workloads if w.tenant != row["tenant"]]
     if wrong:

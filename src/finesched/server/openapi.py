@@ -4,8 +4,9 @@ FastAPI describes each route from its signature; what it cannot see is added her
 the document is first asked for:
 
 * every status an operation can answer, with its body: ``{"detail": "..."}`` for 401, 403, 404,
-  409, 410 and 503, FastAPI's `HTTPValidationError` (``{"detail": [{loc, msg, type}]}``) for 413
-  and 422 (every route may refuse a path or query value, every route with a body a bad body);
+  409, 410, 429 (with `Retry-After`) and 503, FastAPI's `HTTPValidationError` (``{"detail": [{loc,
+  msg, type}]}``) for 413 and 422 (every route may refuse a path or query value, every route with
+  a body a bad body);
 * the bearer-token security every ``/v1`` operation requires;
 * the manifest bodies (Node, Workload, Tenant, Job, PriorityClass) as the JSON schemas of their models, instead
   of free-form objects (the routes read them with `parse_manifest`, whose error paths are the
@@ -32,7 +33,7 @@ REF = "#/components/schemas/"
 MESSAGE = {"$ref": f"{REF}ErrorMessage"}
 PROBLEMS = {"$ref": f"{REF}HTTPValidationError"}
 DESCRIPTIONS = {
-    401: "No token, or an unknown one",
+    401: "No token, or an unknown, expired or revoked one",
     403: "The token's role, tenant or node may not do this",
     404: "No such object",
     409: "The object changed meanwhile, its name is taken, or it is still referenced",
@@ -41,9 +42,10 @@ DESCRIPTIONS = {
     "machine, a certificate the server does not trust)",
     413: "The body is larger than the server accepts",
     422: "Bad input: every problem with its field path (`loc`), message and type",
+    429: "Too many failed authentications from this address: retry after `Retry-After` seconds",
     503: "The store is unavailable, or this replica is not the scheduling leader",
 }
-#: Statuses beyond the common ones (401, 403, 422, 503; 404 with a path parameter; 413 with a body).
+#: Statuses beyond the common ones (401, 403, 422, 429, 503; 404 with a path parameter; 413 with a body).
 EXTRA: dict[tuple[str, str], tuple[int, ...]] = {
     ("post", "/v1/nodes"): (409,),
     ("post", "/v1/nodes/{name}/report"): (409,),
@@ -137,7 +139,7 @@ def _complete_operation(method: str, path: str, op: dict[str, Any]) -> None:
     if not path.startswith("/v1/"):
         return
     op["security"] = [{"bearer": []}]
-    codes = {401, 403, 422, 503, *EXTRA.get((method, path), ())}
+    codes = {401, 403, 422, 429, 503, *EXTRA.get((method, path), ())}
     if "{" in path:
         codes.add(404)
     if "requestBody" in op:

@@ -1,4 +1,7 @@
-"""/v1/nodes: register (admin, or the node's own agent), report, read, cordon/uncordon, delete."""
+"""/v1/nodes: register (admin, or the node's own agent), report, read, cordon/uncordon, delete.
+
+Who may write is decided before the body is read (server/authz.py): a tenant, or the agent of
+another node, is answered 403 whatever it sends, never a 422 describing what a node accepts."""
 
 from __future__ import annotations
 
@@ -10,9 +13,10 @@ from finesched.admission import World, admit_node
 from finesched.errors import ValidationError
 from finesched.model.node import Node
 from finesched.server import paging
-from finesched.server.auth import ADMIN, Identity
+from finesched.server.auth import Identity
+from finesched.server.authz import AdminCaller, NodeCaller, NodeWriter
 from finesched.server.cluster_view import node_from_row
-from finesched.server.context import Caller, Ctx, ServerContext
+from finesched.server.context import Ctx, ServerContext
 from finesched.server.paging import ContinueQuery, LimitQuery
 from finesched.server.reports import NodeReport, check_report
 from finesched.server.store import Conflict, Event, NotFound
@@ -41,23 +45,24 @@ def _register(ctx: ServerContext, caller: Identity, body: dict[str, Any], *, nam
 
 
 @router.post("", status_code=201)
-def register_node(body: NodeBody, ctx: Ctx, caller: Caller) -> dict[str, Any]:
+def register_node(body: NodeBody, ctx: Ctx, caller: NodeWriter) -> dict[str, Any]:
     """Register a node (409 when the name is taken; use PUT to replace)."""
     view, _ = _register(ctx, caller, body, name=None)
     return view
 
 
 @router.put("/{name}")
-def put_node(name: str, body: NodeBody, ctx: Ctx, caller: Caller) -> dict[str, Any]:
+def put_node(name: str, body: NodeBody, ctx: Ctx, caller: NodeCaller) -> dict[str, Any]:
     """Create or replace a node (what an agent does at start-up); bound workloads stay if they still fit."""
     view, _ = _register(ctx, caller, body, name=name)
     return view
 
 
 @router.get("")
-def list_nodes(ctx: Ctx, caller: Caller, limit: LimitQuery = None, continue_: ContinueQuery = None) -> dict[str, Any]:
+def list_nodes(
+    ctx: Ctx, caller: AdminCaller, limit: LimitQuery = None, continue_: ContinueQuery = None
+) -> dict[str, Any]:
     """Nodes by name, a page at a time (`limit`, `continue`)."""
-    caller.require(ADMIN)
     page = paging.request("nodes", {}, limit, continue_, key=str)
     found = ctx.store.node_page(page.after, page.limit)  # type: ignore[arg-type]
     items = [_view(ctx, r, _allocation(ctx, r["name"])) for r in found.rows]
@@ -65,8 +70,7 @@ def list_nodes(ctx: Ctx, caller: Caller, limit: LimitQuery = None, continue_: Co
 
 
 @router.get("/{name}")
-def get_node(name: str, ctx: Ctx, caller: Caller) -> dict[str, Any]:
-    caller.require_node(name)
+def get_node(name: str, ctx: Ctx, caller: NodeCaller) -> dict[str, Any]:
     return _view(ctx, _row(ctx, name), _allocation(ctx, name))
 
 
@@ -102,9 +106,8 @@ def _allocation(ctx: ServerContext, name: str) -> dict[str, Any] | None:
 
 
 @router.post("/{name}/report")
-def report(name: str, body: NodeReport, ctx: Ctx, caller: Caller) -> dict[str, Any]:
+def report(name: str, body: NodeReport, ctx: Ctx, caller: NodeCaller) -> dict[str, Any]:
     """An agent's heartbeat and Resource Manager sync (S0.2-encoded device free amounts, health)."""
-    caller.require_node(name)
     row = _row(ctx, name)
     try:
         node = node_from_row({**row, "report": None, "cordoned": False, "ready": True})
@@ -121,15 +124,13 @@ def report(name: str, body: NodeReport, ctx: Ctx, caller: Caller) -> dict[str, A
 
 
 @router.post("/{name}/cordon")
-def cordon(name: str, ctx: Ctx, caller: Caller) -> dict[str, Any]:
+def cordon(name: str, ctx: Ctx, caller: AdminCaller) -> dict[str, Any]:
     """Take no new work on the node (bound workloads stay)."""
-    caller.require(ADMIN)
     return _set_flag(ctx, name, "Cordoned", cordoned=True)
 
 
 @router.post("/{name}/uncordon")
-def uncordon(name: str, ctx: Ctx, caller: Caller) -> dict[str, Any]:
-    caller.require(ADMIN)
+def uncordon(name: str, ctx: Ctx, caller: AdminCaller) -> dict[str, Any]:
     return _set_flag(ctx, name, "Uncordoned", cordoned=False)
 
 
@@ -143,9 +144,8 @@ def _set_flag(ctx: ServerContext, name: str, reason: str, **flags: Any) -> dict[
 
 
 @router.delete("/{name}")
-def delete_node(name: str, ctx: Ctx, caller: Caller) -> dict[str, Any]:
+def delete_node(name: str, ctx: Ctx, caller: AdminCaller) -> dict[str, Any]:
     """Remove the node; its workloads are requeued."""
-    caller.require(ADMIN)
     try:
         requeued = ctx.store.delete_node(name)
     except NotFound as exc:

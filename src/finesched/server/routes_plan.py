@@ -23,6 +23,7 @@ from starlette.concurrency import run_in_threadpool
 from finesched.errors import ValidationError
 from finesched.model.manifest import parse_documents
 from finesched.server.auth import ADMIN, TENANT, Identity
+from finesched.server.authz import check_namespaces, deferred_problem, raise_deferred, sent_json
 from finesched.server.context import Caller, Ctx, ServerContext
 from finesched.server.routes_workloads import parse_workloads
 from finesched.server.views import InputError
@@ -51,13 +52,13 @@ WAIT_S = 20.0
     responses={
         code: {"description": why, **_ERROR}
         for code, why in (
-            (401, "no or an unknown token"),
+            (401, "no token, or an unknown, expired or revoked one"),
             (403, "the token may not plan these workloads (another tenant's)"),
             (409, "a workload of that name exists already"),
             (413, "too many workloads or too large a body"),
             (415, "a body that is neither JSON nor YAML"),
             (422, "invalid manifests: every problem with its field path"),
-            (429, "another dry run is still running; retry"),
+            (429, "another dry run is still running, or too many failed authentications from this address; retry"),
             (503, "this replica is not the scheduling leader"),
         )
     },
@@ -66,6 +67,9 @@ async def plan(request: Request, ctx: Ctx, caller: Caller) -> dict[str, Any]:
     """Dry run: each workload's node, devices, cpuset and score, or why it fits nowhere and what
     preemption would evict, on a copy of the live state. Nothing is stored or changed."""
     caller.require(ADMIN, TENANT)
+    if deferred_problem(request) is not None:  # a JSON body that cannot be read: whose it is comes first
+        await run_in_threadpool(check_namespaces, ctx, caller, await sent_json(request))
+        raise_deferred(request)
     docs = _documents(await request.body(), request.headers.get("content-type", "application/json"))
     # Dry runs go one at a time. Callers wait here, in the event loop, not in the thread pool that
     # every other request needs: many plans at once slow down only the plans.

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Depends, HTTPException
+from fastapi import APIRouter, Body, HTTPException
 
 from finesched.admission import admit_priority_class
 from finesched.errors import ValidationError
 from finesched.model.priority_class import PriorityClass
 from finesched.server import priority_store
-from finesched.server.auth import ADMIN, Identity
+from finesched.server.authz import AdminCaller
 from finesched.server.context import Caller, Ctx, ServerContext
 from finesched.server.store import Conflict, NotFound
 from finesched.server.views import InputError, canonical, invalid, parse_kind
@@ -25,13 +25,6 @@ from finesched.server.views import InputError, canonical, invalid, parse_kind
 router = APIRouter(prefix="/v1/priorityclasses", tags=["priorityclasses"])
 
 
-def _admin(caller: Caller) -> Identity:
-    """The caller, if an admin: checked as a dependency, so before the body is read or validated."""
-    caller.require(ADMIN)
-    return caller
-
-
-Admin = Annotated[Identity, Depends(_admin)]
 ClassBody = Annotated[Any, Body(description="A PriorityClass manifest")]
 
 
@@ -66,7 +59,7 @@ def _row(ctx: ServerContext, name: str) -> dict[str, Any]:
 
 
 @router.post("", status_code=201)
-def create_priority_class(body: ClassBody, ctx: Ctx, caller: Admin) -> dict[str, Any]:
+def create_priority_class(body: ClassBody, ctx: Ctx, caller: AdminCaller) -> dict[str, Any]:
     """Create a class (409 when the name is taken; at most one `globalDefault`, else 422 naming it)."""
     cls = _store(ctx, body, name=None)
     return class_view(_row(ctx, cls.name))
@@ -84,14 +77,14 @@ def get_priority_class(name: str, ctx: Ctx, caller: Caller) -> dict[str, Any]:
 
 
 @router.put("/{name}")
-def put_priority_class(name: str, body: ClassBody, ctx: Ctx, caller: Admin) -> dict[str, Any]:
+def put_priority_class(name: str, body: ClassBody, ctx: Ctx, caller: AdminCaller) -> dict[str, Any]:
     """Create or replace a class; workloads admitted before keep the priority they were given."""
     _store(ctx, body, name=name)
     return class_view(_row(ctx, name))
 
 
 @router.delete("/{name}")
-def delete_priority_class(name: str, ctx: Ctx, caller: Admin) -> dict[str, Any]:
+def delete_priority_class(name: str, ctx: Ctx, caller: AdminCaller) -> dict[str, Any]:
     """Delete a class: workloads admitted under it keep their priority; new ones may no longer name it."""
     try:
         priority_store.delete_priority_class(ctx.store, name)

@@ -18,7 +18,8 @@ from finesched.model.tenant import Tenant
 from finesched.sched.queue import demand_of
 from finesched.server import paging
 from finesched.server import schema as t
-from finesched.server.auth import ADMIN, TENANT, Identity, digest
+from finesched.server.auth import ADMIN, TENANT, Identity, digest, revoke_tenant_tokens
+from finesched.server.authz import AdminCaller
 from finesched.server.cluster_view import tenant_from_row
 from finesched.server.context import Caller, Ctx, ServerContext
 from finesched.server.paging import ContinueQuery, LimitQuery
@@ -62,7 +63,7 @@ def _store_tenant(ctx: ServerContext, tenant: Tenant, *, create_only: bool) -> b
 
 
 @router.post("/tenants", status_code=201)
-def create_tenant(body: TenantBody, ctx: Ctx, caller: Caller) -> dict[str, Any]:
+def create_tenant(body: TenantBody, ctx: Ctx, caller: AdminCaller) -> dict[str, Any]:
     caller.require(ADMIN)
     tenant: Tenant = parse_kind(body, "Tenant")
     _store_tenant(ctx, tenant, create_only=True)
@@ -70,7 +71,7 @@ def create_tenant(body: TenantBody, ctx: Ctx, caller: Caller) -> dict[str, Any]:
 
 
 @router.put("/tenants/{name}")
-def put_tenant(name: str, body: TenantBody, ctx: Ctx, caller: Caller) -> dict[str, Any]:
+def put_tenant(name: str, body: TenantBody, ctx: Ctx, caller: AdminCaller) -> dict[str, Any]:
     caller.require(ADMIN)
     tenant: Tenant = parse_kind(body, "Tenant")
     if tenant.name != name:
@@ -80,7 +81,7 @@ def put_tenant(name: str, body: TenantBody, ctx: Ctx, caller: Caller) -> dict[st
 
 
 @router.patch("/tenants/{name}")
-def patch_tenant(name: str, body: PatchBody, ctx: Ctx, caller: Caller) -> dict[str, Any]:
+def patch_tenant(name: str, body: PatchBody, ctx: Ctx, caller: AdminCaller) -> dict[str, Any]:
     """Change some spec fields (weight, quota, ...); the result is validated like a whole manifest."""
     caller.require(ADMIN)
     row = _tenant_row(ctx, name)
@@ -120,6 +121,7 @@ def delete_tenant(name: str, ctx: Ctx, caller: Caller) -> dict[str, Any]:
         if offer is not None:
             raise HTTPException(409, f"tenant {name} holds open offer {offer[0]}; decline it or let it expire")
         conn.execute(delete(t.tenants).where(t.tenants.c.name == name))
+        revoke_tenant_tokens(conn, name)
         Store.log(conn, [Event("Tenant", name, "Deleted")])
     ctx.loop.changed("Tenant", name)
     return {"deleted": name}

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Annotated, Any, Literal, get_args
 
-from fastapi import APIRouter, Body, HTTPException, Query
+from fastapi import APIRouter, Body, Depends, HTTPException, Query
 from pydantic import BaseModel, ConfigDict, Field
 
 from finesched.admission import World, admit_workload
@@ -19,6 +19,7 @@ from finesched.model.selector import parse_selector
 from finesched.model.workload import Workload
 from finesched.server import lifecycle, paging
 from finesched.server.auth import ADMIN, AGENT, TENANT, Identity
+from finesched.server.authz import ManifestWriter, check_namespaces
 from finesched.server.context import MAX_ITEMS_PER_REQUEST, Caller, Ctx, ServerContext
 from finesched.server.paging import ContinueQuery, LimitQuery
 from finesched.server.quota import Charge, QuotaExceeded, charge_all
@@ -29,7 +30,6 @@ from finesched.server.views import (
     binding_row_view,
     canonical,
     invalid,
-    namespace_of,
     parse_kind,
     workload_view,
 )
@@ -66,8 +66,7 @@ def parse_workloads(body: Any, caller: Identity, ctx: ServerContext, world: Worl
         raise InputError([{"loc": ["body"], "msg": "no workloads given"}])
     if len(docs) > MAX_ITEMS_PER_REQUEST:
         raise InputError([{"loc": ["body"], "msg": f"at most {MAX_ITEMS_PER_REQUEST} workloads per request"}], 413)
-    for namespace in dict.fromkeys(map(namespace_of, docs)):  # who may write there, before what is written
-        ctx.check_namespace(caller, namespace, world)
+    check_namespaces(ctx, caller, docs, world)  # who may write there, before what is written
     workloads, problems, seen = [], [], set()
     for i, doc in enumerate(docs):
         prefix: tuple[str | int, ...] = ("body", i) if isinstance(body, list) else ("body",)
@@ -95,7 +94,7 @@ def parse_workloads(body: Any, caller: Identity, ctx: ServerContext, world: Worl
 
 
 @router.post("/workloads", status_code=201)
-def submit_workloads(body: ManifestBody, ctx: Ctx, caller: Caller) -> dict[str, Any]:
+def submit_workloads(body: ManifestBody, ctx: Ctx, caller: ManifestWriter) -> dict[str, Any]:
     """Submit one Workload manifest or a list (all or none); they are Pending until bound."""
     caller.require(ADMIN, TENANT)
     workloads = parse_workloads(body, caller, ctx, ctx.world())
@@ -243,10 +242,21 @@ def delete_workload(namespace: str, name: str, ctx: Ctx, caller: Caller) -> dict
     return {"deleted": f"{namespace}/{name}", "released": row["binding"] is not None}
 
 
-@router.post("/workloads/{namespace}/{name}/status")
-def report_status(namespace: str, name: str, report: StatusReport, ctx: Ctx, caller: Caller) -> dict[str, Any]:
-    """A node agent reports Running, or the exit (Succeeded / Failed), which releases the binding."""
+def _agent_workload(namespace: str, name: str, ctx: Ctx, caller: Caller) -> dict[str, Any]:
+    """The workload an agent reports on (an admin's: any), before the report is read: another
+    node's agent, or a tenant, is answered 403 whatever it sends."""
     row = _visible_workload(ctx, caller, namespace, name)
+    caller.require(ADMIN, AGENT)
+    return row
+
+
+AgentWorkload = Annotated[dict[str, Any], Depends(_agent_workload)]
+
+
+@router.post("/workloads/{namespace}/{name}/status")
+def report_status(namespace: str, name: str, report: StatusReport, ctx: Ctx, caller: Caller,
+                  row: AgentWorkload) -> dict[str, Any]:  # fmt: skip
+    """A node agent reports Running, or the exit (Succeeded / Failed), which releases the binding."""
     if row["binding"] is None or row["phase"] not in HOLDING:
         raise HTTPException(409, f"workload {namespace}/{name} is {row['phase']}, not bound")
     caller.require_node(row["binding"]["node"])
@@ -309,7 +319,7 @@ def ack_binding(namespace: str, name: str, ctx: Ctx, caller: Caller) -> dict[str
     return {"workload": key, "acked": True}
 
 
-@router.post("/bindings/{namespace}/{name}/reject")
+@router.post("/bindings/{namespace}/{name}/reject", dependencies=[Depends(_agent_workload)])
 def reject_binding(namespace: str, name: str, report: RejectReport, ctx: Ctx, caller: Caller) -> dict[str, Any]:
     """The agent cannot apply the binding: it is released and the workload requeued with the reason,
     placed again after a backoff that grows with each rejection in a row (server/lifecycle.py)."""
