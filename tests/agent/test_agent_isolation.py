@@ -17,7 +17,7 @@ from test_agent_report import FakeServer, gpu_node
 
 from finesched.agent.cgroup import detect
 from finesched.agent.cgroup_groups import Group
-from finesched.agent.executor import Executor, workdir_of
+from finesched.agent.executor import Executor, rundir_of
 from finesched.agent.loop import Agent, AgentConfig
 from finesched.agent.names import safe_name
 
@@ -33,7 +33,7 @@ def test_safe_names_are_one_short_plain_component(namespace: str, name: str) -> 
 
 def test_names_that_were_paths_stay_under_the_data_directory(tmp_path: Path) -> None:
     for key in ("../../etc/passwd", "ns/..", "ns/a/b", "ns/" + "x" * 300, "/", "ns/\x00\n"):
-        where = workdir_of(tmp_path, key)
+        where = rundir_of(tmp_path, key)
         assert where.parent == tmp_path / "workloads" and len(where.name) <= 81, key
 
 
@@ -45,7 +45,7 @@ def test_a_300_character_name_runs_with_safe_directories_and_groups(tmp_path: Pa
     run_to_end(ex, f"team/{long}")
     rec = ex.state.records[f"team/{long}"]
     assert rec.phase == "Succeeded" and "ran" in Path(rec.log).read_text()
-    assert Path(rec.log).parent == workdir_of(tmp_path / "data", f"team/{long}")
+    assert Path(rec.log).parent == rundir_of(tmp_path / "data", f"team/{long}")
     group = Group.from_record(rec.cgroup)
     assert group is not None and all(len(Path(d).name) <= 81 for d in group.dirs)
     assert ex.server.of("ack") == [("ack", f"team/{long}")]  # the server still hears the real name

@@ -15,7 +15,7 @@ from agent_cluster import NODE, Cluster, wait
 from pool_probe import CPUS, all_on, command, pids
 from typer.testing import CliRunner
 
-from finesched.agent.executor import workdir_of
+from finesched.agent.executor import rundir_of
 from finesched.cli import app
 from finesched.codec import decode
 from finesched.cpuset import CPUSet
@@ -165,7 +165,7 @@ def test_up_refuses_bad_fake_gpus(value: str) -> None:
 
 
 def test_logs_prints_the_workload_output(tmp_path: Path) -> None:
-    log = workdir_of(tmp_path / "agent", "team/w1") / "output.log"
+    log = rundir_of(tmp_path / "agent", "team/w1") / "output.log"
     log.parent.mkdir(parents=True)
     log.write_text("line one\nline two\n")
     runner = CliRunner()

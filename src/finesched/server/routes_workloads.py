@@ -196,7 +196,9 @@ def list_bindings(ctx: Ctx, caller: Caller, node: str | None = None) -> dict[str
         node = caller.node
     else:
         caller.require(ADMIN)
-    return {"items": [binding_row_view(r) for r in ctx.store.bindings(node)]}
+    rows = ctx.store.bindings(node)
+    run_as = ctx.store.run_as(r["tenant"] for r in rows)  # one read of the tenants, whatever the count
+    return {"items": [binding_row_view(r, run_as) for r in rows]}
 
 
 @router.get("/bindings/{namespace}/{name}")
@@ -204,7 +206,8 @@ def get_binding(namespace: str, name: str, ctx: Ctx, caller: Caller) -> dict[str
     row = _visible_workload(ctx, caller, namespace, name)
     if row["binding"] is None:
         raise HTTPException(404, f"workload {namespace}/{name} is not bound")
-    return binding_row_view({**row["binding"], "spec": row["spec"], "phase": row["phase"]})
+    return binding_row_view({**row["binding"], "spec": row["spec"], "phase": row["phase"], "tenant": row["tenant"]},
+                            ctx.store.run_as([row["tenant"]]))  # fmt: skip
 
 
 def _agent_binding(ctx: Ctx, caller: Identity, namespace: str, name: str) -> str:

@@ -389,7 +389,7 @@ class Store:
         return [Event("Workload", key, "Preempted", reason)]
 
     def bindings(self, node: str | None = None) -> list[dict[str, Any]]:
-        query = select(t.bindings, t.workloads.c.spec, t.workloads.c.phase).join(
+        query = select(t.bindings, t.workloads.c.spec, t.workloads.c.phase, t.workloads.c.tenant).join(
             t.workloads, t.workloads.c.id == t.bindings.c.workload_id
         )
         if node is not None:
@@ -529,6 +529,19 @@ class Store:
         if row is None:
             raise NotFound(f"tenant {name} not found")
         return row
+
+    def run_as(self, names: Iterable[str]) -> dict[str, dict[str, Any] | None]:
+        """Tenant name -> its stored ``spec.runAs`` (None: it has none), for the tenants `names`
+        that exist: what a node agent runs their workloads as (one query for a whole binding list)."""
+        wanted = sorted(set(names))
+        out: dict[str, dict[str, Any] | None] = {}
+        with self.read() as conn:
+            for start in range(0, len(wanted), 500):  # bounded IN lists (SQLite's variable limit)
+                chunk = wanted[start : start + 500]
+                query = select(t.tenants.c.name, t.tenants.c.spec).where(t.tenants.c.name.in_(chunk))
+                for name, spec in conn.execute(query):
+                    out[name] = ((spec or {}).get("spec") or {}).get("runAs")
+        return out
 
     def list_tenants(self) -> list[dict[str, Any]]:
         with self.read() as conn:
