@@ -9,7 +9,8 @@ as its tenant's uid could not even enter it. So working directories live under a
         <safe name>/           0700, the workload's uid and gid (agent/names.py names it)
 
 A directory is made afresh when its workload starts (whatever an earlier one of that name left
-is removed first) and removed when the agent forgets the workload (its binding is gone). A root
+is removed first) and removed when the agent forgets the workload (its binding is gone), the
+scope with the last one (as the agent's cgroups go). A root
 agent checks at start that every directory above the work root lets others through (o+x), or
 its workloads could not reach their directories, and that the work root and the scope are its
 own and writable by no one else (or a tenant could swap a directory for a link).
@@ -17,6 +18,7 @@ own and writable by no one else (or a tenant could swap a directory for a link).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -55,7 +57,8 @@ class WorkDirs:
                 parent.mkdir(mode=PARENT_MODE, exist_ok=True)
                 os.chmod(parent, PARENT_MODE)
             self._own_dir(self.root)
-            self._own_dir(self.scope)
+            if self.scope.exists():
+                self._own_dir(self.scope)
         except OSError as exc:
             raise ValueError(f"--work-root {self.root}: {exc.strerror or exc}") from None
         if self.switch:
@@ -84,7 +87,9 @@ class WorkDirs:
 
     def make(self, workload: str, uid: int, gid: int) -> Path:
         """A fresh empty working directory for `workload`, 0700 and owned by uid:gid."""
-        self.scope.mkdir(mode=self.mode, exist_ok=True)  # removed by hand meanwhile: made again
+        self.root.mkdir(mode=self.mode, exist_ok=True)  # removed by hand meanwhile: made again
+        if not self.scope.is_dir():
+            self._own_dir(self.scope)
         path = self.path(workload)
         self._remove(path)
         path.mkdir(mode=0o700)
@@ -98,6 +103,8 @@ class WorkDirs:
         path = Path(path)
         if path.parent == self.scope:
             self._remove(path)
+            with contextlib.suppress(OSError):  # the last one: the scope goes too (not if others remain)
+                self.scope.rmdir()
 
     @staticmethod
     def _remove(path: Path) -> None:
