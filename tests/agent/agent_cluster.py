@@ -18,11 +18,11 @@ from typing import Any
 
 import httpx
 import uvicorn
-from reachable import SYSTEM_PYTHON, reachable_dir, remove
 
 from finesched.agent.cgroup import CgroupSupport
 from finesched.agent.client import AgentClient
 from finesched.agent.discover import Discovery
+from finesched.agent.identity import Users
 from finesched.agent.loop import Agent, AgentConfig
 from finesched.cpuset import CPUSet
 from finesched.model.node import Node
@@ -30,6 +30,7 @@ from finesched.server.app import create_app
 from finesched.server.auth import create_token
 from finesched.server.loop import LoopConfig
 from finesched.server.store import Store
+from reachable import SYSTEM_PYTHON, reachable_dir, remove
 
 CPUS = sorted(os.sched_getaffinity(0))
 NODE = "e2e-node"
@@ -87,6 +88,7 @@ class Cluster:
         discovery: Callable[[], Discovery] = inventory,
         logs: bool = False,
         cgroups: CgroupSupport | None = None,
+        users: Users | None = None,
         **options: Any,
     ) -> Agent:
         """A started agent; with `logs`, serving workload logs on a free port of 127.0.0.1; `options`
@@ -95,7 +97,7 @@ class Cluster:
         if logs:
             config.logs_port, config.logs_host = 0, "127.0.0.1"
         cgroups = cgroups or CgroupSupport(None, reason="test")
-        agent = Agent(config, AgentClient(self.url, self.agent_token), discovery, cgroups)
+        agent = Agent(config, AgentClient(self.url, self.agent_token), discovery, cgroups, users)
         agent.start()
         self.agents.append(agent)
         return agent

@@ -152,7 +152,7 @@ class TenantUids:
             raise ValueError(f"tenant uid file {self.path} is unreadable ({exc}); move it away to start over") from None
         private_file(self.path)  # tightened (and said) if an older hand made it readable by others
         tenants = data.get("tenants") if isinstance(data, dict) else None
-        if data.get("version") != UIDS_VERSION or not isinstance(tenants, dict):
+        if not isinstance(tenants, dict) or data.get("version") != UIDS_VERSION:
             raise ValueError(f"tenant uid file {self.path}: not a version {UIDS_VERSION} file; move it away")
         given: dict[str, int] = {}
         for tenant, uid in tenants.items():

@@ -100,7 +100,10 @@ class Agent:
         client: Any = None,
         discovery: Callable[[], Discovery] | None = None,
         cgroups: CgroupSupport | None = None,
+        users: Users | None = None,
     ):
+        """`discovery`, `cgroups` and `users` (who workloads run as) default to this machine's and
+        this process's; ValueError for a data directory, work root or sandbox that cannot serve."""
         self.config = config
         self.client = client if client is not None else AgentClient(config.server, config.token)
         self.discover = discovery or default_discovery(
@@ -109,7 +112,7 @@ class Agent:
         self.cgroups = cgroups if cgroups is not None else detect()
         private_dir(config.data)
         nvml = getattr(self.discover, "nvml", None)
-        users = Users.for_agent(config.data, config.tenant_uids, config.allow_tenant_sharing)
+        users = users or Users.for_agent(config.data, config.tenant_uids, config.allow_tenant_sharing)
         work_root = config.work_root or default_work_root(config.data)
         self.sandbox = Sandbox.resolve(config.sandbox, (config.data, work_root, *config.hide))
         self.executor = Executor(config.data, self.client, self.cgroups, mig=MIGControl(nvml) if nvml else None,

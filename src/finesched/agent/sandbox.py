@@ -71,8 +71,9 @@ class Sandbox:
                 "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]  # fmt: skip
         if Path("/var/tmp").is_dir():
             argv += ["--tmpfs", "/var/tmp"]
-        hidden = [p for p in self.hide if p.is_dir()]
-        for path in hidden:  # parents first: a hidden directory inside another is hidden anyway
+        # a hidden directory inside another is hidden with it (its own tmpfs would show its name)
+        hidden = [p for p in self.hide if p.is_dir() and not any(p != h and p.is_relative_to(h) for h in self.hide)]
+        for path in hidden:
             argv += ["--tmpfs", str(path)]
         # the directories between a hidden one and the working directory exist only on the tmpfs:
         # made passable (0711, as on the host), or the workload's user could not reach its own
