@@ -445,7 +445,8 @@ class Executor:
         return self.keeper.report(discovery.node, self.usable(), self._running())
 
     def stop_all(self) -> None:
-        """Stop every running process (used by `finesched up` on exit, not by a plain agent restart)."""
+        """Stop every running process (used by `finesched up` on exit, not by a plain agent restart);
+        their working directories go with them (nothing runs there any more)."""
         stopped = self._running()
         for rec in stopped:
             stop(rec.pid, rec.start_time, self.stop_grace, Group.from_record(rec.cgroup))
@@ -453,5 +454,8 @@ class Executor:
         for rec in stopped:
             if rec.phase != "Running":
                 rec.reason = f"stopped by the agent on its exit ({rec.reason})"
+                if rec.workdir:
+                    self.workdirs.remove(rec.workdir)
+                    rec.workdir = ""
         self.state.save()
         self.sweep()
