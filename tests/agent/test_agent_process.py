@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import signal
 import socket
 import stat
@@ -19,15 +20,15 @@ from finesched.agent.executor import rundir_of
 from finesched.cli import app
 from finesched.codec import decode
 from finesched.cpuset import CPUSet
-from reachable import SYSTEM_PYTHON
+from reachable import ROOT, SYSTEM_PYTHON
 
 FINESCHED = [sys.executable, "-m", "finesched.cli"]
 
 
-def start_agent(cluster: Cluster, data: Path) -> subprocess.Popen[bytes]:
+def start_agent(cluster: Cluster, data: Path, *extra: str) -> subprocess.Popen[bytes]:
     args = ["agent", "--server", cluster.url, "--token", cluster.agent_token, "--node-name", NODE,
             "--data", str(data), "--work-root", str(cluster.work_root), "--interval", "0.5", "--watch", "0.1",
-            "--quiet"]  # fmt: skip
+            "--quiet", *extra]  # fmt: skip
     return subprocess.Popen([*FINESCHED, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
@@ -38,22 +39,28 @@ def alive(pid: int) -> bool:
         return False
 
 
-def test_sigkilled_agent_restarts_and_adopts_its_child(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sandbox", ["none", "bwrap"])
+def test_sigkilled_agent_restarts_and_adopts_its_child(tmp_path: Path, sandbox: str) -> None:
+    """The sandbox ends with the root wrapper that started it (--die-with-parent), not with the agent:
+    a killed agent's workload runs on, and the next agent adopts it and reads its exit code."""
+    if sandbox == "bwrap" and (shutil.which("bwrap") is None or not ROOT):
+        pytest.skip("needs root and bubblewrap (Debian: apt-get install bubblewrap)")
     cluster = Cluster(tmp_path)
-    data, go = tmp_path / "agent", cluster.exchange / "go"
-    first = start_agent(cluster, data)
+    data = tmp_path / "agent"
+    first = start_agent(cluster, data, "--sandbox", sandbox)
     try:
         wait(lambda: cluster.admin.get(f"/v1/nodes/{NODE}").status_code == 200, "the agent to register")
-        body = f"import os, time\nwhile not os.path.exists({str(go)!r}): time.sleep(0.05)\nraise SystemExit(4)"
+        # waits for `go` in its working directory: the one place the test and a sandboxed workload share
+        body = "import os, time\nwhile not os.path.exists('go'): time.sleep(0.05)\nraise SystemExit(4)"
         cluster.submit("long", [SYSTEM_PYTHON, "-c", body], {"cpu": "1"}, limits={"cpu": "1"})
         wait(lambda: cluster.workload("long")["status"]["phase"] == "Running", "the workload to run")
         pid = cluster.workload("long")["status"]["info"]["pid"]
         first.send_signal(signal.SIGKILL)
         first.wait(timeout=10)
         assert alive(pid)  # the child outlives its agent
-        second = start_agent(cluster, data)
+        second = start_agent(cluster, data, "--sandbox", sandbox)
         try:
-            go.touch()
+            (Path(cluster.workload("long")["status"]["info"]["workdir"]) / "go").touch()
             wait(lambda: cluster.workload("long")["status"]["phase"] in ("Succeeded", "Failed"), "the end report")
             w = cluster.workload("long")
             assert (w["status"]["phase"], w["status"]["info"]["exitCode"], w["status"]["info"]["pid"]) == (

@@ -78,6 +78,19 @@ def test_a_workload_runs_as_its_tenant_s_user_with_nothing_of_root(
 
 
 @as_root
+def test_the_root_wrapper_gets_none_of_the_tenant_s_environment(tmp_path: Path, work_root: Path) -> None:
+    ex = executor(tmp_path / "data", work_root)
+    spec = {"env": {"LD_PRELOAD": "/nonexistent/evil.so", "PYTHONPATH": "/nonexistent"}}
+    ex.sync([binding("env", ["sleep", "30"], spec=spec)], node())
+    try:
+        rec = ex.state.records["team/env"]
+        wrapper = Path(f"/proc/{rec.pid}/environ").read_bytes().split(b"\0")
+        assert [v for v in wrapper if v] == [f"PATH={FIXED_PATH}".encode()]  # the root wrapper's whole environment
+    finally:
+        ex.sync([], node())
+
+
+@as_root
 def test_the_agent_s_files_are_its_own(tmp_path: Path, work_root: Path, exchange: Path) -> None:
     data = tmp_path / "data"
     data.mkdir(mode=0o755)

@@ -49,7 +49,7 @@ from finesched.agent.binding import AgentBinding, MIGUse
 from finesched.agent.cgroup import CgroupSupport
 from finesched.agent.cgroup_groups import Group, make_group, sweep
 from finesched.agent.discover import Discovery
-from finesched.agent.identity import IdentityError, Users
+from finesched.agent.identity import Identity, IdentityError, Users
 from finesched.agent.launch import LaunchError, is_running, launch, limits_of, read_exit_code, stop
 from finesched.agent.mig import MIGControl, MIGError
 from finesched.agent.names import key_hash, safe_name
@@ -168,15 +168,20 @@ class Executor:
                 self._guard(key, lambda rec=rec: self._forget(rec, "binding replaced by a new placement"))
         self.aside.prune(current)
         starting: list[AgentBinding] = []
+        users: dict[str, Identity] = {}
         for b in bindings:
             if not self.aside.holds(b.workload):
-                self._guard(b.workload, lambda b=b: self._admit(b, discovery, starting), b)
+                self._guard(b.workload, lambda b=b: self._admit(b, discovery, starting, users), b)
         self._guard("(pools)", lambda: self._keep_pools(starting))
         for b in starting:
-            self._guard(b.workload, lambda b=b: self._start(b, discovery), b)
+            self._guard(b.workload, lambda b=b: self._start(b, discovery, users[b.workload]), b)
 
-    def _admit(self, b: AgentBinding, discovery: Discovery, starting: list[AgentBinding]) -> None:
-        """Ack a known binding, reject an unknown acked or impossible one, queue a good one in `starting`."""
+    def _admit(
+        self, b: AgentBinding, discovery: Discovery, starting: list[AgentBinding], users: dict[str, Identity]
+    ) -> None:
+        """Ack a known binding, reject an unknown acked or impossible one, queue a good one in `starting`
+        with the user it runs as in `users` (a binding whose user cannot be had is rejected here, before
+        any other workload moves for it)."""
         rec = self.state.records.get(b.workload)
         if rec is not None:
             if not rec.acked:
@@ -188,8 +193,14 @@ class Executor:
         reasons = self.verify(b, discovery, starting)
         if reasons:
             self._reject(b, "; ".join(reasons))
-        else:
-            starting.append(b)
+            return
+        try:
+            busy = {r.uid: r.tenant for r in self._running() if r.uid >= 0}
+            users[b.workload] = self.users.identity(b.tenant, b.run_as, busy)
+        except IdentityError as exc:
+            self._reject(b, str(exc))
+            return
+        starting.append(b)
 
     def verify(self, b: AgentBinding, discovery: Discovery, starting: Sequence[AgentBinding] = ()) -> list[str]:
         """Every reason this node cannot run `b` now; empty when it can. Only another binding's
@@ -267,13 +278,7 @@ class Executor:
             if problem:
                 log.warning("MIG instance not destroyed: %s", problem)
 
-    def _start(self, b: AgentBinding, discovery: Discovery) -> None:
-        try:
-            busy = {r.uid: r.tenant for r in self._running() if r.uid >= 0}
-            identity = self.users.identity(b.tenant, b.run_as, busy)
-        except IdentityError as exc:
-            self._reject(b, str(exc))
-            return
+    def _start(self, b: AgentBinding, discovery: Discovery, identity: Identity) -> None:
         where = self.keeper.placement(b.qos, b.cpuset, b.shared_numa)
         group = make_group(self.cgroups, self.scope, safe_name(b.workload), limits_of(b, where.cpus))
         created: list[list[int]] = []

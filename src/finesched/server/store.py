@@ -535,6 +535,8 @@ class Store:
         that exist: what a node agent runs their workloads as (one query for a whole binding list)."""
         wanted = sorted(set(names))
         out: dict[str, dict[str, Any] | None] = {}
+        if not wanted:
+            return out
         with self.read() as conn:
             for start in range(0, len(wanted), 500):  # bounded IN lists (SQLite's variable limit)
                 chunk = wanted[start : start + 500]
