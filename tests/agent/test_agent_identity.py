@@ -128,8 +128,10 @@ def test_run_as_is_the_tenant_s_user_and_root_only_when_allowed(tmp_path: Path) 
         u.identity("a", RunAs(0, 5))
     ranged = u.identity("b", None)
     assert (ranged.uid, ranged.gid, ranged.switch) == (300000, 300000, True) and "--tenant-uids" in ranged.source
-    with pytest.raises(IdentityError, match="is the uid this node gave tenant b from --tenant-uids 300000-300009"):
+    with pytest.raises(IdentityError, match=r"inside this node's --tenant-uids 300000-300009.*tenant b's here"):
         u.identity("c", RunAs(300000, 300000))  # would share b's files and signals
+    with pytest.raises(IdentityError, match=r"runAs uid 300005 is inside .*it may be any tenant's"):
+        u.identity("c", RunAs(300005, 300005))  # free now, but the range may give it to anyone
 
 
 def test_an_agent_that_is_not_root_runs_everything_as_itself(tmp_path: Path) -> None:

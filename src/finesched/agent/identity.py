@@ -6,7 +6,8 @@ runAsUser/runAsGroup, Slurm's submitting user); root only where runAs says ``all
 tenant without runAs runs as a uid the agent takes from its own range (``--tenant-uids
 START-END``, default 200000-299999; gid = uid), as HTCondor's slot users: the first uid of the
 range that no other tenant holds here, that no account or group of /etc/passwd or /etc/group
-uses, and that no running workload of another tenant runs as. The choice is kept per tenant
+uses, and that no running workload of another tenant runs as. A runAs uid inside the range is
+refused: the agent could give it to another tenant. The choice is kept per tenant
 name in ``<data>/tenant-uids.json`` (mode 0600), so a tenant keeps its uid across agent
 restarts and its workloads can share the files they make.
 
@@ -216,12 +217,13 @@ class Users:
         if run_as is not None:
             if 0 in (run_as.uid, run_as.gid) and not run_as.allow_root:
                 raise IdentityError(f"tenant {tenant}'s runAs names root without allowRoot: refused")
-            other = self.uids.owner(run_as.uid)
-            if other is not None and other != tenant:
+            if run_as.uid in self.uids.ids:
+                other = self.uids.owner(run_as.uid)
+                holder = f"it is tenant {other}'s here" if other not in (None, tenant) else "it may be any tenant's"
                 raise IdentityError(
-                    f"tenant {tenant}'s runAs uid {run_as.uid} is the uid this node gave tenant {other} from "
-                    f"--tenant-uids {format_range(self.uids.ids)}: the two would share files and signals; "
-                    "give the tenant a uid outside that range"
+                    f"tenant {tenant}'s runAs uid {run_as.uid} is inside this node's --tenant-uids "
+                    f"{format_range(self.uids.ids)}, the uids it gives tenants without a runAs ({holder}: they "
+                    "would share files and signals); give the tenant a uid outside that range"
                 )
             for what, value in (("uid", run_as.uid), ("gid", run_as.gid)):
                 if not mapped(value, Path(f"/proc/self/{what}_map")):
