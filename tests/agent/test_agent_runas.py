@@ -146,6 +146,16 @@ def test_the_working_directory_goes_with_its_workload(tmp_path: Path, work_root:
     assert work_root.is_dir()
 
 
+def test_up_s_exit_removes_every_ended_workload_s_directory(tmp_path: Path, work_root: Path) -> None:
+    ex = executor(tmp_path / "data", work_root)
+    ex.sync([binding("done", ["true"]), binding("runs", ["sleep", "30"])], node())
+    run_to_end(ex, "team/done")  # ended, its binding not yet gone: its directory is still there
+    dirs = [Path(ex.state.records[key].workdir) for key in ("team/done", "team/runs")]
+    assert all(d.is_dir() for d in dirs)
+    ex.stop_all()  # `finesched up` stops: nothing runs in them any more
+    assert not any(d.exists() for d in dirs) and not (work_root / ex.scope).exists()
+
+
 @as_root
 def test_a_work_root_others_cannot_reach_is_refused_at_start(tmp_path: Path) -> None:
     with pytest.raises(ValueError) as caught:

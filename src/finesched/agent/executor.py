@@ -451,7 +451,7 @@ class Executor:
 
     def stop_all(self) -> None:
         """Stop every running process (used by `finesched up` on exit, not by a plain agent restart);
-        their working directories go with them (nothing runs there any more)."""
+        the working directories of every ended workload go (nothing runs there any more)."""
         stopped = self._running()
         for rec in stopped:
             stop(rec.pid, rec.start_time, self.stop_grace, Group.from_record(rec.cgroup))
@@ -459,8 +459,9 @@ class Executor:
         for rec in stopped:
             if rec.phase != "Running":
                 rec.reason = f"stopped by the agent on its exit ({rec.reason})"
-                if rec.workdir:
-                    self.workdirs.remove(rec.workdir)
-                    rec.workdir = ""
+        for rec in self.state.records.values():
+            if rec.phase != "Running" and rec.workdir:
+                self.workdirs.remove(rec.workdir)
+                rec.workdir = ""
         self.state.save()
         self.sweep()
