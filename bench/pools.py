@@ -82,7 +82,7 @@ def item(name: str, command: list[str], cpuset: str = "", qos: str = "LS", acked
 
 
 def bench_agent(mode: str, support: CgroupSupport, n_ls: int, iterations: int, tmp: Path) -> None:
-    ex = Executor(tmp / f"agent-{mode}-{n_ls}", _NoServer(), support, {"PATH": os.environ["PATH"]})
+    ex = Executor(tmp / f"agent-{mode}-{n_ls}", _NoServer(), support, work_root=tmp / "work")
     marks: list[float] = []
     apply = ex.keeper.apply
 
@@ -92,10 +92,10 @@ def bench_agent(mode: str, support: CgroupSupport, n_ls: int, iterations: int, t
         return moved
 
     ex.keeper.apply = timed  # type: ignore[method-assign]
-    ls = [item(f"ls-{i}", command(tmp / f"{mode}-{n_ls}-ls-{i}")) for i in range(n_ls)]
+    ls = [item(f"ls-{i}", command(tmp / "exchange" / f"{mode}-{n_ls}-ls-{i}")) for i in range(n_ls)]
     node = discovery()
     ex.sync(ls, node)
-    ls_pids = [p for i in range(n_ls) for p in pids(tmp / f"{mode}-{n_ls}-ls-{i}")]
+    ls_pids = [p for i in range(n_ls) for p in pids(tmp / "exchange" / f"{mode}-{n_ls}-ls-{i}")]
     ls = [parse_binding({**b.raw, "acked": True, "workloadSpec": dict(b.spec)}) for b in ls]
     everything, rest = CPUSet(CPUS).format(), CPUSet(CPUS[1:]).format()
     threads = sum(len(os.listdir(f"/proc/{p}/task")) for p in ls_pids) + n_ls  # + each /bin/sh wrapper
@@ -162,14 +162,14 @@ def bench_e2e(watch: float, n_ls: int, iterations: int, tmp: Path) -> None:
     agent_log = open(tmp / f"agent-{watch}.log", "ab")  # noqa: SIM115 - closed below
     agent_cmd = [sys.executable, "-m", "finesched.cli", "agent", "--server", server.base, "--token", agent_token,
                  "--node-name", "bench-node", "--data", str(tmp / f"agent-e2e-{watch}-{n_ls}"),
-                 "--watch", str(watch), "--interval", "2", "--quiet"]  # fmt: skip
+                 "--work-root", str(tmp / "work"), "--watch", str(watch), "--interval", "2", "--quiet"]  # fmt: skip
     agent = subprocess.Popen(agent_cmd, stdout=agent_log, stderr=subprocess.STDOUT)
     client = httpx.Client(base_url=server.base, headers=server.headers, timeout=30)
     try:
         _wait(lambda: client.get("/v1/nodes/bench-node").status_code == 200, "the agent to register")
         ls_pids: list[int] = []
         for i in range(n_ls):
-            out = tmp / f"e2e-{watch}-ls-{i}"
+            out = tmp / "exchange" / f"e2e-{watch}-ls-{i}"
             _submit(client, f"ls-{i}", command(out), {"cpu": "100m"})
             ls_pids += pids(out)
         observer = Observer(ls_pids)
@@ -254,6 +254,11 @@ def main() -> None:
     print(f"cgroups: {support.describe()}")
     counts = [int(x) for x in args.ls.split(",")]
     with tempfile.TemporaryDirectory(prefix="bench-pools-") as tmp:
+        # workloads run as their tenant's user (a root agent): they reach their working directories
+        # under tmp/work and write their pids to tmp/exchange, as anyone may
+        os.chmod(tmp, 0o711)
+        (Path(tmp) / "exchange").mkdir(mode=0o1777)
+        os.chmod(Path(tmp) / "exchange", 0o1777)
         if "agent" in args.parts:
             modes = [("affinity", CgroupSupport(None, reason="off"))]
             if "cpuset" in support.controllers:

@@ -1,19 +1,20 @@
 """A multi-threaded, multi-process workload for pool tests (and bench/pools.py), and the CPUs its
 threads may run on.
 
-The workload (python, 3 extra threads, a python child with 2 extra threads) writes its own and its
-child's pid to the file named by its first argument and sleeps; the tests read every thread's
-``Cpus_allowed_list`` from ``/proc/<pid>/task/*/status`` for those pids, independently of the
-agent's own process walk.
+The workload (the system's python, 3 extra threads, a python child with 2 extra threads) writes
+its own and its child's pid to the file named by its first argument (in a directory its user may
+write to: reachable.py) and sleeps; the tests read every thread's ``Cpus_allowed_list`` from
+``/proc/<pid>/task/*/status`` for those pids, independently of the agent's own process walk.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from pathlib import Path
+
+from reachable import SYSTEM_PYTHON
 
 CPUS = sorted(os.sched_getaffinity(0))
 CHILD = (
@@ -35,7 +36,7 @@ time.sleep(3600)
 
 
 def command(pids_file: Path) -> list[str]:
-    return [sys.executable, "-c", PROGRAM, str(pids_file)]
+    return [SYSTEM_PYTHON, "-c", PROGRAM, str(pids_file)]
 
 
 def pids(pids_file: Path, timeout: float = 30.0) -> list[int]:

@@ -7,32 +7,31 @@ removed afterwards.
 
 from __future__ import annotations
 
-import os
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from pool_probe import CPUS, command, pids
-from test_agent_executor import RecordingServer, binding, node, run_to_end, wait_for
+from test_agent_executor import binding, executor, node, run_to_end, wait_for
 
 from finesched.agent.cgroup import detect
 from finesched.agent.cgroup_groups import Group
 from finesched.agent.executor import OOM_KILLED, Executor
+from reachable import SYSTEM_PYTHON
 
 MiB = 2**20
 
 
 @pytest.fixture
-def ex(tmp_path: Path) -> Any:
+def ex(tmp_path: Path, work_root: Path) -> Any:
     support = detect()
     v1 = {c for h in support.usable if h.version == 1 for c in h.controllers}
     if not {"cpuset", "memory"} <= v1:
         pytest.skip(f"cgroup v1 cpuset and memory are not writable here: {support.describe()}")
-    executor = Executor(tmp_path / "data", RecordingServer(), support, {"PATH": os.environ["PATH"]})
-    yield executor
-    executor.sync([], node())
-    wait_for(lambda: executor.sweep() == 0, "the workloads' cgroups to be removed")
+    made = executor(tmp_path / "data", work_root, support)
+    yield made
+    made.sync([], node())
+    wait_for(lambda: made.sweep() == 0, "the workloads' cgroups to be removed")
 
 
 def dirs(ex: Executor, key: str) -> dict[str, Path]:
@@ -45,12 +44,12 @@ def member_of(pid: int, group: Path) -> bool:
     return str(pid) in (group / "cgroup.procs").read_text().split()
 
 
-def test_running_workload_is_confined_and_its_children_inherit(ex: Executor, tmp_path: Path) -> None:
+def test_running_workload_is_confined_and_its_children_inherit(ex: Executor, exchange: Path) -> None:
     cpu = CPUS[-1]
     spec = {"requests": {"cpu": "1", "memory": "96Mi"}, "limits": {"cpu": "1", "memory": "96Mi"}}
-    pinned = binding("pinned", command(tmp_path / "pinned"), cpuset=str(cpu), numa=[{"numa": 0}], qos="LSR", spec=spec)
+    pinned = binding("pinned", command(exchange / "pinned"), cpuset=str(cpu), numa=[{"numa": 0}], qos="LSR", spec=spec)
     ex.sync([pinned], node())
-    main, child = pids(tmp_path / "pinned")
+    main, child = pids(exchange / "pinned")
     where = dirs(ex, "team/pinned")
     assert (where["cpuset"] / "cpuset.cpus").read_text().strip() == str(cpu)
     assert (where["cpuset"] / "cpuset.mems").read_text().strip() == "0"
@@ -76,7 +75,7 @@ def test_ls_workload_gets_its_cpu_limit_as_a_quota(ex: Executor) -> None:
 
 
 def test_workload_over_its_memory_limit_ends_oomkilled(ex: Executor) -> None:
-    hog = [sys.executable, "-c", "x = b'1' * (256 << 20); print('not killed')"]
+    hog = [SYSTEM_PYTHON, "-c", "x = b'1' * (256 << 20); print('not killed')"]
     ex.sync([binding("hog", hog, spec={"limits": {"memory": "48Mi"}})], node())
     where = dirs(ex, "team/hog")
     assert (where["memory"] / "memory.limit_in_bytes").read_text().strip() == str(48 * MiB)

@@ -7,19 +7,19 @@ environment checks run on a machine without GPUs. Processes, affinity and the HT
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from agent_cluster import NODE, PROBE, Cluster, inventory, phase_is, wait
+from agent_cluster import NODE, Cluster, inventory, phase_is, wait
 
 from finesched.agent.executor import ServerError
 from finesched.agent.launch import is_running, start_time
 from finesched.codec import decode
 from finesched.cpuset import CPUSet
 from finesched.server.loop import LoopConfig
+from reachable import SYSTEM_PYTHON
 
 
 @pytest.fixture
@@ -29,12 +29,12 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
     c.close()
 
 
-def test_exclusive_cpu_and_shared_gpu_reach_the_child(cluster: Cluster, tmp_path: Path) -> None:
+def test_exclusive_cpu_and_shared_gpu_reach_the_child(cluster: Cluster) -> None:
     agent = cluster.agent()
     agent.tick_report()
-    out = tmp_path / "probe.json"
+    command, out = cluster.probe("probe")
     cluster.submit(
-        "probe", [sys.executable, "-c", PROBE, str(out)],
+        "probe", command,
         {"cpu": "1", "memory": "64Mi", "gpu-core": 50, "gpu-memory-ratio": 50}, limits={"cpu": "1", "memory": "64Mi"},
         qos="LSR",
     )  # fmt: skip
@@ -67,11 +67,11 @@ def test_agent_rejects_a_binding_on_an_unhealthy_gpu(cluster: Cluster) -> None:
     assert node["status"]["report"]["health"]["gpu"] == {"0": True, "1": False}
 
 
-def test_agent_restart_adopts_its_running_child(cluster: Cluster, tmp_path: Path) -> None:
-    go = tmp_path / "go"
+def test_agent_restart_adopts_its_running_child(cluster: Cluster) -> None:
+    go = cluster.exchange / "go"
     wait_for_go = f"import os, time\nwhile not os.path.exists({str(go)!r}): time.sleep(0.05)\nraise SystemExit(4)"
     first = cluster.agent()
-    cluster.submit("long", [sys.executable, "-c", wait_for_go], {"cpu": "1"}, limits={"cpu": "1"})
+    cluster.submit("long", [SYSTEM_PYTHON, "-c", wait_for_go], {"cpu": "1"}, limits={"cpu": "1"})
     running = cluster.until(first, "long", phase_is("Running"), "to run")
     pid = running["status"]["info"]["pid"]
     del first  # the agent dies; its child keeps running

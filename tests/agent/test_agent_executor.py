@@ -1,10 +1,12 @@
-"""The Deploy Executor with real child processes and a recording stand-in for the server."""
+"""The Deploy Executor with real child processes and a recording stand-in for the server.
+
+Run as root, the workloads run as a uid of the agent's range (tenant "team"): they run system
+programs and write what they saw to an exchange directory (reachable.py)."""
 
 from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,7 @@ from finesched.agent.launch import gpu_env
 from finesched.agent.names import safe_name
 from finesched.cpuset import CPUSet
 from finesched.model.node import Node
+from reachable import SYSTEM_PYTHON
 
 CPUS = sorted(os.sched_getaffinity(0))
 NO_CGROUP = CgroupSupport(None, reason="test")
@@ -95,14 +98,19 @@ def run_to_end(ex: Executor, key: str) -> None:
     ex.report()
 
 
+def executor(data: Path, work: Path, cgroups: CgroupSupport = NO_CGROUP, **kwargs: Any) -> Executor:
+    """An executor whose workloads' working directories go under `work` (the `work_root` fixture)."""
+    return Executor(data, RecordingServer(), cgroups, work_root=work, **kwargs)
+
+
 @pytest.fixture
-def ex(tmp_path: Path) -> Executor:
-    return Executor(tmp_path / "data", RecordingServer(), NO_CGROUP, base_env={"PATH": os.environ["PATH"]})
+def ex(tmp_path: Path, work_root: Path) -> Executor:
+    return executor(tmp_path / "data", work_root)
 
 
-def test_child_runs_pinned_with_env_and_succeeds(ex: Executor, tmp_path: Path) -> None:
-    out = tmp_path / "probe.json"
-    b = binding("p", [sys.executable, "-c", PROBE, str(out)], cpuset=str(CPUS[-1]))
+def test_child_runs_pinned_with_env_and_succeeds(ex: Executor, exchange: Path) -> None:
+    out = exchange / "probe.json"
+    b = binding("p", [SYSTEM_PYTHON, "-c", PROBE, str(out)], cpuset=str(CPUS[-1]))
     ex.sync([b], node())
     server = ex.server
     assert server.of("ack") == [("ack", "team/p")]
@@ -122,7 +130,7 @@ def test_child_runs_pinned_with_env_and_succeeds(ex: Executor, tmp_path: Path) -
 
 
 def test_failure_exit_code_and_log(ex: Executor) -> None:
-    b = binding("f", [sys.executable, "-c", "print('to the log'); raise SystemExit(3)"])
+    b = binding("f", [SYSTEM_PYTHON, "-c", "print('to the log'); raise SystemExit(3)"])
     ex.sync([b], node())
     run_to_end(ex, "team/f")
     final = ex.server.of("status")[-1]
@@ -178,18 +186,18 @@ def test_no_cpuset_runs_in_the_shared_pool(ex: Executor) -> None:
     ex.sync([], node())
 
 
-def test_restart_adopts_running_child_and_reports_its_end(tmp_path: Path) -> None:
-    data, go = tmp_path / "data", tmp_path / "go"
+def test_restart_adopts_running_child_and_reports_its_end(tmp_path: Path, work_root: Path, exchange: Path) -> None:
+    data, go = tmp_path / "data", exchange / "go"
     wait = f"import os, time\nwhile not os.path.exists({str(go)!r}): time.sleep(0.05)\nraise SystemExit(4)"
-    first = Executor(data, RecordingServer(), NO_CGROUP)
-    b = binding("long", [sys.executable, "-c", wait], cpuset=str(CPUS[0]))
+    first = executor(data, work_root)
+    b = binding("long", [SYSTEM_PYTHON, "-c", wait], cpuset=str(CPUS[0]))
     first.sync([b], node())
     first.report()
     pid = first.state.records["team/long"].pid
     del first  # the agent "crashes": nothing is stopped
 
     acked = parse_binding({**b.raw, "acked": True, "workloadSpec": dict(b.spec)})
-    second = Executor(data, RecordingServer(), NO_CGROUP)
+    second = executor(data, work_root)
     assert second.adopt() == {"team/long": f"adopted pid {pid}"}
     second.sync([acked], node())
     assert second.server.calls == []  # known, acked, reported: nothing to do
@@ -198,12 +206,12 @@ def test_restart_adopts_running_child_and_reports_its_end(tmp_path: Path) -> Non
     assert second.server.of("status")[-1][2:4] == ("Failed", 4)
 
 
-def test_restart_reports_a_child_that_ended_while_down(tmp_path: Path) -> None:
+def test_restart_reports_a_child_that_ended_while_down(tmp_path: Path, work_root: Path) -> None:
     data = tmp_path / "data"
-    first = Executor(data, RecordingServer(), NO_CGROUP)
+    first = executor(data, work_root)
     first.sync([binding("quick", ["true"])], node())
     wait_for(lambda: first.procs["team/quick"].poll() is not None, "the child to exit")  # first never polls it
-    second = Executor(data, RecordingServer(), NO_CGROUP)
+    second = executor(data, work_root)
     assert second.adopt() == {"team/quick": "Succeeded while the agent was down"}
     second.report()
     assert second.server.of("status")[0][2:4] == ("Succeeded", 0)
@@ -269,7 +277,7 @@ def fake_mounts(tmp_path: Path, v2: str = "", v1: tuple[str, ...] = (), own: str
     return tmp_path / "mountinfo", tmp_path / "proc-cgroup"
 
 
-def test_cgroup_v2_files_in_a_fake_hierarchy(tmp_path: Path) -> None:
+def test_cgroup_v2_files_in_a_fake_hierarchy(tmp_path: Path, work_root: Path) -> None:
     mountinfo, proc = fake_mounts(tmp_path, v2="cpuset cpu io memory pids", own="/agent.slice")
     support = detect(mountinfo, proc)
     (v2,) = support.usable
@@ -278,7 +286,7 @@ def test_cgroup_v2_files_in_a_fake_hierarchy(tmp_path: Path) -> None:
         tmp_path / "cg/agent.slice/finesched",
         {"cpuset", "memory", "cpu"},
     )
-    ex = Executor(tmp_path / "data", RecordingServer(), support)
+    ex = executor(tmp_path / "data", work_root, support)
     spec = {"requests": {"cpu": "250m"}, "limits": {"memory": "64Mi", "cpu": "500m"}}
     b = binding("c", ["sleep", "30"], cpuset=str(CPUS[0]), numa=[{"numa": 0}], spec=spec)
     ex.sync([b], node())
@@ -292,11 +300,11 @@ def test_cgroup_v2_files_in_a_fake_hierarchy(tmp_path: Path) -> None:
     ex.sync([], node())
 
 
-def test_cgroup_v1_files_in_a_fake_hierarchy(tmp_path: Path) -> None:
+def test_cgroup_v1_files_in_a_fake_hierarchy(tmp_path: Path, work_root: Path) -> None:
     mountinfo, proc = fake_mounts(tmp_path, v1=("cpuset", "memory", "cpu"), own="/svc")
     support = detect(mountinfo, proc)
     assert {h.version for h in support.usable} == {1} and support.controllers == {"cpuset", "memory", "cpu"}
-    ex = Executor(tmp_path / "data", RecordingServer(), support)
+    ex = executor(tmp_path / "data", work_root, support)
     spec = {"requests": {"cpu": "1", "memory": "32Mi"}, "limits": {"cpu": "1", "memory": "32Mi"}}
     ex.sync([binding("x", ["sleep", "30"], cpuset=str(CPUS[0]), qos="LSE", spec=spec)], node())
     name = f"{ex.scope}/{safe_name('team/x')}"
@@ -335,10 +343,10 @@ def test_cpus_outside_a_confined_agent_are_rejected(ex: Executor) -> None:
     assert call[0] == "reject" and f"CPUs {CPUS[1]} are outside the agent's own CPU affinity {CPUS[0]}" in call[2]
 
 
-def test_a_corrupt_state_file_stops_the_agent_with_a_clear_error(tmp_path: Path) -> None:
+def test_a_corrupt_state_file_stops_the_agent_with_a_clear_error(tmp_path: Path, work_root: Path) -> None:
     (tmp_path / "agent-state.json").write_text("{not json")
     with pytest.raises(ValueError, match=r"agent-state\.json is unreadable .*move it away to start afresh"):
-        Executor(tmp_path, RecordingServer(), NO_CGROUP)
+        executor(tmp_path, work_root)
 
 
 def test_cgroup_controllers_that_cannot_be_enabled_are_explained(tmp_path: Path) -> None:

@@ -4,20 +4,18 @@ the agent raise is set aside alone, and the agent goes on serving every other bi
 from __future__ import annotations
 
 import logging
-import os
-import sys
 from pathlib import Path
 
 import pytest
 from agent_cluster import NODE, Cluster
 from hypothesis import given
 from hypothesis import strategies as st
-from test_agent_executor import NO_CGROUP, RecordingServer, binding, fake_mounts, node, run_to_end
+from test_agent_executor import NO_CGROUP, binding, executor, fake_mounts, node, run_to_end
 from test_agent_report import FakeServer, gpu_node
 
 from finesched.agent.cgroup import detect
 from finesched.agent.cgroup_groups import Group
-from finesched.agent.executor import Executor, workdir_of
+from finesched.agent.executor import rundir_of
 from finesched.agent.loop import Agent, AgentConfig
 from finesched.agent.names import safe_name
 
@@ -33,26 +31,28 @@ def test_safe_names_are_one_short_plain_component(namespace: str, name: str) -> 
 
 def test_names_that_were_paths_stay_under_the_data_directory(tmp_path: Path) -> None:
     for key in ("../../etc/passwd", "ns/..", "ns/a/b", "ns/" + "x" * 300, "/", "ns/\x00\n"):
-        where = workdir_of(tmp_path, key)
+        where = rundir_of(tmp_path, key)
         assert where.parent == tmp_path / "workloads" and len(where.name) <= 81, key
 
 
-def test_a_300_character_name_runs_with_safe_directories_and_groups(tmp_path: Path) -> None:
+def test_a_300_character_name_runs_with_safe_directories_and_groups(tmp_path: Path, work_root: Path) -> None:
     mountinfo, proc = fake_mounts(tmp_path, v1=("cpuset", "memory"), own="/svc")
-    ex = Executor(tmp_path / "data", RecordingServer(), detect(mountinfo, proc))
+    ex = executor(tmp_path / "data", work_root, detect(mountinfo, proc))
     long = "n" * 300
-    ex.sync([binding(long, [sys.executable, "-c", "print('ran')"])], node())
+    ex.sync([binding(long, ["/bin/sh", "-c", "echo ran; pwd"])], node())
     run_to_end(ex, f"team/{long}")
     rec = ex.state.records[f"team/{long}"]
     assert rec.phase == "Succeeded" and "ran" in Path(rec.log).read_text()
-    assert Path(rec.log).parent == workdir_of(tmp_path / "data", f"team/{long}")
+    assert Path(rec.log).parent == rundir_of(tmp_path / "data", f"team/{long}")
+    assert Path(rec.workdir).parent == work_root / ex.scope and len(Path(rec.workdir).name) <= 81
+    assert rec.workdir in Path(rec.log).read_text()  # it ran there
     group = Group.from_record(rec.cgroup)
     assert group is not None and all(len(Path(d).name) <= 81 for d in group.dirs)
     assert ex.server.of("ack") == [("ack", f"team/{long}")]  # the server still hears the real name
 
 
-def test_a_binding_that_makes_the_agent_raise_is_set_aside_alone(tmp_path: Path, caplog) -> None:
-    ex = Executor(tmp_path / "data", RecordingServer(), NO_CGROUP, {"PATH": os.environ["PATH"]})
+def test_a_binding_that_makes_the_agent_raise_is_set_aside_alone(tmp_path: Path, work_root: Path, caplog) -> None:
+    ex = executor(tmp_path / "data", work_root)
     poison = binding("poison", ["true"], spec={"env": ["not", "a", "mapping"]})  # the launch raises on it
     good = binding("good", ["sleep", "30"])
     with caplog.at_level(logging.ERROR, logger="finesched.agent"):
@@ -71,9 +71,11 @@ def test_a_binding_that_makes_the_agent_raise_is_set_aside_alone(tmp_path: Path,
 
 
 @pytest.mark.parametrize("name", ["t/a/b", "t/" + "x" * 300 + "/y"])
-def test_an_unaddressable_name_from_an_older_server_never_stops_the_agent(tmp_path: Path, caplog, name: str) -> None:
+def test_an_unaddressable_name_from_an_older_server_never_stops_the_agent(
+    tmp_path: Path, work_root: Path, caplog, name: str
+) -> None:
     server = FakeServer()
-    agent = Agent(AgentConfig("unused", "t", tmp_path), server, gpu_node, NO_CGROUP)
+    agent = Agent(AgentConfig("unused", "t", tmp_path, work_root=work_root), server, gpu_node, NO_CGROUP)
     agent.start()
     server.items = [
         {"workload": name, "node": "n1", "cpuset": "", "version": 1, "workloadSpec": {"command": ["true"]}},

@@ -26,6 +26,7 @@ from finesched.server.auth import create_token
 from finesched.server.lifecycle import Backoff
 from finesched.server.loop import LoopConfig
 from finesched.server.store import Store
+from reachable import SYSTEM_PYTHON
 
 ROOT = Path(__file__).resolve().parents[2]
 FINESCHED = [sys.executable, "-m", "finesched.cli"]
@@ -47,14 +48,16 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
     c.close()
 
 
-def two_regions(tmp: Path, **spec: Any) -> tuple[dict[str, Any], Path, Path]:
-    """The example job (namespace t) whose tasks wait for `go`; (manifest, pid directory, go file)."""
+def two_regions(exchange: Path, **spec: Any) -> tuple[dict[str, Any], Path, Path]:
+    """The example job (namespace t) whose tasks wait for `go`; (manifest, pid directory, go file).
+    `exchange`: a directory its tasks (running as the tenant's user) may write to (reachable.py)."""
     doc = yaml.safe_load((ROOT / "examples" / "jobs" / "two-regions.yaml").read_text())
-    pids, go = tmp / "pids", tmp / "go"
-    pids.mkdir()
+    pids, go = exchange / "pids", exchange / "go"
+    pids.mkdir(mode=0o1777)
+    pids.chmod(0o1777)
     doc["metadata"]["namespace"] = "t"
     for task in doc["spec"]["tasks"]:
-        task["command"] = [sys.executable, "-c", TASK, str(pids), str(go)]
+        task["command"] = [SYSTEM_PYTHON, "-c", TASK, str(pids), str(go)]
     doc["spec"].update(spec)
     return doc, pids, go
 
@@ -90,9 +93,9 @@ def all_running(pids: Path, expected: int) -> Any:
     return lambda j: j["status"]["slots"].get("Running") == 3 and len(list(pids.iterdir())) >= expected
 
 
-def test_two_region_job_runs_to_completion(cluster: Cluster, tmp_path: Path) -> None:
+def test_two_region_job_runs_to_completion(cluster: Cluster) -> None:
     agent = cluster.agent()
-    doc, pids, go = two_regions(tmp_path)
+    doc, pids, go = two_regions(cluster.exchange)
     answer = cluster.admin.post("/v1/jobs", json=doc)
     assert answer.status_code == 201, answer.text
     running = until(cluster, agent, all_running(pids, 5), "every slot to run")
@@ -112,9 +115,9 @@ def test_two_region_job_runs_to_completion(cluster: Cluster, tmp_path: Path) -> 
     assert [(j["metadata"]["name"], j["status"]["phase"]) for j in listed] == [("clicks", "Succeeded")]
 
 
-def test_killing_one_slot_restarts_only_its_region(cluster: Cluster, tmp_path: Path) -> None:
+def test_killing_one_slot_restarts_only_its_region(cluster: Cluster) -> None:
     agent = cluster.agent()
-    doc, pids, go = two_regions(tmp_path)
+    doc, pids, go = two_regions(cluster.exchange)
     assert cluster.admin.post("/v1/jobs", json=doc).status_code == 201
     until(cluster, agent, all_running(pids, 5), "every slot to run")
     before = task_pids(pids)
@@ -138,9 +141,9 @@ def test_killing_one_slot_restarts_only_its_region(cluster: Cluster, tmp_path: P
     until(cluster, agent, lambda j: j["status"]["phase"] == "Succeeded", "the job to succeed after the restart")
 
 
-def test_a_job_fails_when_its_backoff_limit_is_used_up(cluster: Cluster, tmp_path: Path) -> None:
+def test_a_job_fails_when_its_backoff_limit_is_used_up(cluster: Cluster) -> None:
     agent = cluster.agent()
-    doc, pids, _ = two_regions(tmp_path, backoffLimit=0)
+    doc, pids, _ = two_regions(cluster.exchange, backoffLimit=0)
     assert cluster.admin.post("/v1/jobs", json=doc).status_code == 201
     until(cluster, agent, all_running(pids, 5), "every slot to run")
     os.kill(task_pids(pids)["orders-sink-0"][0], signal.SIGKILL)
@@ -151,9 +154,9 @@ def test_a_job_fails_when_its_backoff_limit_is_used_up(cluster: Cluster, tmp_pat
     assert not [p for ps in task_pids(pids).values() for p in ps if is_running(p, start_time(p) or -1)]
 
 
-def test_delete_job_stops_every_slot(cluster: Cluster, tmp_path: Path) -> None:
+def test_delete_job_stops_every_slot(cluster: Cluster) -> None:
     agent = cluster.agent()
-    doc, pids, _ = two_regions(tmp_path)
+    doc, pids, _ = two_regions(cluster.exchange)
     assert cluster.admin.post("/v1/jobs", json=doc).status_code == 201
     until(cluster, agent, all_running(pids, 5), "every slot to run")
     answer = cluster.admin.delete("/v1/jobs/t/clicks")
@@ -189,7 +192,7 @@ def test_a_rejected_binding_backs_off_and_its_events_are_counted(cluster: Cluste
     assert w["status"]["phase"] == "Pending" and "placed again in" in w["status"]["reason"]
 
 
-def test_a_job_converges_after_its_server_and_agent_are_killed(tmp_path: Path) -> None:
+def test_a_job_converges_after_its_server_and_agent_are_killed(tmp_path: Path, work_root: Path, exchange: Path) -> None:
     """SIGKILL `finesched serve` and `finesched agent` mid-job, kill a slot's task while both are
     down, start both again: the agent adopts the slots, reports the dead one, and only its region
     restarts; the job then runs to completion."""
@@ -203,7 +206,8 @@ def test_a_job_converges_after_its_server_and_agent_are_killed(tmp_path: Path) -
     store.close()
     server_args = ["serve", "--db", db, "--port", str(port), "--log-level", "warning", "--heartbeat", "0.5"]
     agent_args = ["agent", "--server", url, "--token", agent_token, "--node-name", NODE, "--data",
-                  str(tmp_path / "agent"), "--interval", "0.5", "--watch", "0.1", "--quiet"]  # fmt: skip
+                  str(tmp_path / "agent"), "--work-root", str(work_root), "--interval", "0.5", "--watch", "0.1",
+                  "--quiet"]  # fmt: skip
     admin = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {admin_token}"}, timeout=10)
 
     def answers() -> bool:
@@ -221,7 +225,7 @@ def test_a_job_converges_after_its_server_and_agent_are_killed(tmp_path: Path) -
         tenant = {"apiVersion": "finesched.io/v1alpha1", "kind": "Tenant", "metadata": {"name": "t"}}
         assert admin.post("/v1/tenants", json=tenant).status_code == 201  # owns namespace t
         processes.append(subprocess.Popen([*FINESCHED, *agent_args], stderr=subprocess.DEVNULL))
-        doc, pids, go = two_regions(tmp_path)
+        doc, pids, go = two_regions(exchange)
         wait(lambda: admin.get(f"/v1/nodes/{NODE}").status_code == 200, "the agent to register", timeout=60)
         assert admin.post("/v1/jobs", json=doc).status_code == 201
         wait(lambda: status()["slots"].get("Running") == 3 and len(list(pids.iterdir())) == 5, "the slots to run")

@@ -4,7 +4,6 @@ same rights as reading the workload; the agent's log port answers only grants th
 from __future__ import annotations
 
 import io
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +16,7 @@ from typer.testing import CliRunner
 from finesched.agent.logs import tail_offset
 from finesched.cli import app
 from finesched.server.auth import create_token
+from reachable import SYSTEM_PYTHON
 
 LINES = "import sys\nfor i in range(1, 6):\n    print(f'line {i}', flush=True)\n"
 
@@ -47,7 +47,7 @@ def test_tail_offset(text: bytes, lines: int, want: bytes) -> None:
 def test_logs_through_the_server_with_tenant_rights(cluster: Cluster) -> None:
     agent = cluster.agent(logs=True)
     agent.tick_report()  # the report carries the agent's logs URL
-    cluster.submit("printer", [sys.executable, "-c", LINES], {"cpu": "100m"})
+    cluster.submit("printer", [SYSTEM_PYTHON, "-c", LINES], {"cpu": "100m"})
     cluster.until(agent, "printer", phase_is("Succeeded"), "to finish")
     assert cluster.admin.get("/v1/workloads/t/printer/logs").text == "".join(f"line {i}\n" for i in range(1, 6))
     assert cluster.admin.get("/v1/workloads/t/printer/logs", params={"tail": 2}).text == "line 4\nline 5\n"
@@ -67,13 +67,13 @@ def test_logs_through_the_server_with_tenant_rights(cluster: Cluster) -> None:
     assert missing.exit_code == 1 and "not found" in missing.output
 
 
-def test_follow_streams_until_the_process_ends(cluster: Cluster, tmp_path: Path) -> None:
+def test_follow_streams_until_the_process_ends(cluster: Cluster) -> None:
     agent = cluster.agent(logs=True)
     agent.tick_report()
-    go = tmp_path / "go"
+    go = cluster.exchange / "go"
     body = "\n".join(["import os, time", "print('before', flush=True)",
                       f"while not os.path.exists({str(go)!r}): time.sleep(0.05)", "print('after')"])  # fmt: skip
-    cluster.submit("waiter", [sys.executable, "-c", body], {"cpu": "100m"})
+    cluster.submit("waiter", [SYSTEM_PYTHON, "-c", body], {"cpu": "100m"})
     cluster.until(agent, "waiter", phase_is("Running"), "to run")
     received: list[bytes] = []
     done = threading.Event()

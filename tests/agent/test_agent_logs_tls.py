@@ -6,7 +6,6 @@ server verifies it with --agent-ca (an agent on the server's own machine also by
 from __future__ import annotations
 
 import logging
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from finesched.cli import app
 from finesched.server import schema as t
 from finesched.server.logs import AgentTrust, use_agent_trust
 from finesched.tls import pinned_context
+from reachable import SYSTEM_PYTHON
 from tls_files import TlsFiles, make_tls
 
 LINES = "for i in range(1, 4):\n    print(f'line {i}', flush=True)\n"
@@ -44,7 +44,8 @@ def trust(cluster: Cluster, **files: object) -> None:
 def agent(cluster: Cluster, tls: TlsFiles | None, host: str = "127.0.0.1") -> Agent:
     """A started agent whose log port listens on 127.0.0.1, with `tls` over HTTPS, advertised at `host`."""
     config = AgentConfig(cluster.url, cluster.agent_token, cluster.tmp / "agent", NODE, logs_port=0, logs_host=host,
-                         logs_bind="127.0.0.1", tls_cert=tls and tls.cert, tls_key=tls and tls.key)  # fmt: skip
+                         logs_bind="127.0.0.1", tls_cert=tls and tls.cert, tls_key=tls and tls.key,
+                         work_root=cluster.work_root)  # fmt: skip
     started = Agent(
         config, AgentClient(cluster.url, cluster.agent_token), inventory, CgroupSupport(None, reason="test")
     )
@@ -55,7 +56,7 @@ def agent(cluster: Cluster, tls: TlsFiles | None, host: str = "127.0.0.1") -> Ag
 
 
 def ran(cluster: Cluster, started: Agent) -> None:
-    cluster.submit("printer", [sys.executable, "-c", LINES], {"cpu": "100m"})
+    cluster.submit("printer", [SYSTEM_PYTHON, "-c", LINES], {"cpu": "100m"})
     cluster.until(started, "printer", phase_is("Succeeded"), "to finish")
 
 
@@ -152,11 +153,13 @@ def test_no_grant_goes_in_clear_to_another_machine(cluster: Cluster, caplog: pyt
     assert any("logs of t/printer not read from node" in r.getMessage() for r in caplog.records)
 
 
-def test_the_grant_check_uses_the_agent_s_own_transport(tmp_path: Path) -> None:
+def test_the_grant_check_uses_the_agent_s_own_transport(tmp_path: Path, work_root: Path) -> None:
     """An agent told --insecure for a server on another machine checks grants over that same client
     (it used to build a second one that refused the URL, and the agent stopped at start)."""
     far = "http://192.0.2.10:8080"  # TEST-NET-1: never contacted here
-    config = AgentConfig(far, "token", tmp_path / "agent", NODE, logs_port=0, logs_host="127.0.0.1")
+    config = AgentConfig(
+        far, "token", tmp_path / "agent", NODE, logs_port=0, logs_host="127.0.0.1", work_root=work_root
+    )
     started = Agent(config, AgentClient(far, "token", insecure=True), inventory, CgroupSupport(None, reason="test"))
     started._serve_logs()
     try:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,6 +28,7 @@ from finesched.cpuset import CPUSet
 from finesched.model.mig import PRODUCTS
 from finesched.model.node import Node
 from finesched.server.reports import NodeReport, check_report
+from reachable import SYSTEM_PYTHON
 
 
 def no_nvml() -> tuple[None, str]:
@@ -122,14 +122,14 @@ def run_probe(ex: Executor, b: Any, d: Discovery) -> None:
 
 
 def test_dynamic_instance_is_created_passed_to_the_child_and_destroyed(
-    tmp_path: Path, cards: dict[int, FakeMIGCard]
+    tmp_path: Path, cards: dict[int, FakeMIGCard], work_root: Path, exchange: Path
 ) -> None:
     nvml = machine(tmp_path, cards)
     d = here(discover("n", root=tmp_path, nvml=nvml, mig_mode="dynamic"))
     ex = Executor(tmp_path / "data", Server(), CgroupSupport(None, reason="test"), mig=MIGControl(nvml),
-                  base_env={"PATH": os.environ["PATH"]})  # fmt: skip
-    out = tmp_path / "probe.json"
-    run_probe(ex, mig_binding("m", [sys.executable, "-c", PROBE, str(out)], 0, "1g.10gb", 2), d)
+                  work_root=work_root)  # fmt: skip
+    out = exchange / "probe.json"
+    run_probe(ex, mig_binding("m", [SYSTEM_PYTHON, "-c", PROBE, str(out)], 0, "1g.10gb", 2), d)
     env = json.loads(out.read_text())["env"]
     assert env["NVIDIA_VISIBLE_DEVICES"] == env["CUDA_VISIBLE_DEVICES"]
     assert env["NVIDIA_VISIBLE_DEVICES"].startswith("MIG-") and env["FINESCHED_DEVICES_GPU"] == "0"
@@ -138,14 +138,16 @@ def test_dynamic_instance_is_created_passed_to_the_child_and_destroyed(
     assert h100.layout() == [("3g.40gb", 4)]  # the admin's instance stays, ours is gone
 
 
-def test_existing_instance_is_used_and_a_missing_one_is_rejected(tmp_path: Path, cards: dict[int, FakeMIGCard]) -> None:
+def test_existing_instance_is_used_and_a_missing_one_is_rejected(
+    tmp_path: Path, cards: dict[int, FakeMIGCard], work_root: Path, exchange: Path
+) -> None:
     nvml = machine(tmp_path, cards)
     d = here(discover("n", root=tmp_path, nvml=nvml, mig_mode="static"))
     server = Server()
     ex = Executor(tmp_path / "data", server, CgroupSupport(None, reason="test"), mig=MIGControl(nvml),
-                  base_env={"PATH": os.environ["PATH"]})  # fmt: skip
-    out = tmp_path / "probe.json"
-    run_probe(ex, mig_binding("s", [sys.executable, "-c", PROBE, str(out)], 0, "3g.40gb", 4), d)
+                  work_root=work_root)  # fmt: skip
+    out = exchange / "probe.json"
+    run_probe(ex, mig_binding("s", [SYSTEM_PYTHON, "-c", PROBE, str(out)], 0, "3g.40gb", 4), d)
     uuid = next(i.uuid for i in d.node.devices[0].mig.instances)
     assert json.loads(out.read_text())["env"]["NVIDIA_VISIBLE_DEVICES"] == uuid
     assert cards[0].calls == []  # static: nothing created or destroyed
@@ -177,8 +179,8 @@ def test_end_to_end_a_mig_workload_runs_on_its_instance(cluster: Cluster, tmp_pa
     discovery.nvml = nvml  # type: ignore[attr-defined]  # the executor creates instances through it
     agent = cluster.agent(discovery=discovery)
     agent.tick_report()
-    out = tmp_path / "probe.json"
-    cluster.submit("m", [sys.executable, "-c", PROBE, str(out)], {"cpu": "100m", "nvidia.com/mig-2g.20gb": 1})
+    command, out = cluster.probe("m")
+    cluster.submit("m", command, {"cpu": "100m", "nvidia.com/mig-2g.20gb": 1})
     w = cluster.until(agent, "m", phase_is("Succeeded", "Failed"), "to finish")
     assert w["status"]["phase"] == "Succeeded", w["status"]
     env = json.loads(out.read_text())["env"]

@@ -9,13 +9,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from pool_probe import CPUS, all_on, command, pids
-from test_agent_executor import RecordingServer, binding, node, wait_for
+from test_agent_executor import binding, executor, node, wait_for
 
 from finesched.agent.binding import AgentBinding, BindingError, parse_binding
 from finesched.agent.cgroup import CgroupSupport, detect
@@ -23,6 +22,7 @@ from finesched.agent.cgroup_groups import Group
 from finesched.agent.executor import Executor
 from finesched.cpuset import CPUSet
 from finesched.plugins.resource_status import ANNOTATION_RESOURCE_STATUS
+from reachable import SYSTEM_PYTHON
 
 pytestmark = pytest.mark.skipif(len(CPUS) < 2, reason="needs two CPUs")
 ALL, FIRST, REST = CPUSet(CPUS).format(), str(CPUS[0]), CPUSet(CPUS[1:]).format()
@@ -40,11 +40,11 @@ def support(mode: str) -> CgroupSupport:
 
 
 @pytest.fixture(params=["affinity", "cgroup"])
-def ex(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
-    executor = Executor(tmp_path / "data", RecordingServer(), support(request.param), {"PATH": os.environ["PATH"]})
-    yield executor
-    executor.sync([], node())  # stops every workload and drops its groups
-    wait_for(lambda: executor.sweep() == 0, "the workloads' cgroups to be removed")
+def ex(request: pytest.FixtureRequest, tmp_path: Path, work_root: Path) -> Any:
+    made = executor(tmp_path / "data", work_root, support(request.param))
+    yield made
+    made.sync([], node())  # stops every workload and drops its groups
+    wait_for(lambda: made.sweep() == 0, "the workloads' cgroups to be removed")
 
 
 def acked(b: AgentBinding) -> AgentBinding:
@@ -58,11 +58,11 @@ def group_cpus(ex: Executor, key: str) -> str | None:
     return (Path(group.controllers["cpuset"]) / "cpuset.cpus").read_text().strip()
 
 
-def test_lse_starts_at_once_and_ls_be_move_out_then_grow_back(ex: Executor, tmp_path: Path) -> None:
-    ls = binding("web", command(tmp_path / "web"), spec=LS)
-    be = binding("batch", command(tmp_path / "batch"))
+def test_lse_starts_at_once_and_ls_be_move_out_then_grow_back(ex: Executor, exchange: Path) -> None:
+    ls = binding("web", command(exchange / "web"), spec=LS)
+    be = binding("batch", command(exchange / "batch"))
     ex.sync([ls, be], node())
-    web, batch = pids(tmp_path / "web"), pids(tmp_path / "batch")
+    web, batch = pids(exchange / "web"), pids(exchange / "batch")
     assert all_on(web) == all_on(batch) == {ALL}
     ls, be = acked(ls), acked(be)
 
@@ -83,14 +83,14 @@ def test_lse_starts_at_once_and_ls_be_move_out_then_grow_back(ex: Executor, tmp_
         assert group_cpus(ex, "team/web") == ALL
 
 
-def test_be_keeps_lsr_cpus_and_ls_grows_back_when_the_lsr_ends(ex: Executor, tmp_path: Path) -> None:
-    go = tmp_path / "go"
-    ls = binding("web", command(tmp_path / "web"), spec=LS)
-    be = binding("batch", command(tmp_path / "batch"))
+def test_be_keeps_lsr_cpus_and_ls_grows_back_when_the_lsr_ends(ex: Executor, exchange: Path) -> None:
+    go = exchange / "go"
+    ls = binding("web", command(exchange / "web"), spec=LS)
+    be = binding("batch", command(exchange / "batch"))
     waits = f"import os, time\nwhile not os.path.exists({str(go)!r}): time.sleep(0.02)"
-    lsr = binding("cache", [sys.executable, "-c", waits], cpuset=FIRST, qos="LSR", spec=WHOLE)
+    lsr = binding("cache", [SYSTEM_PYTHON, "-c", waits], cpuset=FIRST, qos="LSR", spec=WHOLE)
     ex.sync([ls, be, lsr], node())
-    web, batch = pids(tmp_path / "web"), pids(tmp_path / "batch")
+    web, batch = pids(exchange / "web"), pids(exchange / "batch")
     assert all_on(web) == {REST} and all_on(batch) == {ALL}  # LSR CPUs are shared with BE only
     go.touch()
 
@@ -102,17 +102,17 @@ def test_be_keeps_lsr_cpus_and_ls_grows_back_when_the_lsr_ends(ex: Executor, tmp
     assert all_on(web) == {ALL}  # its CPU is back in the shared pool at once
 
 
-def test_adopted_workloads_are_put_back_in_their_pools(tmp_path: Path) -> None:
+def test_adopted_workloads_are_put_back_in_their_pools(tmp_path: Path, work_root: Path, exchange: Path) -> None:
     """An agent killed in the middle of a move: the restarted one finishes it before starting the LSE."""
     data = tmp_path / "data"
-    first = Executor(data, RecordingServer(), CgroupSupport(None, reason="test"))
-    ls = binding("web", command(tmp_path / "web"), spec=LS)
+    first = executor(data, work_root)
+    ls = binding("web", command(exchange / "web"), spec=LS)
     first.sync([ls], node())
-    web = pids(tmp_path / "web")
+    web = pids(exchange / "web")
     os.sched_setaffinity(web[0], {CPUS[1]})  # half moved when the agent died
     del first
 
-    second = Executor(data, RecordingServer(), CgroupSupport(None, reason="test"))
+    second = executor(data, work_root)
     assert second.adopt() == {"team/web": f"adopted pid {second.state.records['team/web'].pid}"}
     lse = binding("db", ["sleep", "600"], cpuset=FIRST, qos="LSE", spec=WHOLE)
     try:
@@ -124,22 +124,24 @@ def test_adopted_workloads_are_put_back_in_their_pools(tmp_path: Path) -> None:
         second.sync([], node())
 
 
-def test_the_periodic_check_fixes_stray_threads_and_keeps_narrower_ones(tmp_path: Path) -> None:
-    ex = Executor(tmp_path / "data", RecordingServer(), CgroupSupport(None, reason="test"))
+def test_the_periodic_check_fixes_stray_threads_and_keeps_narrower_ones(
+    tmp_path: Path, work_root: Path, exchange: Path
+) -> None:
+    ex = executor(tmp_path / "data", work_root)
     ex.keeper.recheck_s = 0.0
     lse = binding("db", ["sleep", "600"], cpuset=FIRST, qos="LSE", spec=WHOLE)
-    ls = binding("web", command(tmp_path / "web"), spec=LS)
+    ls = binding("web", command(exchange / "web"), spec=LS)
     try:
         ex.sync([lse, ls], node())
-        main, child = pids(tmp_path / "web")
+        main, child = pids(exchange / "web")
         os.sched_setaffinity(child, set(CPUS))  # escaped its pool (say, forked during a move)
         ex.poll()
         assert all_on([main, child]) == {REST}
         ex.sync([acked(lse)], node())  # the LS binding ends; back to one workload
         ex.sync([], node())
-        ls2 = binding("web2", command(tmp_path / "web2"), spec=LS)
+        ls2 = binding("web2", command(exchange / "web2"), spec=LS)
         ex.sync([ls2], node())
-        main, _ = pids(tmp_path / "web2")
+        main, _ = pids(exchange / "web2")
         task = sorted(int(t) for t in os.listdir(f"/proc/{main}/task"))[-1]
         os.sched_setaffinity(task, {CPUS[1]})  # the workload pinned one of its threads inside its pool
         ex.poll()
@@ -148,7 +150,7 @@ def test_the_periodic_check_fixes_stray_threads_and_keeps_narrower_ones(tmp_path
         ex.sync([], node())
 
 
-def test_the_pools_report_says_where_each_workload_runs(ex: Executor, tmp_path: Path) -> None:
+def test_the_pools_report_says_where_each_workload_runs(ex: Executor) -> None:
     lsr = binding("cache", ["sleep", "600"], cpuset=FIRST, qos="LSR", spec=WHOLE)
     ex.sync([lsr, binding("batch", ["sleep", "600"])], node())
     report = ex.pools_report(node())
@@ -159,8 +161,8 @@ def test_the_pools_report_says_where_each_workload_runs(ex: Executor, tmp_path: 
     assert by_name == {"cache": ("LSR", "LSR cpuset", FIRST), "batch": ("BE", "BE pool", ALL)}
 
 
-def test_constrained_burst_runs_in_its_numa_nodes_shared_pool(tmp_path: Path) -> None:
-    ex = Executor(tmp_path / "data", RecordingServer(), CgroupSupport(None, reason="test"))
+def test_constrained_burst_runs_in_its_numa_nodes_shared_pool(tmp_path: Path, work_root: Path) -> None:
+    ex = executor(tmp_path / "data", work_root)
     status = json.dumps({"cpuSharedPools": [{"socket": 0, "node": 0}]})
     burst = binding("burst", ["sleep", "600"], spec=LS, annotations={ANNOTATION_RESOURCE_STATUS: status})
     lsr = binding("cache", ["sleep", "600"], cpuset=FIRST, qos="LSR", spec=WHOLE)

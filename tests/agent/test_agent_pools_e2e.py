@@ -30,14 +30,14 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
     c.close()
 
 
-def test_lse_bound_next_to_ls_and_be_starts_at_once_and_they_move(cluster: Cluster, tmp_path: Path) -> None:
+def test_lse_bound_next_to_ls_and_be_starts_at_once_and_they_move(cluster: Cluster) -> None:
     agent = cluster.agent()
     agent.tick_report()
-    cluster.submit("web", command(tmp_path / "web"), {"cpu": "100m"})  # LS
-    cluster.submit("batch", command(tmp_path / "batch"), {})  # BE: no request
+    cluster.submit("web", command(cluster.exchange / "web"), {"cpu": "100m"})  # LS
+    cluster.submit("batch", command(cluster.exchange / "batch"), {})  # BE: no request
     for name in ("web", "batch"):
         cluster.until(agent, name, phase_is("Running"), "to run")
-    web, batch = pids(tmp_path / "web"), pids(tmp_path / "batch")
+    web, batch = pids(cluster.exchange / "web"), pids(cluster.exchange / "batch")
     assert all_on(web) == all_on(batch) == {ALL.format()}
     try:
         cluster.submit("db", ["sleep", "600"], WHOLE, limits=WHOLE, qos="LSE")

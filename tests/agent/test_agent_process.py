@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import signal
 import socket
 import stat
@@ -15,17 +16,19 @@ from agent_cluster import NODE, Cluster, wait
 from pool_probe import CPUS, all_on, command, pids
 from typer.testing import CliRunner
 
-from finesched.agent.executor import workdir_of
+from finesched.agent.executor import rundir_of
 from finesched.cli import app
 from finesched.codec import decode
 from finesched.cpuset import CPUSet
+from reachable import ROOT, SYSTEM_PYTHON
 
 FINESCHED = [sys.executable, "-m", "finesched.cli"]
 
 
-def start_agent(cluster: Cluster, data: Path) -> subprocess.Popen[bytes]:
+def start_agent(cluster: Cluster, data: Path, *extra: str) -> subprocess.Popen[bytes]:
     args = ["agent", "--server", cluster.url, "--token", cluster.agent_token, "--node-name", NODE,
-            "--data", str(data), "--interval", "0.5", "--watch", "0.1", "--quiet"]  # fmt: skip
+            "--data", str(data), "--work-root", str(cluster.work_root), "--interval", "0.5", "--watch", "0.1",
+            "--quiet", *extra]  # fmt: skip
     return subprocess.Popen([*FINESCHED, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
@@ -36,22 +39,28 @@ def alive(pid: int) -> bool:
         return False
 
 
-def test_sigkilled_agent_restarts_and_adopts_its_child(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sandbox", ["none", "bwrap"])
+def test_sigkilled_agent_restarts_and_adopts_its_child(tmp_path: Path, sandbox: str) -> None:
+    """The sandbox ends with the root wrapper that started it (--die-with-parent), not with the agent:
+    a killed agent's workload runs on, and the next agent adopts it and reads its exit code."""
+    if sandbox == "bwrap" and (shutil.which("bwrap") is None or not ROOT):
+        pytest.skip("needs root and bubblewrap (Debian: apt-get install bubblewrap)")
     cluster = Cluster(tmp_path)
-    data, go = tmp_path / "agent", tmp_path / "go"
-    first = start_agent(cluster, data)
+    data = tmp_path / "agent"
+    first = start_agent(cluster, data, "--sandbox", sandbox)
     try:
         wait(lambda: cluster.admin.get(f"/v1/nodes/{NODE}").status_code == 200, "the agent to register")
-        body = f"import os, time\nwhile not os.path.exists({str(go)!r}): time.sleep(0.05)\nraise SystemExit(4)"
-        cluster.submit("long", [sys.executable, "-c", body], {"cpu": "1"}, limits={"cpu": "1"})
+        # waits for `go` in its working directory: the one place the test and a sandboxed workload share
+        body = "import os, time\nwhile not os.path.exists('go'): time.sleep(0.05)\nraise SystemExit(4)"
+        cluster.submit("long", [SYSTEM_PYTHON, "-c", body], {"cpu": "1"}, limits={"cpu": "1"})
         wait(lambda: cluster.workload("long")["status"]["phase"] == "Running", "the workload to run")
         pid = cluster.workload("long")["status"]["info"]["pid"]
         first.send_signal(signal.SIGKILL)
         first.wait(timeout=10)
         assert alive(pid)  # the child outlives its agent
-        second = start_agent(cluster, data)
+        second = start_agent(cluster, data, "--sandbox", sandbox)
         try:
-            go.touch()
+            (Path(cluster.workload("long")["status"]["info"]["workdir"]) / "go").touch()
             wait(lambda: cluster.workload("long")["status"]["phase"] in ("Succeeded", "Failed"), "the end report")
             w = cluster.workload("long")
             assert (w["status"]["phase"], w["status"]["info"]["exitCode"], w["status"]["info"]["pid"]) == (
@@ -78,8 +87,8 @@ def test_sigkilled_agent_restarts_and_puts_adopted_workloads_back_in_their_pools
     agents = [start_agent(cluster, data)]
     whole = {"cpu": "1", "memory": "64Mi"}
     try:
-        cluster.submit("web", command(tmp_path / "web"), {"cpu": "100m"})
-        web = pids(tmp_path / "web")
+        cluster.submit("web", command(cluster.exchange / "web"), {"cpu": "100m"})
+        web = pids(cluster.exchange / "web")
         cluster.submit("db", ["sleep", "600"], whole, limits=whole, qos="LSE")
         wait(lambda: cluster.workload("db")["status"]["phase"] == "Running", "the LSE to run")
         held = CPUSet(cluster.workload("db")["status"]["binding"]["cpuset"])
@@ -105,19 +114,20 @@ def test_sigkilled_agent_restarts_and_puts_adopted_workloads_back_in_their_pools
 GPU_ENV = 'echo "$NVIDIA_VISIBLE_DEVICES sm=$CUDA_DEVICE_SM_LIMIT mem=$CUDA_DEVICE_MEMORY_LIMIT_0"; sleep 2'
 
 
-def test_up_with_fake_gpus_runs_a_gpu_share_and_shows_its_logs(tmp_path: Path) -> None:
+def test_up_with_fake_gpus_runs_a_gpu_share_and_shows_its_logs(tmp_path: Path, work_root: Path) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     data, url = tmp_path / "up", f"http://127.0.0.1:{port}"
     up = subprocess.Popen(
-        [*FINESCHED, "up", "--data", str(data), "--port", str(port), "--interval", "0.5", "--fake-gpus", "2:8Gi"],
+        [*FINESCHED, "up", "--data", str(data), "--port", str(port), "--interval", "0.5", "--fake-gpus", "2:8Gi",
+         "--work-root", str(work_root)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:
         token_file = data / "admin.token"
         wait(lambda: token_file.is_file() and token_file.read_text().strip() != "", "admin.token", timeout=60)
-        assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
+        assert stat.S_IMODE(token_file.stat().st_mode) == 0o600 and stat.S_IMODE(data.stat().st_mode) == 0o700
         token = token_file.read_text().strip()
         client = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"})
         wait(lambda: len(client.get("/v1/nodes").json()["items"]) == 1, "this machine's node", timeout=60)
@@ -165,7 +175,7 @@ def test_up_refuses_bad_fake_gpus(value: str) -> None:
 
 
 def test_logs_prints_the_workload_output(tmp_path: Path) -> None:
-    log = workdir_of(tmp_path / "agent", "team/w1") / "output.log"
+    log = rundir_of(tmp_path / "agent", "team/w1") / "output.log"
     log.parent.mkdir(parents=True)
     log.write_text("line one\nline two\n")
     runner = CliRunner()
@@ -184,7 +194,8 @@ def test_agent_rejects_a_bad_label() -> None:
 def test_agent_with_a_bad_token_exits_with_one_line(tmp_path: Path) -> None:
     cluster = Cluster(tmp_path)
     try:
-        args = ["agent", "--server", cluster.url, "--token", "fs_wrong", "--node-name", NODE, "--data", str(tmp_path)]
+        args = ["agent", "--server", cluster.url, "--token", "fs_wrong", "--node-name", NODE, "--data", str(tmp_path),
+                "--work-root", str(cluster.work_root)]  # fmt: skip
         done = subprocess.run([*FINESCHED, *args, "-q"], capture_output=True, text=True, timeout=60)
     finally:
         cluster.close()

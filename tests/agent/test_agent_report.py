@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,8 @@ from finesched.codec import decode
 from finesched.cpuset import CPUSet
 from finesched.model.node import Node
 from finesched.state.device_wire import encode_node_devices
+
+NO_CGROUP = CgroupSupport(None, reason="test")
 
 CPUS = sorted(os.sched_getaffinity(0))
 
@@ -116,7 +117,7 @@ class FakeServer:
             self.items = [i for i in self.items if i["workload"] != workload]
 
 
-def test_agent_loop_registers_reports_runs_and_reregisters_new_hardware(tmp_path: Path) -> None:
+def test_agent_loop_registers_reports_runs_and_reregisters_new_hardware(tmp_path: Path, work_root: Path) -> None:
     server = FakeServer()
     shapes = [gpu_node(2), gpu_node(2, unhealthy=(1,)), gpu_node(3)]
     calls = {"n": 0}
@@ -126,10 +127,12 @@ def test_agent_loop_registers_reports_runs_and_reregisters_new_hardware(tmp_path
         calls["n"] += 1
         return d
 
-    agent = Agent(AgentConfig("unused", "t", tmp_path), server, discovery, CgroupSupport(None, reason="test"))
+    agent = Agent(
+        AgentConfig("unused", "t", tmp_path, work_root=work_root), server, discovery, CgroupSupport(None, reason="test")
+    )
     agent.start()
     assert server.calls == [("register", "n1", 3)]
-    cmd = [sys.executable, "-c", "pass"]
+    cmd = ["true"]
     server.items = [{"workload": "t/w", "node": "n1", "cpuset": str(CPUS[0]), "version": 1, "acked": False,
                      "devices": {"gpu": [{"minor": 0, "resources": {"gpu-core": 100}}]},
                      "workloadSpec": {"command": cmd}}]  # fmt: skip
@@ -148,9 +151,11 @@ def test_agent_loop_registers_reports_runs_and_reregisters_new_hardware(tmp_path
     assert server.calls[-2] == ("register", "n1", 4)
 
 
-def test_unreadable_binding_is_rejected_with_the_field(tmp_path: Path) -> None:
+def test_unreadable_binding_is_rejected_with_the_field(tmp_path: Path, work_root: Path) -> None:
     server = FakeServer()
-    agent = Agent(AgentConfig("unused", "t", tmp_path), server, gpu_node, CgroupSupport(None, reason="test"))
+    agent = Agent(
+        AgentConfig("unused", "t", tmp_path, work_root=work_root), server, gpu_node, CgroupSupport(None, reason="test")
+    )
     agent.start()
     server.items = [{"workload": "t/bad", "node": "n1", "cpuset": "0-x", "version": 1}]
     agent.tick_bindings()
@@ -158,9 +163,11 @@ def test_unreadable_binding_is_rejected_with_the_field(tmp_path: Path) -> None:
     assert reject[1] == "t/bad" and "cpuset" in reject[2]
 
 
-def test_server_down_is_retried_not_fatal(tmp_path: Path) -> None:
+def test_server_down_is_retried_not_fatal(tmp_path: Path, work_root: Path) -> None:
     server = FakeServer()
-    agent = Agent(AgentConfig("unused", "t", tmp_path), server, gpu_node, CgroupSupport(None, reason="test"))
+    agent = Agent(
+        AgentConfig("unused", "t", tmp_path, work_root=work_root), server, gpu_node, CgroupSupport(None, reason="test")
+    )
     agent.start()
     server.down = True
     agent.tick_bindings()
@@ -171,7 +178,7 @@ def test_server_down_is_retried_not_fatal(tmp_path: Path) -> None:
     assert agent.last_report_error == ""
 
 
-def test_run_survives_a_failing_tick_and_stops_its_workloads_on_exit(tmp_path: Path) -> None:
+def test_run_survives_a_failing_tick_and_stops_its_workloads_on_exit(tmp_path: Path, work_root: Path) -> None:
     import threading
 
     server = FakeServer()
@@ -183,7 +190,9 @@ def test_run_survives_a_failing_tick_and_stops_its_workloads_on_exit(tmp_path: P
             raise RuntimeError("sysfs hiccup")
         return gpu_node()
 
-    config = AgentConfig("unused", "t", tmp_path, interval=0.2, watch=0.05, stop_workloads_on_exit=True)
+    config = AgentConfig(
+        "unused", "t", tmp_path, work_root=work_root, interval=0.2, watch=0.05, stop_workloads_on_exit=True
+    )
     agent = Agent(config, server, flaky, CgroupSupport(None, reason="test"))
     server.items = [{"workload": "t/sleeper", "node": "n1", "cpuset": "", "version": 1, "acked": False,
                      "workloadSpec": {"command": ["sleep", "30"]}}]  # fmt: skip

@@ -4,7 +4,6 @@ path, and pages that follow the event watch without a reload. One small cluster 
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -186,12 +185,14 @@ def test_workload_page_tails_its_output_from_the_node_agent(browser: Any, tmp_pa
     # A real node agent runs the workload and serves its output; the server relays the tail.
     from agent_cluster import Cluster, phase_is
 
+    from reachable import SYSTEM_PYTHON  # the workload runs as its tenant's user: a system program
+
     cluster = Cluster(tmp_path)
     try:
         agent = cluster.agent(logs=True)
         agent.tick_report()  # the report carries the agent's logs URL
         lines = "for i in range(1, 301):\n    print(f'line {i}', flush=True)\n"
-        cluster.submit("printer", [sys.executable, "-c", lines], {"cpu": "100m"})
+        cluster.submit("printer", [SYSTEM_PYTHON, "-c", lines], {"cpu": "100m"})
         cluster.until(agent, "printer", phase_is("Succeeded"), "to finish")
         console = Console(browser, SimpleNamespace(base=cluster.url), create_token(cluster.store, "admin"))
         page = console.open("/ui/workloads/t/printer")

@@ -25,7 +25,10 @@ from finesched.model.manifest import parse_manifest
 from finesched.server.auth import create_token
 from finesched.server.store import Store
 from finesched.tls import TransportError, check_url, is_loopback, pinned_context, server_tls
+from reachable import work_root
 from tls_files import TlsFiles, make_tls
+
+__all__ = ["work_root"]  # the fixture: where the agent's workloads' working directories go (--work-root)
 
 runner = CliRunner()
 
@@ -154,11 +157,14 @@ def test_serve_speaks_https_to_the_cli_and_the_agent(tls_server: tuple[TlsServer
         AgentClient(server.url, agent_token, ca=tls.other_ca).bindings("n2")
 
 
-def test_the_agent_command_joins_over_https(tls_server: tuple[TlsServer, TlsFiles], tmp_path: Path) -> None:
+def test_the_agent_command_joins_over_https(
+    tls_server: tuple[TlsServer, TlsFiles], tmp_path: Path, work_root: Path
+) -> None:
     server, tls = tls_server
     token = create_token(server.store, "agent", node="joiner")
     args = ["agent", "--server", server.url, "--token", token, "--node-name", "joiner", "--ca", str(tls.ca),
-            "--data", str(tmp_path / "agent"), "--interval", "0.5", "--quiet"]  # fmt: skip
+            "--data", str(tmp_path / "agent"), "--interval", "0.5", "--quiet",
+            "--work-root", str(work_root)]  # fmt: skip
     agent = subprocess.Popen([*FINESCHED, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         wait_until(lambda: server.store.find_node("joiner") is not None, timeout=60, what="the agent to register")
@@ -167,14 +173,14 @@ def test_the_agent_command_joins_over_https(tls_server: tuple[TlsServer, TlsFile
         assert agent.wait(timeout=30) == 0, agent.stderr.read() if agent.stderr else ""
 
 
-def test_up_with_a_certificate_serves_https_and_its_agent_trusts_exactly_it(tmp_path: Path) -> None:
+def test_up_with_a_certificate_serves_https_and_its_agent_trusts_exactly_it(tmp_path: Path, work_root: Path) -> None:
     """... and its agent's log port serves HTTPS with the same pair, which the server trusts there."""
     tls = make_tls(tmp_path / "tls", "gpu-1.example.org")  # not 127.0.0.1: the local agent pins the certificate
     port = free_port()
     data = tmp_path / "up"
     up = subprocess.Popen(
         [*FINESCHED, "up", "--data", str(data), "--port", str(port), "--interval", "0.5", "--quiet",
-         "--tls-cert", str(tls.cert), "--tls-key", str(tls.key)],
+         "--tls-cert", str(tls.cert), "--tls-key", str(tls.key), "--work-root", str(work_root)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:

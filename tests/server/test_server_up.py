@@ -16,18 +16,22 @@ from server_harness import FINESCHED, free_port, wait_until
 
 from finesched.commands.agent import check_port
 
+__all__ = ["work_root"]  # the fixture: where the workloads' working directories go (--work-root)
+from reachable import work_root
 
-def up(data: Path, port: int, *extra: str) -> subprocess.Popen[str]:
+
+def up(data: Path, port: int, work_root: Path, *extra: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [*FINESCHED, "up", "--data", str(data), "--port", str(port), "--interval", "0.5", "--quiet", *extra],
+        [*FINESCHED, "up", "--data", str(data), "--port", str(port), "--interval", "0.5", "--quiet",
+         "--work-root", str(work_root), *extra],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
 
 
-def run_until_up(data: Path, port: int, *extra: str) -> str:
+def run_until_up(data: Path, port: int, work_root: Path, *extra: str) -> str:
     """Start `up`, wait until its agent registered this machine, stop it with Ctrl-C; its output."""
     started = datetime.now(UTC)
-    process = up(data, port, *extra)
+    process = up(data, port, work_root, *extra)
     assert process.stdout is not None
     lines = []
     try:
@@ -73,15 +77,15 @@ def test_an_invalid_node_name_is_refused_before_anything_is_written(tmp_path: Pa
     assert done.returncode == 2 and "RFC 1123 subdomain" in done.stderr and not data.exists()
 
 
-def test_the_admin_token_is_kept_unless_a_new_one_is_asked_for(tmp_path: Path) -> None:
+def test_the_admin_token_is_kept_unless_a_new_one_is_asked_for(tmp_path: Path, work_root: Path) -> None:
     data, port = tmp_path / "data", free_port()
-    first = run_until_up(data, port)
+    first = run_until_up(data, port, work_root)
     token = (data / "admin.token").read_text().strip()
     assert f"admin token: {token}  (new;" in first
-    again = run_until_up(data, port)
+    again = run_until_up(data, port, work_root)
     assert f"admin token: {token}  (kept from the last run" in again
     assert (data / "admin.token").read_text().strip() == token
-    fresh = run_until_up(data, port, "--new-admin-token")
+    fresh = run_until_up(data, port, work_root, "--new-admin-token")
     assert (data / "admin.token").read_text().strip() != token and "(new;" in fresh
     token = (data / "admin.token").read_text().strip()
     db = f"sqlite:///{data / 'finesched.db'}"  # the kept token revoked meanwhile: up makes a new one
@@ -132,13 +136,16 @@ def _sleeper(name: str, seconds: int) -> dict[str, object]:
             "spec": {"requests": {"cpu": "100m", "memory": "32Mi"}, "command": ["sleep", str(seconds)]}}  # fmt: skip
 
 
-def test_a_killed_control_plane_is_restarted_and_a_killed_up_takes_its_server_along(tmp_path: Path) -> None:
+def test_a_killed_control_plane_is_restarted_and_a_killed_up_takes_its_server_along(
+    tmp_path: Path, work_root: Path
+) -> None:
     """kill -9 of the server: `up` starts it again on the same data while the workloads run on; kill -9 of
     `up` itself: its server ends with it (the port is free for the next `up`) and the workloads run on."""
     data, port = tmp_path / "data", free_port()
     output = (tmp_path / "up.out").open("w")
     process = subprocess.Popen(
-        [*FINESCHED, "up", "--data", str(data), "--port", str(port), "--interval", "0.5", "--quiet"],
+        [*FINESCHED, "up", "--data", str(data), "--port", str(port), "--interval", "0.5", "--quiet",
+         "--work-root", str(work_root)],
         stdout=output, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     first, second = 3000 + port % 1000, 5000 + port % 1000  # sleep durations no other process has
@@ -151,6 +158,8 @@ def test_a_killed_control_plane_is_restarted_and_a_killed_up_takes_its_server_al
         assert admin.post("/v1/workloads", json=_sleeper("first", first)).status_code == 201
         wait_until(lambda: _running(admin, "team-a/first"), timeout=60, what="the first workload to run")
         [server] = _pids_with("finesched.cli", "serve", str(data))
+        # Running = started; the command itself follows once its user is set up (agent/runas.py)
+        wait_until(lambda: len(_sleeping(first)) == 1, timeout=30, what="the first workload's command")
         [workload] = _sleeping(first)
 
         os.kill(server, signal.SIGKILL)

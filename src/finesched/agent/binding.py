@@ -2,11 +2,14 @@
 
 The server sends ``{"workload": "ns/name", "node", "cpuset": "0-3", "devices": {type: [{"minor",
 "resources"}]}, "numa": [...], "qos", "cpuExclusivePolicy", "annotations", "version", "acked",
-"workloadSpec": {...}}``; a MIG instance is a gpu grant with ``"mig": {"profile", "start", "uuid"?}``
-(kept in `AgentBinding.mig`). `raw` keeps the item without the spec: it is what the child gets as
-FINESCHED_BINDING. The QoS class is the server's (a server that sends none: the spec's, else derived
-as Kubernetes derives its class: no cpu or memory request or limit is BE). An LS workload bound to
-NUMA shared pools (ConstrainedBurst) names them in its resource-status annotation.
+"workloadSpec": {...}, "tenant", "runAs": {"uid", "gid", "allowRoot"} | null}``; a MIG instance is
+a gpu grant with ``"mig": {"profile", "start", "uuid"?}`` (kept in `AgentBinding.mig`). `raw` keeps
+the item without the spec: it is what the child gets as FINESCHED_BINDING. The QoS class is the
+server's (a server that sends none: the spec's, else derived as Kubernetes derives its class: no
+cpu or memory request or limit is BE). An LS workload bound to NUMA shared pools
+(ConstrainedBurst) names them in its resource-status annotation. `tenant` and
+`run_as` say whose user the workload runs as (agent/identity.py); a server that sends no tenant
+is an older one, and the namespace stands for it (a tenant owns the namespace of its name).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from finesched.agent.identity import RunAs
 from finesched.cpuset import CPUSet
 from finesched.model.resources import CPU, MEMORY, ResourceVector
 from finesched.plugins.resource_status import ANNOTATION_RESOURCE_STATUS
@@ -54,6 +58,8 @@ class AgentBinding:
     #: NUMA nodes whose shared pools an LS workload is bound to (resource-status cpuSharedPools).
     shared_numa: tuple[int, ...] = ()
     mig: tuple[MIGUse, ...] = ()
+    tenant: str = ""
+    run_as: RunAs | None = None
 
     @property
     def namespace(self) -> str:
@@ -126,6 +132,13 @@ def parse_binding(item: Mapping[str, Any]) -> AgentBinding:
     if not isinstance(spec, Mapping):
         raise BindingError(f"workloadSpec: an object, got {type(spec).__name__}")
     raw = {k: v for k, v in item.items() if k != "workloadSpec"}
+    tenant = item.get("tenant") or workload.partition("/")[0]
+    if not isinstance(tenant, str):
+        raise BindingError(f"tenant: a name, got {tenant!r}")
+    try:
+        run_as = RunAs.parse(item.get("runAs"))
+    except ValueError as exc:
+        raise BindingError(str(exc)) from None
     return AgentBinding(
         workload=workload,
         node=str(item.get("node", "")),
@@ -138,6 +151,8 @@ def parse_binding(item: Mapping[str, Any]) -> AgentBinding:
         raw=raw,
         shared_numa=_shared_numa(item.get("annotations")),
         mig=tuple(mig),
+        tenant=tenant,
+        run_as=run_as,
     )
 
 

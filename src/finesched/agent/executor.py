@@ -15,8 +15,15 @@ Each `sync` compares the server's bindings for this node with the processes the 
    reported Running with what took effect. MIG instances are resolved first (mig.py): an existing
    instance's UUID, or on a dynamic card one created through NVML, which is destroyed again when
    its workload ends or its binding goes.
+   Each process runs as its tenant's user (agent/identity.py: the tenant's runAs, else a uid of
+   the agent's range; the agent's own when it is not root), in a working directory of its own
+   (agent/workdirs.py), optionally in a sandbox (agent/sandbox.py); a binding whose user cannot
+   be had (the range used up, a runAs this node cannot apply) is rejected with the reason.
 4. An acked binding the agent has no record of (its state was lost, or it was bound while the
    agent was replaced) is rejected with a reason, never silently kept.
+
+A workload forgotten (its binding gone) loses its working directory; its log stays in the agent's
+private directory for `finesched logs`.
 
 `poll` notices ended processes (exit code 0 -> Succeeded, else Failed; OOMKilled when the kernel
 killed it for its memory limit) and gives their CPUs back to the pools; `report` sends every
@@ -32,7 +39,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -42,12 +49,16 @@ from finesched.agent.binding import AgentBinding, MIGUse
 from finesched.agent.cgroup import CgroupSupport
 from finesched.agent.cgroup_groups import Group, make_group, sweep
 from finesched.agent.discover import Discovery
+from finesched.agent.identity import Identity, IdentityError, Users
 from finesched.agent.launch import LaunchError, is_running, launch, limits_of, read_exit_code, stop
 from finesched.agent.mig import MIGControl, MIGError
 from finesched.agent.names import key_hash, safe_name
 from finesched.agent.pools import PoolKeeper
+from finesched.agent.sandbox import Sandbox
 from finesched.agent.state import AgentState, Record
+from finesched.agent.workdirs import WorkDirs, default_work_root
 from finesched.cpuset import CPUSet
+from finesched.private import private_dir
 from finesched.state.pools import Holder
 
 log = logging.getLogger("finesched.agent")
@@ -75,8 +86,9 @@ class ServerPort(Protocol):
     def status(self, workload: str, phase: str, reason: str, exit_code: int | None, info: dict[str, Any]) -> None: ...
 
 
-def workdir_of(data: Path, workload: str) -> Path:
-    """Where a workload's log and exit file live: ``<data>/workloads/<safe name>`` (agent/names.py)."""
+def rundir_of(data: Path, workload: str) -> Path:
+    """The agent's private directory of a workload, where its log and exit file live:
+    ``<data>/workloads/<safe name>`` (agent/names.py), 0700 like the data directory."""
     return data / "workloads" / safe_name(workload)
 
 
@@ -86,22 +98,31 @@ class Executor:
         data: Path,
         server: ServerPort,
         cgroups: CgroupSupport,
-        base_env: Mapping[str, str] | None = None,
         stop_grace: float = 5.0,
         mig: MIGControl | None = None,
+        users: Users | None = None,
+        work_root: Path | None = None,
+        sandbox: Sandbox | None = None,
     ):
-        self.data = data
+        """`users`: who workloads run as (default: this process's policy, agent/identity.py);
+        `work_root`: where their working directories go (agent/workdirs.py); `sandbox`: none or
+        bwrap (agent/sandbox.py). ValueError for a state file or work root that cannot serve."""
+        self.data = private_dir(data)
+        private_dir(data / "workloads")
         self.server = server
         self.cgroups = cgroups
-        self.base_env = base_env
         self.stop_grace = stop_grace
         self.mig = mig
+        self.users = users or Users.for_agent(data)
+        self.sandbox = sandbox or Sandbox()
         self.state = AgentState.load(data / "agent-state.json")
         self.procs: dict[str, Any] = {}  # workload -> Popen, for children of this incarnation
         #: The CPUs this agent may use (a confined agent cannot pin a child outside them).
         self.allowed = CPUSet(os.sched_getaffinity(0))
         #: Groups of agents sharing a machine (or a cgroup) never meet: one scope per data directory.
         self.scope = "agent-" + key_hash(str(data.resolve()), 12)
+        self.workdirs = WorkDirs(work_root or default_work_root(data), self.scope, self.users.root)
+        self.workdirs.prepare()
         self.keeper = PoolKeeper()
         self.discovery: Discovery | None = None  # the latest, from sync
         self.aside = SetAside(self._send_reject)
@@ -147,15 +168,20 @@ class Executor:
                 self._guard(key, lambda rec=rec: self._forget(rec, "binding replaced by a new placement"))
         self.aside.prune(current)
         starting: list[AgentBinding] = []
+        users: dict[str, Identity] = {}
         for b in bindings:
             if not self.aside.holds(b.workload):
-                self._guard(b.workload, lambda b=b: self._admit(b, discovery, starting), b)
+                self._guard(b.workload, lambda b=b: self._admit(b, discovery, starting, users), b)
         self._guard("(pools)", lambda: self._keep_pools(starting))
         for b in starting:
-            self._guard(b.workload, lambda b=b: self._start(b, discovery), b)
+            self._guard(b.workload, lambda b=b: self._start(b, discovery, users[b.workload]), b)
 
-    def _admit(self, b: AgentBinding, discovery: Discovery, starting: list[AgentBinding]) -> None:
-        """Ack a known binding, reject an unknown acked or impossible one, queue a good one in `starting`."""
+    def _admit(
+        self, b: AgentBinding, discovery: Discovery, starting: list[AgentBinding], users: dict[str, Identity]
+    ) -> None:
+        """Ack a known binding, reject an unknown acked or impossible one, queue a good one in `starting`
+        with the user it runs as in `users` (a binding whose user cannot be had is rejected here, before
+        any other workload moves for it)."""
         rec = self.state.records.get(b.workload)
         if rec is not None:
             if not rec.acked:
@@ -167,8 +193,14 @@ class Executor:
         reasons = self.verify(b, discovery, starting)
         if reasons:
             self._reject(b, "; ".join(reasons))
-        else:
-            starting.append(b)
+            return
+        try:
+            busy = {r.uid: r.tenant for r in self._running() if r.uid >= 0}
+            users[b.workload] = self.users.identity(b.tenant, b.run_as, busy)
+        except IdentityError as exc:
+            self._reject(b, str(exc))
+            return
+        starting.append(b)
 
     def verify(self, b: AgentBinding, discovery: Discovery, starting: Sequence[AgentBinding] = ()) -> list[str]:
         """Every reason this node cannot run `b` now; empty when it can. Only another binding's
@@ -246,21 +278,26 @@ class Executor:
             if problem:
                 log.warning("MIG instance not destroyed: %s", problem)
 
-    def _start(self, b: AgentBinding, discovery: Discovery) -> None:
+    def _start(self, b: AgentBinding, discovery: Discovery, identity: Identity) -> None:
         where = self.keeper.placement(b.qos, b.cpuset, b.shared_numa)
         group = make_group(self.cgroups, self.scope, safe_name(b.workload), limits_of(b, where.cpus))
         created: list[list[int]] = []
+        workdir: Path | None = None
         try:
             if b.mig:
                 b, created = self._mig_instances(b, discovery)
-            done = launch(b, discovery.node, where.cpus, workdir_of(self.data, b.workload), group, self.base_env)
+            rundir = private_dir(rundir_of(self.data, b.workload))
+            workdir = self.workdirs.make(b.workload, identity.uid, identity.gid)
+            done = launch(b, discovery.node, where.cpus, rundir, workdir, group, identity, self.sandbox)
         except Exception as exc:
             self._destroy(created)
             if group is not None:
                 group.remove()
-            if not isinstance(exc, LaunchError | MIGError):
+            if workdir is not None:
+                self.workdirs.remove(workdir)
+            if not isinstance(exc, LaunchError | MIGError | OSError):
                 raise  # the caller sets this binding aside
-            self._reject(b, str(exc))
+            self._reject(b, str(exc) if not isinstance(exc, OSError) else f"cannot prepare the workload: {exc}")
             return
         done.info["pool"] = where.pool
         if group is None:  # why not: the describe of the agent's cgroup support
@@ -275,7 +312,7 @@ class Executor:
             workload=b.workload, placement=b.placement, pid=done.pid, start_time=done.start_time, log=str(done.log),
             exit_file=str(done.exit_file), cpuset=where.cpus.format(), info=done.info, exclusive=b.exclusive,
             cgroup=group.to_record() if group is not None else None, qos=b.qos, shared_numa=list(b.shared_numa),
-            pool=where.pool,
+            pool=where.pool, tenant=b.tenant, uid=identity.uid, gid=identity.gid, workdir=str(workdir),
         )  # fmt: skip
         try:
             self.state.records[b.workload] = rec
@@ -285,9 +322,11 @@ class Executor:
             stop(done.pid, done.start_time, 0.0, group)
             if group is not None:
                 group.remove()
+            self.workdirs.remove(workdir)
             raise
         self.procs[b.workload] = done.proc
-        log.info("started %s pid %d on CPUs %s (%s)", b.workload, done.pid, done.info.get("affinity"), where.pool)
+        log.info("started %s pid %d on CPUs %s (%s) as %s", b.workload, done.pid, done.info.get("affinity"),
+                 where.pool, identity.describe())  # fmt: skip
         self._ack(rec)
 
     def _ack(self, rec: Record) -> None:
@@ -325,6 +364,8 @@ class Executor:
         if group is not None:
             group.remove()
         self._destroy(rec.info.pop("migCreated", None) or [])
+        if rec.workdir:
+            self.workdirs.remove(rec.workdir)
         self.procs.pop(rec.workload, None)
         del self.state.records[rec.workload]
         self.state.save()
@@ -409,7 +450,8 @@ class Executor:
         return self.keeper.report(discovery.node, self.usable(), self._running())
 
     def stop_all(self) -> None:
-        """Stop every running process (used by `finesched up` on exit, not by a plain agent restart)."""
+        """Stop every running process (used by `finesched up` on exit, not by a plain agent restart);
+        the working directories of every ended workload go (nothing runs there any more)."""
         stopped = self._running()
         for rec in stopped:
             stop(rec.pid, rec.start_time, self.stop_grace, Group.from_record(rec.cgroup))
@@ -417,5 +459,9 @@ class Executor:
         for rec in stopped:
             if rec.phase != "Running":
                 rec.reason = f"stopped by the agent on its exit ({rec.reason})"
+        for rec in self.state.records.values():
+            if rec.phase != "Running" and rec.workdir:
+                self.workdirs.remove(rec.workdir)
+                rec.workdir = ""
         self.state.save()
         self.sweep()

@@ -1,23 +1,38 @@
-"""Starting a workload process pinned to its binding (S0.6 deploy, S1.7 GPU env, S3.9 cpuset).
+"""Starting a workload process pinned to its binding, as its tenant's user (S0.6 deploy, S1.7 GPU
+env, S3.9 cpuset, issue 25 isolation).
 
-The child gets:
-* CPU affinity = the CPUs the executor chose: the binding's cpuset, or its QoS class's pool
-  (state/pools.py). Linux gives a new process the affinity of the thread that forks it, so the
-  launching thread pins itself, starts the child and restores its own mask; no code runs between
-  fork and exec.
-* its cgroups when the machine has them (cgroup.py): the ``/bin/sh`` wrapper writes its own pid
-  into each group's ``cgroup.procs`` before it runs the command, so the command and everything it
-  starts are confined from their first instruction; the agent writes the pid again afterwards
-  (a no-op when the wrapper did it) and records what took effect;
-* ``NVIDIA_VISIBLE_DEVICES`` and ``CUDA_VISIBLE_DEVICES`` (GPU UUIDs, minors when a GPU has none;
-  ``MIG-<uuid>`` for MIG instances; ``CUDA_DEVICE_ORDER=PCI_BUS_ID``); for a shared GPU the HAMi-core limits
-  ``CUDA_DEVICE_MEMORY_LIMIT_<i>`` (bytes) and ``CUDA_DEVICE_SM_LIMIT[_<i>]`` (percent), i = the
-  device's position among the visible ones; ``FINESCHED_DEVICES_<TYPE>`` (minors) for every type;
-  ``FINESCHED_BINDING`` (the binding as JSON), ``FINESCHED_WORKLOAD``, ``FINESCHED_CPUSET`` (the
-  CPUs at start: a workload in a pool is moved when the pool changes).
+The process chain is ``/bin/sh`` wrapper (root) -> [``bwrap``: agent/sandbox.py] -> agent/runas.py
+(root until it drops to the workload's user) -> the command:
 
-The command runs under ``/bin/sh`` which writes its exit status to a file, so an agent that
-restarts (and is no longer the parent) still learns how an adopted process ended.
+* the wrapper runs with a fixed minimal environment (``PATH`` only), never the tenant's: nothing
+  the tenant controls (LD_PRELOAD, PYTHONPATH) reaches a root process. It writes its own pid into
+  each of the workload's cgroups' ``cgroup.procs`` before anything else runs (root-owned files:
+  the workload cannot write its pid elsewhere), so the command and everything it starts are
+  confined from their first instruction; the agent writes the pid again afterwards (a no-op when
+  the wrapper did it) and records what took effect. Then it runs the rest and writes the exit
+  status to ``exit-code`` in the agent's private directory of the workload, so an agent that
+  restarts (and is no longer the parent) still learns how an adopted process ended;
+* runas.py becomes the workload's user (agent/identity.py: no supplementary groups, no
+  capabilities, no_new_privs), sets umask 077, enters the workload's working directory and execs
+  the command with the environment built here from scratch, read from an anonymous memory file
+  (never from a root process's environment);
+* output goes to ``output.log`` in the agent's private directory (0700, the file 0600): the
+  process holds it as its stdout and stderr only, and cannot open it, or anyone's, by path.
+
+The command's environment: ``PATH`` (fixed: /usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:
+/sbin:/bin), ``HOME`` (its working directory), ``LANG=C.UTF-8``, ``USER``/``LOGNAME``, then the
+workload's own ``env``, then what the agent owns (a workload's env cannot override it):
+``NVIDIA_VISIBLE_DEVICES`` and ``CUDA_VISIBLE_DEVICES`` (GPU UUIDs, minors when a GPU has none;
+``MIG-<uuid>`` for MIG instances; ``CUDA_DEVICE_ORDER=PCI_BUS_ID``); for a shared GPU the HAMi-core
+limits ``CUDA_DEVICE_MEMORY_LIMIT_<i>`` (bytes) and ``CUDA_DEVICE_SM_LIMIT[_<i>]`` (percent), i = the
+device's position among the visible ones; ``FINESCHED_DEVICES_<TYPE>`` (minors) for every type;
+``FINESCHED_BINDING`` (the binding as JSON), ``FINESCHED_WORKLOAD``, ``FINESCHED_CPUSET`` (the CPUs at
+start: a workload in a pool is moved when the pool changes). Nothing of the agent's own.
+
+CPU affinity = the CPUs the executor chose: the binding's cpuset, or its QoS class's pool
+(state/pools.py). Linux gives a new process the affinity of the thread that forks it, so the
+launching thread pins itself, starts the child and restores its own mask; no code runs between
+fork and exec.
 """
 
 from __future__ import annotations
@@ -27,6 +42,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Mapping
@@ -36,15 +52,24 @@ from typing import Any
 
 from finesched.agent.binding import EXCLUSIVE_QOS, AgentBinding
 from finesched.agent.cgroup_groups import Group, Limits
+from finesched.agent.identity import Identity
+from finesched.agent.sandbox import Sandbox
 from finesched.cpuset import CPUSet
 from finesched.model.node import Node
 from finesched.model.resources import CPU, GPU, GPU_CORE, GPU_MEMORY, GPU_MEMORY_RATIO, MEMORY, ResourceVector
+from finesched.private import open_private
 
 #: Environment variables the agent owns: a workload's own env cannot override them.
 OWNED_PREFIXES = ("FINESCHED_", "NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_")
-#: sh -c WRAPPER finesched-run EXIT_FILE N PROCS_FILE_1..N COMMAND...
+#: The command's PATH whatever the agent's: what a login shell of an ordinary user gets.
+FIXED_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+#: The root wrapper's whole environment.
+WRAPPER_ENV = {"PATH": FIXED_PATH}
+#: The privilege drop (agent/runas.py), run by the interpreter that runs the agent.
+RUNAS = str(Path(__file__).with_name("runas.py"))
+#: sh -c WRAPPER finesched-run EXIT_FILE N PROCS_FILE_1..N [BWRAP...] RUNAS... COMMAND...
 _WRAPPER = (
-    'f="$1"; n="$2"; shift 2; '
+    'umask 077; f="$1"; n="$2"; shift 2; '
     'while [ "$n" -gt 0 ]; do '
     'echo "$$" > "$1" || echo "finesched: cannot join cgroup $1" >&2; shift; n=$((n-1)); '
     "done; "
@@ -114,9 +139,12 @@ def _grant_memory(amounts: ResourceVector, device: Any) -> int:
     return int(amounts.get(GPU_MEMORY_RATIO, 0)) * int(total) // 100
 
 
-def workload_env(binding: AgentBinding, node: Node, cpus: CPUSet, base: Mapping[str, str]) -> dict[str, str]:
-    """The child's environment: the agent's (minus agent-owned names), the workload's, then ours."""
-    env = {k: v for k, v in base.items() if not k.startswith(OWNED_PREFIXES)}
+def workload_env(binding: AgentBinding, node: Node, cpus: CPUSet, workdir: Path, user: str = "") -> dict[str, str]:
+    """The command's environment, from scratch (see the module docstring): fixed basics, the
+    workload's own env, then the variables the agent owns."""
+    env = {"PATH": FIXED_PATH, "HOME": str(workdir), "LANG": "C.UTF-8"}
+    if user:
+        env["USER"] = env["LOGNAME"] = user
     for key, value in (binding.spec.get("env") or {}).items():
         if not str(key).startswith(OWNED_PREFIXES):
             env[str(key)] = str(value)
@@ -129,6 +157,32 @@ def workload_env(binding: AgentBinding, node: Node, cpus: CPUSet, base: Mapping[
     env["FINESCHED_CPUSET"] = cpus.format()
     env["FINESCHED_BINDING"] = json.dumps(dict(binding.raw), sort_keys=True, default=str)
     return env
+
+
+def user_name(uid: int, tenant: str) -> str:
+    """``USER`` for `uid`: its account name when /etc/passwd has one, else the tenant's name."""
+    import pwd
+
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return tenant
+
+
+def _env_file(env: dict[str, str]) -> int:
+    """An anonymous memory file holding `env` as JSON, positioned at its start (close-on-exec: only
+    the child it is passed to gets it)."""
+    fd = os.memfd_create("finesched-env", os.MFD_CLOEXEC)
+    try:
+        data = json.dumps(env).encode("utf-8", "surrogateescape")
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.lseek(fd, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def _quantity(binding: AgentBinding, part: str, name: str) -> int | None:
@@ -159,39 +213,53 @@ def launch(
     binding: AgentBinding,
     node: Node,
     cpus: CPUSet,
+    rundir: Path,
     workdir: Path,
     group: Group | None,
-    base_env: Mapping[str, str] | None = None,
+    identity: Identity,
+    sandbox: Sandbox | None = None,
 ) -> Launched:
-    """Start the binding's command on `cpus` in `group`, logging to ``<workdir>/output.log``."""
+    """Start the binding's command on `cpus` in `group` as `identity`, in `workdir` (made by the
+    caller, owned by the workload's user), logging to ``<rundir>/output.log`` (rundir: the agent's
+    private directory of the workload, made by the caller)."""
     command = binding.command
     if not command:
         raise LaunchError("the workload has no command")
-    workdir.mkdir(parents=True, exist_ok=True)
-    log, exit_file = workdir / "output.log", workdir / "exit-code"
+    sandbox = sandbox or Sandbox()
+    log, exit_file = rundir / "output.log", rundir / "exit-code"
     exit_file.unlink(missing_ok=True)
-    env = workload_env(binding, node, cpus, os.environ if base_env is None else base_env)
+    env = workload_env(binding, node, cpus, workdir, user_name(identity.uid, binding.tenant))
     joins = group.procs_files() if group is not None else []
-    argv = ["/bin/sh", "-c", _WRAPPER, "finesched-run", str(exit_file), str(len(joins)), *joins, *command]
-    with _pin_lock, log.open("ab") as out:
-        before = os.sched_getaffinity(0)
-        try:
-            os.sched_setaffinity(0, set(cpus))
-        except OSError as exc:
-            raise LaunchError(f"cannot pin to CPUs {cpus}: {exc.strerror or exc}") from None
-        try:
-            proc = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=workdir,
-                start_new_session=True,
-            )  # fmt: skip
-        except OSError as exc:
-            raise LaunchError(f"cannot start {command[0]!r}: {exc.strerror or exc}") from None
-        finally:
-            os.sched_setaffinity(0, before)
+    env_fd = _env_file(env)
+    drop = [sys.executable, "-I", "-S", RUNAS, str(env_fd), str(workdir), str(identity.uid), str(identity.gid),
+            "1" if identity.switch else "0", "--"]  # fmt: skip
+    argv = ["/bin/sh", "-c", _WRAPPER, "finesched-run", str(exit_file), str(len(joins)), *joins,
+            *sandbox.wrap(workdir), *drop, *command]  # fmt: skip
+    try:
+        with _pin_lock, open_private(log) as out:
+            before = os.sched_getaffinity(0)
+            try:
+                os.sched_setaffinity(0, set(cpus))
+            except OSError as exc:
+                raise LaunchError(f"cannot pin to CPUs {cpus}: {exc.strerror or exc}") from None
+            try:
+                proc = subprocess.Popen(
+                    argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=WRAPPER_ENV, cwd="/",
+                    start_new_session=True, pass_fds=(env_fd,),
+                )  # fmt: skip
+            except OSError as exc:
+                raise LaunchError(f"cannot start {command[0]!r}: {exc.strerror or exc}") from None
+            finally:
+                os.sched_setaffinity(0, before)
+    finally:
+        os.close(env_fd)
     if group is not None:
         group.add(proc.pid)
     info = process_info(proc.pid, cpus, group)
     info["log"] = str(log)
+    info["user"] = {"uid": identity.uid, "gid": identity.gid, "from": identity.source}
+    info["workdir"] = str(workdir)
+    info["sandbox"] = sandbox.kind
     return Launched(proc.pid, start_time(proc.pid) or 0, log, exit_file, info, group, proc)
 
 

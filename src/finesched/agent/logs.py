@@ -2,9 +2,10 @@
 
 `GET /logs` with ``Authorization: Bearer GRANT``: the agent asks the server what the grant allows
 (`AgentClient.verify_log_grant`, over the agent's own token; a grant works once, see
-server/logs.py), then streams ``<data>/workloads/NS/NAME/output.log``: the last `tail` lines, or all
-of it, and with `follow` what the process writes next until it ends. The URL the server reaches
-this port at goes into every report as ``discovery.logs.url``.
+server/logs.py), then streams ``<data>/workloads/<safe name>/output.log`` (agent/executor.py
+`rundir_of`): the last `tail` lines, or all of it, and with `follow` what the process writes next
+until it ends. The URL the server reaches this port at goes into every report as
+``discovery.logs.url``.
 
 Like a kubelet's API, the port speaks HTTPS when the agent has a certificate and key
 (``finesched agent --tls-cert/--tls-key``), and the server verifies it with its ``--agent-ca``.
@@ -27,7 +28,7 @@ import uvicorn
 from fastapi import FastAPI, Header, HTTPException
 from fastapi.responses import StreamingResponse
 
-from finesched.agent.executor import ServerError, workdir_of
+from finesched.agent.executor import ServerError, rundir_of
 from finesched.tls import is_loopback
 
 log = logging.getLogger("finesched.agent")
@@ -150,7 +151,7 @@ class LogServer:
         if workload.count("/") != 1:
             return None
         base = (self.data / "workloads").resolve()
-        path = (workdir_of(self.data, workload) / "output.log").resolve()
+        path = (rundir_of(self.data, workload) / "output.log").resolve()
         return path if path.is_relative_to(base) else None
 
     def start(self) -> None:

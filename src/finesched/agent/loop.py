@@ -24,10 +24,15 @@ from finesched.agent.discover import Discovery, discover
 from finesched.agent.executor import Executor, ServerError
 from finesched.agent.fake_nvml import FakeNVML
 from finesched.agent.gpus import load_nvml
+from finesched.agent.identity import Users
 from finesched.agent.logs import LogServer, advertised_host
 from finesched.agent.mig import MIGControl
 from finesched.agent.report import build_report
+from finesched.agent.sandbox import Sandbox
+from finesched.agent.workdirs import default_work_root
 from finesched.model.node import Node
+from finesched.plugins.tenant_isolation import TENANT_ISOLATION_LABEL, isolation_label
+from finesched.private import private_dir
 from finesched.tls import TransportError, server_tls
 
 log = logging.getLogger("finesched.agent")
@@ -58,6 +63,16 @@ class AgentConfig:
     fake_gpus: tuple[int, int] | None = None
     #: How GPUs in MIG mode are offered: static (assign existing instances) or dynamic (also create them).
     mig_mode: str = "static"
+    #: The uids of tenants without a runAs (agent/identity.py); None: 200000-299999.
+    tenant_uids: range | None = None
+    #: Where workloads' working directories go (agent/workdirs.py); None: the default for this user.
+    work_root: Path | None = None
+    #: none, or bwrap (agent/sandbox.py).
+    sandbox: str = "none"
+    #: The admin lets tenants share this node although the agent cannot keep them apart (not root).
+    allow_tenant_sharing: bool = False
+    #: More directories the sandbox hides besides the data directory and the work root (`up`'s own).
+    hide: tuple[Path, ...] = ()
 
 
 def default_discovery(
@@ -85,16 +100,25 @@ class Agent:
         client: Any = None,
         discovery: Callable[[], Discovery] | None = None,
         cgroups: CgroupSupport | None = None,
+        users: Users | None = None,
     ):
+        """`discovery`, `cgroups` and `users` (who workloads run as) default to this machine's and
+        this process's; ValueError for a data directory, work root or sandbox that cannot serve."""
         self.config = config
         self.client = client if client is not None else AgentClient(config.server, config.token)
         self.discover = discovery or default_discovery(
             config.node_name, config.labels, config.fake_gpus, config.mig_mode
         )
         self.cgroups = cgroups if cgroups is not None else detect()
-        config.data.mkdir(parents=True, exist_ok=True)
+        private_dir(config.data)
         nvml = getattr(self.discover, "nvml", None)
-        self.executor = Executor(config.data, self.client, self.cgroups, mig=MIGControl(nvml) if nvml else None)
+        users = users or Users.for_agent(config.data, config.tenant_uids, config.allow_tenant_sharing)
+        work_root = config.work_root or default_work_root(config.data)
+        self.sandbox = Sandbox.resolve(config.sandbox, (config.data, work_root, *config.hide))
+        self.executor = Executor(config.data, self.client, self.cgroups, mig=MIGControl(nvml) if nvml else None,
+                                 users=users, work_root=work_root, sandbox=self.sandbox)  # fmt: skip
+        self.isolation = users.report(self.sandbox.kind)
+        self.isolation_label = isolation_label(users.root, users.allow_sharing)
         self.logs: LogServer | None = None
         self.discovery: Discovery | None = None
         self.node: Node | None = None  # as registered
@@ -109,7 +133,18 @@ class Agent:
 
     def start(self) -> dict[str, str]:
         """Discover, adopt recorded processes, and register (retrying until the server answers)."""
-        self.discovery = self.discover()
+        self.discovery = self._discover()
+        isolation = self.isolation
+        if isolation["isolated"]:
+            log.info("tenant isolation: %s; working directories under %s", isolation["reason"],
+                     self.executor.workdirs.root)  # fmt: skip
+        else:
+            shared = (
+                "tenants may share it (--allow-tenant-sharing)"
+                if isolation["allowTenantSharing"]
+                else ("the scheduler places one tenant's workloads at a time on this node")
+            )
+            log.warning("tenant isolation: NO: %s; %s", isolation["reason"], shared)
         adopted = self.executor.adopt()
         for key, what in adopted.items():
             log.info("reconciled %s: %s", key, what)
@@ -126,6 +161,17 @@ class Agent:
         self.node = self.discovery.node
         log.info("node %s registered: %s", self.name, self.discovery.sources)
         return adopted
+
+    def _discover(self) -> Discovery:
+        """Discover this machine; its node carries the tenant-isolation label (plugins/tenant_isolation.py)
+        from its first registration, before any report says it."""
+        found = self.discover()
+        node = found.node
+        if node.labels.get(TENANT_ISOLATION_LABEL) != self.isolation_label:
+            data = node.model_dump(by_alias=True, exclude_none=True)
+            data["labels"] = {**node.labels, TENANT_ISOLATION_LABEL: self.isolation_label}
+            found.node = Node.model_validate(data)
+        return found
 
     def _serve_logs(self) -> None:
         """Open the log port (config.logs_port); a port that cannot be opened leaves logs unserved,
@@ -178,7 +224,7 @@ class Agent:
     def tick_report(self) -> None:
         """Rediscover, re-register when new hardware appeared, and send the report (heartbeat)."""
         assert self.node is not None
-        self.discovery = self.discover()
+        self.discovery = self._discover()
         fresh = {(d.type, d.minor, d.mig is not None) for d in self.discovery.node.devices}
         if fresh - {(d.type, d.minor, d.mig is not None) for d in self.node.devices}:
             try:
@@ -191,7 +237,8 @@ class Agent:
             bindings = [parse_binding(item) for item in self.client.bindings(self.name)]
         except (ServerError, BindingError):
             bindings = self.bindings
-        extra: dict[str, Any] = {"cgroup": self.cgroups.describe(), "agentPid": os.getpid()}
+        extra: dict[str, Any] = {"cgroup": self.cgroups.describe(), "agentPid": os.getpid(),
+                                 "tenantIsolation": self.isolation}  # fmt: skip
         if self.logs is not None:
             extra["logs"] = {"url": self.logs.url}
         body = build_report(self.node, bindings, self.discovery, extra, self.executor.pools_report(self.discovery))

@@ -1,18 +1,19 @@
 """The agent's state file: which processes it started, for which binding, and what is still unreported.
 
-Written atomically (temporary file + rename) after every change, so an agent killed at any point
-restarts with a consistent view: processes that still run are adopted, the others' ends reported.
+Written atomically (temporary file + rename, mode 0600) after every change, so an agent killed at
+any point restarts with a consistent view: processes that still run are adopted, the others' ends
+reported.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from finesched.cpuset import CPUSet
+from finesched.private import private_file, write_private
 
 STATE_VERSION = 1
 
@@ -43,6 +44,12 @@ class Record:
     reason: str = ""
     reported: str = ""
     acked: bool = False
+    #: Whose it is and who it runs as (agent/identity.py; -1 from older agents), and its
+    #: working directory (agent/workdirs.py; "" from older agents), removed when it is forgotten.
+    tenant: str = ""
+    uid: int = -1
+    gid: int = -1
+    workdir: str = ""
 
     @property
     def qos_class(self) -> str:
@@ -72,6 +79,7 @@ class AgentState:
             return cls(path)
         except (OSError, json.JSONDecodeError) as exc:
             raise ValueError(f"agent state file {path} is unreadable ({exc}); move it away to start afresh") from None
+        private_file(path)  # written by an older agent with the umask's mode: tightened, said in the log
         if data.get("version") != STATE_VERSION:
             raise ValueError(f"agent state file {path}: version {data.get('version')!r}, expected {STATE_VERSION}")
         records = {}
@@ -84,8 +92,5 @@ class AgentState:
         return cls(path, records)
 
     def save(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
         body = {"version": STATE_VERSION, "workloads": {k: asdict(r) for k, r in sorted(self.records.items())}}
-        tmp.write_text(json.dumps(body, indent=1))
-        os.replace(tmp, self.path)
+        write_private(self.path, json.dumps(body, indent=1))

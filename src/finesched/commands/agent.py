@@ -3,11 +3,15 @@
 * ``agent --server URL --token T``: run this machine's node agent (discovery, reports, deploys,
   and workload logs served to the control plane on ``--logs-port``).
 * ``up``: a one-machine cluster: the control plane (``finesched serve``, SQLite under the data
-  directory) as a child process, an admin token (printed, and written to ``<data>/admin.token``,
-  mode 600), and this machine's agent in the foreground. Ctrl-C stops the workloads, the agent and
-  the server. ``--fake-gpus N[:MEMORY]`` gives the node N simulated GPUs. The port is checked
-  before anything is written; a data directory that already has a valid admin token keeps it
-  (``--new-admin-token`` makes another), and its agent keeps its own.
+  directory, mode 700) as a child process, an admin token (printed, and written to
+  ``<data>/admin.token``, mode 600), and this machine's agent in the foreground. Ctrl-C stops the
+  workloads, the agent and the server. ``--fake-gpus N[:MEMORY]`` gives the node N simulated GPUs.
+  The port is checked before anything is written; a data directory that already has a valid admin
+  token keeps it (``--new-admin-token`` makes another), and its agent keeps its own.
+
+Both take the isolation options (agent/identity.py, workdirs.py, sandbox.py): ``--tenant-uids``,
+``--work-root``, ``--sandbox none|bwrap`` and ``--allow-tenant-sharing``; `up`'s sandbox hides its
+whole data directory (database, tokens, server log) from workloads.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from rich.markup import escape
 from finesched.commands.client import CaOption, InsecureOption
 from finesched.commands.serve import AgentCaOption, InsecureAgentLogsOption, TlsCertOption, TlsKeyOption
 from finesched.commands.supervise import SupervisedServer
+from finesched.private import private_dir, private_file, write_private
 
 out = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
@@ -50,6 +55,40 @@ LogsCertOption = Annotated[
     ),
 ]
 LogsKeyOption = Annotated[Path | None, typer.Option("--tls-key", help="The private key of --tls-cert (PEM).")]
+TenantUidsOption = Annotated[
+    str,
+    typer.Option(
+        "--tenant-uids",
+        metavar="START-END",
+        help="The uids workloads of tenants without a spec.runAs run as (one per tenant, gid = uid; "
+        "kept in the data directory). Used when the agent runs as root.",
+    ),
+]
+WorkRootOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--work-root",
+        help="Where workloads' working directories go (default: /var/lib/finesched/work as root, "
+        "else <data>/work). Every parent must let others through (o+x).",
+    ),
+]
+SandboxOption = Annotated[
+    str,
+    typer.Option(
+        "--sandbox",
+        metavar="none|bwrap",
+        help="bwrap: run each workload in bubblewrap (read-only system, private /tmp, data directories "
+        "hidden, own PID namespace); needs Debian's bubblewrap package.",
+    ),
+]
+SharingOption = Annotated[
+    bool,
+    typer.Option(
+        "--allow-tenant-sharing",
+        help="Let several tenants' workloads share this node although the agent is not root (they run as "
+        "the agent's user and can reach each other); without it the scheduler places one tenant at a time.",
+    ),
+]
 FAKE_GPU_MEMORY = "16Gi"
 MAX_FAKE_GPUS = 64
 
@@ -70,6 +109,25 @@ def parse_fake_gpus(text: str | None) -> tuple[int, int] | None:
     if size <= 0:
         raise _fail(f"--fake-gpus {text!r}: MEMORY must be more than 0", 2)
     return int(count), size
+
+
+def parse_tenant_uids(text: str) -> range:
+    """``--tenant-uids START-END`` -> range; a usage error (exit 2) naming the option and value otherwise."""
+    from finesched.agent.identity import parse_uid_range
+
+    try:
+        return parse_uid_range(text)
+    except ValueError as exc:
+        raise _fail(str(exc), 2) from None
+
+
+def check_sandbox(kind: str) -> None:
+    """A usage error (exit 2) for an unknown --sandbox, before anything starts (bwrap itself is
+    looked for and tried when the agent starts)."""
+    from finesched.agent.sandbox import SANDBOXES
+
+    if kind not in SANDBOXES:
+        raise _fail(f"--sandbox {kind!r}: must be one of {', '.join(SANDBOXES)}", 2)
 
 
 def default_data() -> Path:
@@ -122,8 +180,13 @@ def agent_cmd(
     mig_mode: Annotated[
         str, typer.Option("--mig-mode", help="GPUs in MIG mode: static (assign existing instances) or dynamic.")
     ] = "static",
+    tenant_uids: TenantUidsOption = "200000-299999",
+    work_root: WorkRootOption = None,
+    sandbox: SandboxOption = "none",
+    allow_tenant_sharing: SharingOption = False,
 ) -> None:
-    """Run this machine's node agent: register, report resources, run bound workloads pinned."""
+    """Run this machine's node agent: register, report resources, run bound workloads pinned, each as
+    its tenant's user (as root; see --tenant-uids, --sandbox)."""
     from finesched.agent.client import AgentClient
     from finesched.agent.loop import Agent, AgentConfig
     from finesched.tls import TransportError, server_tls
@@ -141,17 +204,20 @@ def agent_cmd(
         labels[key] = value
     if mig_mode not in ("static", "dynamic"):
         raise _fail(f"--mig-mode must be static or dynamic, got {mig_mode!r}", 2)
+    uids = parse_tenant_uids(tenant_uids)
+    check_sandbox(sandbox)
     _logging(not quiet)
     config = AgentConfig(server, token, data or default_data(), node_name, interval, watch, labels,
                          logs_port=logs_port, logs_host=logs_address, tls_cert=tls_cert, tls_key=tls_key,
-                         fake_gpus=simulated, mig_mode=mig_mode)  # fmt: skip
+                         fake_gpus=simulated, mig_mode=mig_mode, tenant_uids=uids, work_root=work_root,
+                         sandbox=sandbox, allow_tenant_sharing=allow_tenant_sharing)  # fmt: skip
     try:
         client = AgentClient(server, token, ca=ca, insecure=insecure)
     except TransportError as exc:  # a URL the token must not be sent to, an unreadable CA file
         raise _fail(str(exc), 2) from None
     try:
         agent = Agent(config, client)
-    except ValueError as exc:  # an unreadable state file
+    except ValueError as exc:  # an unreadable state file, a work root or sandbox that cannot serve
         raise _fail(str(exc)) from None
     _stop_on_signals(agent.stopping)
     _run(agent)
@@ -243,11 +309,12 @@ def _kept_or_new(
     """The token kept in `path` when the server still takes it (and `new` is not asked), else a new
     one written there (mode 600); and whether it was kept."""
     if not new and path.is_file():
+        private_file(path)  # an older version's, made with the umask's mode: tightened, and said
         kept = path.read_text().strip()
         if kept and _valid(url, kept, check, verify):
             return kept, True
     token = _token(db, *role)
-    write_secret(path, token)
+    write_private(path, token + "\n")
     return token, False
 
 
@@ -256,14 +323,6 @@ def _token(db: str, *role: str) -> str:
     if done.returncode != 0:
         raise _fail(f"token create failed: {done.stderr.strip() or done.stdout.strip()}")
     return done.stdout.strip().splitlines()[-1].strip()
-
-
-def write_secret(path: Path, text: str) -> None:
-    """Write `text` to `path` readable by the owner only (created 600, never world-readable)."""
-    path.unlink(missing_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text + "\n")
 
 
 def _agent_logs_args(local_cert: Path | None, agent_ca: Path | None, insecure: bool) -> list[str]:
@@ -295,6 +354,10 @@ def up_cmd(
     new_admin_token: Annotated[
         bool, typer.Option("--new-admin-token", help="Make a new admin token even if the data directory has one.")
     ] = False,
+    tenant_uids: TenantUidsOption = "200000-299999",
+    work_root: WorkRootOption = None,
+    sandbox: SandboxOption = "none",
+    allow_tenant_sharing: SharingOption = False,
 ) -> None:
     """Start a one-machine cluster: control plane + this machine's agent; print the URL and an admin token.
 
@@ -319,6 +382,8 @@ def up_cmd(
     scheme, tls_args = ("https", ["--tls-cert", str(tls_cert), "--tls-key", str(tls_key)]) if tls else ("http", [])
     verify = pinned_context(tls_cert) if tls and tls_cert is not None else None
     simulated = parse_fake_gpus(fake_gpus)
+    uids = parse_tenant_uids(tenant_uids)
+    check_sandbox(sandbox)
     busy = check_port(host, port)
     if busy is not None:  # before anything is written or started
         raise _fail(f"{busy}; is finesched (or something else) already running there? Stop it or pass --port")
@@ -326,10 +391,10 @@ def up_cmd(
     if subdomain_problems(name):
         raise _fail(f"node name {name!r}: {subdomain_problems(name)[0]}; pass --node-name", 2)
     data = (data or default_data()).resolve()
-    data.mkdir(parents=True, exist_ok=True)
+    _logging(not quiet)
+    private_dir(data)  # the database, tokens and logs: the owner's alone (an existing one is tightened)
     db = f"sqlite:///{data / 'finesched.db'}"
     url = f"{scheme}://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
-    _logging(not quiet)
     supervised = SupervisedServer(
         _cli("serve", "--db", db, "--host", host, "--port", str(port), "--heartbeat", str(interval), *tls_args,
              *agent_logs_args),
@@ -366,9 +431,13 @@ def up_cmd(
         # the local agent serves logs to the local server: on the loopback interface only
         config = AgentConfig(url, agent_token, data / "agent", name, interval, stop_workloads_on_exit=True,
                              logs_port=0, logs_host="127.0.0.1", tls_cert=tls_cert, tls_key=tls_key,
-                             fake_gpus=simulated)  # fmt: skip
+                             fake_gpus=simulated, tenant_uids=uids, work_root=work_root, sandbox=sandbox,
+                             allow_tenant_sharing=allow_tenant_sharing, hide=(data,))  # fmt: skip
         client = AgentClient(url, agent_token, verify=verify)  # with TLS: exactly the server's own certificate
-        agent = Agent(config, client)
+        try:
+            agent = Agent(config, client)
+        except ValueError as exc:  # an unreadable state file, a work root or sandbox that cannot serve
+            raise _fail(str(exc)) from None
         _stop_on_signals(agent.stopping)
         _run(agent)
     finally:

@@ -248,9 +248,15 @@ def _devices_text(devices: dict[str, list[dict[str, Any]]]) -> str:
     return " ".join(parts)
 
 
+def _problems(status: dict[str, Any]) -> list[dict[str, Any]]:
+    """An object's conditions that say something is wrong: SetAside, and TenantIsolation=False (a
+    node whose agent cannot keep tenants apart; True is the normal state, shown by `describe node`)."""
+    return [c for c in status.get("conditions") or () if not (c["type"] == "TenantIsolation" and c["status"] == "True")]
+
+
 def _conditions_text(status: dict[str, Any]) -> str:
     """An object's conditions, e.g. "SetAside: cannot be loaded: ..." ("" when it has none)."""
-    return "; ".join(f"{c['type']}: {c.get('message', '')}" for c in status.get("conditions") or ())
+    return "; ".join(f"{c['type']}: {c.get('message', '')}" for c in _problems(status))
 
 
 NODE_COLUMNS = Columns(
@@ -378,7 +384,7 @@ def _print_events(events: list[dict[str, Any]], output: str) -> None:
 
 def _print_conditions(status: dict[str, Any]) -> None:
     """A node's or tenant's conditions, first: SetAside says why the scheduler leaves it out."""
-    for condition in status.get("conditions") or ():
+    for condition in _problems(status):
         out.print(f"[bold red]{escape(condition['type'])}[/]: {escape(condition.get('message', ''))}")
 
 

@@ -71,11 +71,11 @@ def logs_cmd(
 
 
 def _local(key: str, data: Path, tail: int | None) -> None:
-    from finesched.agent.executor import workdir_of
+    from finesched.agent.executor import rundir_of
     from finesched.agent.logs import tail_offset
 
     for root in (data, data / "agent"):
-        path = workdir_of(root, key) / "output.log"
+        path = rundir_of(root, key) / "output.log"
         if path.is_file():
             with path.open("rb") as f:
                 f.seek(tail_offset(f, tail) if tail is not None else 0)

@@ -4,7 +4,9 @@ its CPU pools as its agent applies them, and events.
 The pools come from the agent's latest report (S3.9: ``cpuSharedPools``, ``beCPUSharedPools``,
 ``podCPUAllocs``, ``workloadCPUs``), so they show what the node enforces now; the allocation
 comes from the scheduler's books. ``Enforcement`` says which cgroup controllers the agent uses, or
-why none and that it falls back to CPU affinity. Simulated GPUs (``up --fake-gpus``) are marked.
+why none and that it falls back to CPU affinity. ``Isolation`` is the TenantIsolation condition:
+whether workloads run as their tenants' users there, or why not and what the scheduler does
+about it. Simulated GPUs (``up --fake-gpus``) are marked.
 """
 
 from __future__ import annotations
@@ -45,10 +47,21 @@ def render_node(out: Console, item: dict[str, Any], events: list[dict[str, Any]]
     if discovery.get("logs"):
         out.print(f"Logs served: {escape(str(discovery['logs'].get('url')))}")
     out.print("Enforcement: " + escape(str(discovery.get("cgroup") or "not reported")))
+    _isolation(out, status.get("conditions") or [])
     _devices(out, spec.get("devices") or [], report.get("health") or {}, wide)
     _pools(out, report, wide)
     rows = [(event_time(e["time"], wide), escape(e["reason"]), escape(e["message"])) for e in events]
     print_table(out, simple_table("events", ["time (UTC)", "reason", "message"], rows), wide=wide)
+
+
+def _isolation(out: Console, conditions: list[dict[str, Any]]) -> None:
+    found = next((c for c in conditions if c.get("type") == "TenantIsolation"), None)
+    if found is None:
+        out.print("Isolation:   not reported by the agent yet")
+        return
+    style = "[bold yellow]" if found.get("status") != "True" else ""
+    text = f"TenantIsolation={found.get('status')}: {found.get('message', '')}"
+    out.print(f"Isolation:   {style}{escape(text)}{'[/]' if style else ''}", soft_wrap=True)
 
 
 def _devices(out: Console, devices: list[dict[str, Any]], health: dict[str, Any], wide: bool) -> None:

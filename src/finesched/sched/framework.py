@@ -13,7 +13,7 @@ normalize_score -> (select) -> reserve -> pre_bind -> ClusterState.assume.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
 from functools import cached_property
@@ -304,6 +304,15 @@ class PostFilterPlugin(Plugin, Protocol):
     ) -> tuple[Preemption | None, str]:
         """Called when the workload fits on no node: a preemption that would make it fit, or None
         with the reason none exists. Must not change the state (the scheduler applies the result)."""
+        ...
+
+
+@runtime_checkable
+class ShapeKeyPlugin(Plugin, Protocol):
+    def shape_key(self, workload: Workload) -> Hashable:
+        """What this node-local plugin's verdicts read of the workload beyond its request shape
+        (which leaves identity and tenancy out), e.g. its tenant; None when nothing now. Memoized
+        results are kept per request shape and these keys (sched/memo.py)."""
         ...
 
 

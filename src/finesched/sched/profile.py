@@ -79,7 +79,8 @@ def _profile(name: str, *plugins: tuple[str, int] | str | dict[str, Any], **extr
 
 #: Reserve runs in profile order: NUMAAlign writes the NUMA affinity that CPUOrchestration and
 #: DeviceShare then allocate under.
-_FILTERS = ("NodeUnschedulable", "NodeSelector", "ResourcesFit", "NUMAAlign", "CPUOrchestration", "DeviceShare")
+_FILTERS = ("NodeUnschedulable", "TenantIsolation", "NodeSelector", "ResourcesFit", "NUMAAlign", "CPUOrchestration",
+            "DeviceShare")  # fmt: skip
 
 #: Built-in profiles. "default" spreads like kube-scheduler's default (least requested + balanced,
 #: device classes included, and preemption on: DefaultPreemption); "binpack" packs nodes and their

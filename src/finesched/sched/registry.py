@@ -58,11 +58,13 @@ def default_registry() -> Registry:
     from finesched.plugins.preemption import DefaultPreemption
     from finesched.plugins.resources_fit import ResourcesFit
     from finesched.plugins.scoring import LeastRequested, MostAllocated, MostBalanced
+    from finesched.plugins.tenant_isolation import TenantIsolation
 
     return Registry(
         {
             "NodeSelector": no_args(NodeSelector),
             "NodeUnschedulable": no_args(NodeUnschedulable),
+            "TenantIsolation": no_args(TenantIsolation),
             "ResourcesFit": no_args(ResourcesFit),
             "LeastRequested": no_args(LeastRequested),
             "MostAllocated": no_args(MostAllocated),

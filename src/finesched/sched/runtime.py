@@ -34,6 +34,7 @@ from finesched.sched.framework import (
     ScoreArray,
     ScorePlugin,
     SelectPlugin,
+    ShapeKeyPlugin,
     StateUser,
     Status,
 )
@@ -90,6 +91,8 @@ class Framework:
         evaluated = [*self.points.filter, *(p for p, _ in self.points.score)]
         #: Whether filter/score results may be memoized per request shape (sched/memo.py).
         self.node_local = not self._normalizers and all(getattr(p, "NODE_LOCAL", False) for p in evaluated)
+        #: Plugins whose verdicts also read something the request shape leaves out (the memo key adds it).
+        self.shape_keys = [p for p in self.plugins if isinstance(p, ShapeKeyPlugin)]
 
     def _add(self, plugin: Plugin, weight: int, index: int, errors: list[ValidationError]) -> None:
         if any(p.NAME == plugin.NAME for p in self.plugins):

@@ -122,7 +122,11 @@ class Scheduler:
         except PreFilterFailed as exc:
             raise _prefilter_error(workload_key, state.n, exc) from None
         # 3-4. filter and score every node (memoized per request shape where plugins allow)
-        memo_shape = shape if self.memoize and self.framework.node_local else None
+        memo_shape: Hashable | None = shape if self.memoize and self.framework.node_local else None
+        if memo_shape is not None and self.framework.shape_keys:
+            keys = tuple(p.shape_key(workload) for p in self.framework.shape_keys)
+            if any(k is not None for k in keys):
+                memo_shape = (shape, keys)
         feasible, key = self._evaluate(cycle, request, skipped, memo_shape)
         # 5. select and reserve
         failures: Counter[str] | None = None

@@ -1,8 +1,11 @@
 """Turning store rows into the scheduler's objects: the Node the scheduler sees, bindings, tenants.
 
 The scheduler's view of a node is its manifest plus what the control plane knows about it: a
-cordoned or NotReady node carries the `NodeUnschedulable` label, and devices the agent last
-reported unhealthy are marked so, so nothing new is placed on them.
+cordoned or NotReady node carries the `NodeUnschedulable` label, devices the agent last
+reported unhealthy are marked so, so nothing new is placed on them, and the tenant-isolation
+label says what the agent last reported (``discovery.tenantIsolation``: whether it runs workloads
+as their tenants' users, and whether the admin lets tenants share it if not), so the
+TenantIsolation filter keeps one tenant at a time on a node that cannot keep them apart.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from finesched.model.node import Node
 from finesched.model.tenant import Tenant
 from finesched.model.workload import Workload
 from finesched.plugins.node_unschedulable import UNSCHEDULABLE_LABEL
+from finesched.plugins.tenant_isolation import TENANT_ISOLATION_LABEL, isolation_label
 
 #: Every node the control plane hands the scheduler carries its own name under this label (as
 #: Kubernetes nodes carry kubernetes.io/hostname), so a workload can be pinned to one node.
@@ -31,6 +35,9 @@ def node_from_row(row: Mapping[str, Any]) -> Node:
     why = "cordoned" if row.get("cordoned") else ("not-ready" if not row.get("ready", True) else "")
     if why:
         labels[UNSCHEDULABLE_LABEL] = why
+    isolation = tenant_isolation(row)
+    if isolation is not None:  # the agent's word (it also labels the node it registers)
+        labels[TENANT_ISOLATION_LABEL] = isolation_label(isolation["isolated"], isolation["allowTenantSharing"])
     metadata["labels"] = labels
     health = ((row.get("report") or {}).get("health")) or {}
     for device in (doc.get("spec") or {}).get("devices") or ():
@@ -40,6 +47,15 @@ def node_from_row(row: Mapping[str, Any]) -> Node:
     node = parse_manifest(doc, where=f"node {row['name']}")
     assert isinstance(node, Node)
     return node
+
+
+def tenant_isolation(row: Mapping[str, Any]) -> dict[str, Any] | None:
+    """``{"isolated", "reason", "allowTenantSharing"}`` from the node's latest report (None: not reported)."""
+    found = (((row.get("report") or {}).get("discovery") or {}).get("tenantIsolation")) or None
+    if not isinstance(found, Mapping) or not isinstance(found.get("isolated"), bool):
+        return None
+    return {"isolated": found["isolated"], "reason": str(found.get("reason") or ""),
+            "allowTenantSharing": found.get("allowTenantSharing") is True}  # fmt: skip
 
 
 def pinned(workload: Workload, node: str) -> Workload:

@@ -290,7 +290,8 @@ def list_bindings(
     page = paging.request("bindings", {"node": node}, limit, continue_, default=default)
     found = ctx.store.binding_page(node, page.after, page.limit)  # type: ignore[arg-type]
     last = found.rows[-1]["workload_id"] if found.rows else None
-    return page.answer([binding_row_view(r) for r in found.rows], last, found.remaining)
+    run_as = ctx.store.run_as(r["tenant"] for r in found.rows)  # one read of the tenants, whatever the count
+    return page.answer([binding_row_view(r, run_as) for r in found.rows], last, found.remaining)
 
 
 @router.get("/bindings/{namespace}/{name}")
@@ -298,7 +299,8 @@ def get_binding(namespace: str, name: str, ctx: Ctx, caller: Caller) -> dict[str
     row = _visible_workload(ctx, caller, namespace, name)
     if row["binding"] is None:
         raise HTTPException(404, f"workload {namespace}/{name} is not bound")
-    return binding_row_view({**row["binding"], "spec": row["spec"], "phase": row["phase"]})
+    return binding_row_view({**row["binding"], "spec": row["spec"], "phase": row["phase"], "tenant": row["tenant"]},
+                            ctx.store.run_as([row["tenant"]]))  # fmt: skip
 
 
 def _agent_binding(ctx: Ctx, caller: Identity, namespace: str, name: str) -> str:

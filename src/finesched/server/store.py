@@ -549,8 +549,8 @@ class Store:
         return self.binding_page(node, None, None).rows
 
     def binding_page(self, node: str | None, after: int | None, limit: int | None) -> Page:
-        """Bindings (with their workload's spec and phase), optionally of one node, by workload id."""
-        query = select(t.bindings, t.workloads.c.spec, t.workloads.c.phase).join(
+        """Bindings (with their workload's spec, phase and tenant), optionally of one node, by workload id."""
+        query = select(t.bindings, t.workloads.c.spec, t.workloads.c.phase, t.workloads.c.tenant).join(
             t.workloads, t.workloads.c.id == t.bindings.c.workload_id
         )
         conditions = [t.bindings.c.node == node] if node is not None else []
@@ -726,6 +726,21 @@ class Store:
         if row is None:
             raise NotFound(f"tenant {name} not found")
         return row
+
+    def run_as(self, names: Iterable[str]) -> dict[str, dict[str, Any] | None]:
+        """Tenant name -> its stored ``spec.runAs`` (None: it has none), for the tenants `names`
+        that exist: what a node agent runs their workloads as (one query for a whole binding list)."""
+        wanted = sorted(set(names))
+        out: dict[str, dict[str, Any] | None] = {}
+        if not wanted:
+            return out
+        with self.read() as conn:
+            for start in range(0, len(wanted), 500):  # bounded IN lists (SQLite's variable limit)
+                chunk = wanted[start : start + 500]
+                query = select(t.tenants.c.name, t.tenants.c.spec).where(t.tenants.c.name.in_(chunk))
+                for name, spec in conn.execute(query):
+                    out[name] = ((spec or {}).get("spec") or {}).get("runAs")
+        return out
 
     def list_tenants(self) -> list[dict[str, Any]]:
         with self.read() as conn:

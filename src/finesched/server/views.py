@@ -17,7 +17,7 @@ from starlette.convertors import Convertor, register_url_convertor
 from finesched.errors import _MISSING, ErrorDetail, ValidationError
 from finesched.model.binding import Binding
 from finesched.model.manifest import parse_manifest, to_manifest
-from finesched.server.cluster_view import binding_view
+from finesched.server.cluster_view import binding_view, tenant_isolation
 
 
 class LegacyName(Convertor[str]):
@@ -141,6 +141,24 @@ def conditions(set_aside: str | None) -> list[dict[str, str]]:
     return [{"type": "SetAside", "status": "True", "reason": "SchedulerCannotUse", "message": set_aside}]
 
 
+def isolation_condition(row: Mapping[str, Any]) -> list[dict[str, str]]:
+    """``TenantIsolation``: True where the agent runs workloads as their tenants' users, False (and
+    what the scheduler does about it) where it cannot; none before the agent reported."""
+    isolation = tenant_isolation(row)
+    if isolation is None:
+        return []
+    if isolation["isolated"]:
+        return [{"type": "TenantIsolation", "status": "True", "reason": "WorkloadsRunAsTenantUsers",
+                 "message": isolation["reason"]}]  # fmt: skip
+    placed = (
+        "the admin lets tenants share this node (--allow-tenant-sharing)"
+        if isolation["allowTenantSharing"]
+        else "the scheduler places one tenant's workloads at a time here"
+    )
+    return [{"type": "TenantIsolation", "status": "False", "reason": "AgentNotRoot",
+             "message": f"{isolation['reason']}; {placed}"}]  # fmt: skip
+
+
 def node_view(
     row: Mapping[str, Any], usage: Mapping[str, Any] | None = None, set_aside: str | None = None
 ) -> dict[str, Any]:
@@ -151,16 +169,21 @@ def node_view(
         "heartbeat": _time(row.get("heartbeat")),
         "report": row.get("report"),
         "version": row["version"],
-        "conditions": conditions(set_aside),
+        "conditions": conditions(set_aside) + isolation_condition(row),
     }
     if usage is not None:
         status["allocation"] = usage
     return {"metadata": doc.get("metadata", {}), "spec": doc.get("spec", {}), "status": status}
 
 
-def binding_row_view(row: Mapping[str, Any]) -> dict[str, Any]:
-    """A binding as a node agent reads it: the placement plus the workload spec it runs."""
+def binding_row_view(
+    row: Mapping[str, Any], run_as: Mapping[str, Mapping[str, Any] | None] | None = None
+) -> dict[str, Any]:
+    """A binding as a node agent reads it: the placement, the workload spec it runs, its tenant
+    and the tenant's ``runAs`` (`run_as`: tenant -> stored runAs; null when it has none), which the
+    agent runs it as (agent/identity.py)."""
     view = binding_view(Binding.model_validate(row["data"]))
+    tenant = row.get("tenant") or ""
     return {
         "workload": row["workload"],
         **view,
@@ -168,6 +191,8 @@ def binding_row_view(row: Mapping[str, Any]) -> dict[str, Any]:
         "acked": bool(row["acked"]),
         "phase": row.get("phase"),
         "workloadSpec": (row.get("spec") or {}).get("spec", {}),
+        "tenant": tenant,
+        "runAs": (run_as or {}).get(tenant),
     }
 
 
