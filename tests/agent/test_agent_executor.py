@@ -175,6 +175,17 @@ def test_exclusive_cpus_are_not_shared(ex: Executor) -> None:
     assert ex.state.records == {}
 
 
+def test_a_rejection_does_not_name_another_namespaces_workload(ex: Executor) -> None:
+    """The reason reaches the rejected workload's tenant: the holder of its CPUs stays unnamed."""
+    cpu = str(CPUS[0])
+    theirs = parse_binding({"workload": "other/secret-project", "node": "n1", "cpuset": cpu, "version": 1,
+                            "acked": False, "qos": "LSR", "workloadSpec": {"command": ["sleep", "30"]}})  # fmt: skip
+    ex.sync([theirs, binding("b", ["true"], cpuset=cpu)], node())
+    ((_, key, reason),) = ex.server.of("reject")
+    assert (key, reason) == ("team/b", f"CPUs {cpu} are held by a workload of another namespace (LSR cpuset)")
+    ex.sync([], node())
+
+
 def test_no_cpuset_runs_in_the_shared_pool(ex: Executor) -> None:
     if len(CPUS) < 2:
         pytest.skip("needs two CPUs")

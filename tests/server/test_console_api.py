@@ -137,15 +137,20 @@ def test_a_tenant_reads_no_other_tenants_names_or_the_agents_notes_in_a_node_rep
     report = {
         "podCPUAllocs": pinned,
         "workloadCPUs": pinned,
-        "discovery": {"sources": {"gpu": "not found"}, "agentPid": 4242, "logs": {"url": "http://127.0.0.1:1"}},
-    }
+        "discovery": {"sources": {"gpu": "not found"}, "agentPid": 4242, "logs": {"url": "http://127.0.0.1:1"},
+                      "tenantIsolation": {"isolated": False, "reason": "the agent runs as uid 1000, not root",
+                                          "allowTenantSharing": False}},
+    }  # fmt: skip
     assert agent.post("/v1/nodes/n1/report", json=report).status_code == 200
     amounts = {"cpu": "1", "memory": "1Gi"}
     api.admin.post("/v1/workloads", json=workload("db", requests=amounts, limits=amounts, qos="LSR"))
     api.wait_phase("team-a/db", ("Bound",))
     sent = api.admin.get("/ui/api/nodes/n1").json()["report"]["sent"]
     assert sent["podCPUAllocs"] == pinned and sent["discovery"]["agentPid"] == 4242  # the admin reads it all
-    mine = api.client(api.token("tenant", tenant="team-a")).get("/ui/api/nodes/n1").json()["report"]["sent"]
+    page = api.client(api.token("tenant", tenant="team-a")).get("/ui/api/nodes/n1").json()
+    isolation = page["status"]["isolation"]  # whether the node keeps tenants apart is no secret
+    assert isolation["status"] == "False" and "uid 1000" in isolation["message"]
+    mine = page["report"]["sent"]
     for part in ("podCPUAllocs", "workloadCPUs"):
         assert [(e["namespace"], e["name"], e["cpuset"]) for e in mine[part]] == [
             ("team-a", "db", "0"), (None, None, "1")

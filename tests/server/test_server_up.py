@@ -92,7 +92,7 @@ def test_the_admin_token_is_kept_unless_a_new_one_is_asked_for(tmp_path: Path, w
     listed = subprocess.run([*FINESCHED, "token", "list", "--db", db, "-o", "json"], capture_output=True, text=True)
     active = [str(t["id"]) for t in json.loads(listed.stdout) if t["role"] == "admin" and t["state"] == "Active"]
     assert subprocess.run([*FINESCHED, "token", "revoke", "--db", db, *active], capture_output=True).returncode == 0
-    renewed = run_until_up(data, port)
+    renewed = run_until_up(data, port, work_root)
     assert (data / "admin.token").read_text().strip() != token and "(new;" in renewed
 
 

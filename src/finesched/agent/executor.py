@@ -226,7 +226,10 @@ class Executor:
         for holder in self._holders(starting):
             overlap = b.cpuset & holder.cpuset
             if overlap:
-                reasons.append(f"CPUs {overlap} are held by {holder.workload} ({holder.qos} cpuset)")
+                # the reason reaches the workload's tenant: a workload of another namespace goes unnamed
+                same = holder.workload.partition("/")[0] == b.namespace
+                who = holder.workload if same else "a workload of another namespace"
+                reasons.append(f"CPUs {overlap} are held by {who} ({holder.qos} cpuset)")
         return reasons
 
     def _holders(self, starting: Sequence[AgentBinding]) -> list[Holder]:

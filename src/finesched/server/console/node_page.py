@@ -31,6 +31,7 @@ from finesched.model.node import Node, device_totals
 from finesched.plugins.resource_status import node_report
 from finesched.sched.scheduler import Scheduler
 from finesched.server.console.overview import device_accounts
+from finesched.server.views import isolation_condition
 from finesched.state.cpus import CPUAccounts, NodePools
 from finesched.state.device_types import NodeDevices
 
@@ -92,6 +93,7 @@ def node_page(data: NodeInput, row: Mapping[str, Any], visible: set[str] | None)
             "ready": bool(row["ready"]),
             "cordoned": bool(row["cordoned"]),
             "heartbeat": row["heartbeat"].isoformat() if row.get("heartbeat") else None,
+            "isolation": next(iter(isolation_condition(row)), None),  # TenantIsolation, once reported
         },
         "resources": {r: {"allocatable": a, "allocated": a - f, "free": f} for r, (a, f) in data.scalars.items()},
         "devices": _devices(data, shown),

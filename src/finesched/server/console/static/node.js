@@ -26,6 +26,7 @@ function draw(node) {
     h("h1", {}, `Node ${node.name} `, h("span", { class: `badge ${node.status.ready ? "ok" : "bad"}`, id: "node-state" }, state)),
     keyValues([
       ["last heartbeat", node.status.heartbeat || "never (registered by hand)"],
+      ["tenant isolation", isolation(node.status.isolation)],
       ["labels", amounts(node.labels)],
     ]),
     section("Resources", resourceTable(node.resources)),
@@ -35,6 +36,13 @@ function draw(node) {
     section("Workloads here", workloadTable(node.workloads)),
     section("Agent report (S0.2 encoding, as sent)", report(node.report)),
   ];
+}
+
+// Whether the node's agent keeps tenants apart (the TenantIsolation condition it reports).
+function isolation(condition) {
+  if (!condition) return h("span", { class: "muted", id: "node-isolation" }, "not reported (no agent yet)");
+  const ok = condition.status === "True";
+  return h("span", { id: "node-isolation" }, h("span", { class: `badge ${ok ? "ok" : "bad"}` }, ok ? "yes" : "no"), ` ${condition.message}`);
 }
 
 function resourceTable(resources) {
