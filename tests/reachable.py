@@ -27,6 +27,18 @@ needs_system_python = pytest.mark.skipif(not os.access(SYSTEM_PYTHON, os.X_OK), 
 ROOT_RUN_AS = {"uid": 0, "gid": 0, "allowRoot": True}
 
 
+def skip_without_bwrap() -> None:
+    """Skip a sandbox test where bubblewrap (or root) is missing; fail instead under
+    FINESCHED_REQUIRE_BWRAP=1 (`.ci/run` installs bubblewrap: CI never skips these tests)."""
+    why = "bubblewrap is not installed (Debian: apt-get install bubblewrap)" if shutil.which("bwrap") is None else ""
+    why = why or ("the sandbox needs a root agent" if not ROOT else "")
+    if not why:
+        return
+    if os.environ.get("FINESCHED_REQUIRE_BWRAP") == "1":
+        pytest.fail(f"FINESCHED_REQUIRE_BWRAP=1 but {why}")
+    pytest.skip(why)
+
+
 def reachable_dir(mode: int, prefix: str = "finesched-test-") -> Path:
     """A new directory under /tmp with `mode` (the caller removes it: `remove`)."""
     path = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))

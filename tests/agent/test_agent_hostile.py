@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import stat
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,7 +28,7 @@ from finesched.agent.cgroup import detect, read_mounts
 from finesched.agent.cgroup_groups import Group
 from finesched.agent.loop import Agent
 from finesched.private import private_dir, write_private
-from reachable import ROOT, SYSTEM_PYTHON, needs_system_python, reachable_dir, remove
+from reachable import ROOT, SYSTEM_PYTHON, needs_system_python, reachable_dir, remove, skip_without_bwrap
 
 pytestmark = [needs_system_python, pytest.mark.skipif(not ROOT, reason="the agent switches users only as root")]
 SLEEP = "3607"  # team-b's sleeper: `sleep 3607`, a duration nothing else on the machine uses
@@ -172,8 +171,8 @@ def verdicts(log: str) -> dict[str, tuple[str, str]]:
 def test_a_hostile_tenant_gets_nothing_and_the_other_runs_on(
     layout: Path, sandbox: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    if sandbox == "bwrap" and shutil.which("bwrap") is None:
-        pytest.skip("bubblewrap is not installed (Debian: apt-get install bubblewrap)")
+    if sandbox == "bwrap":
+        skip_without_bwrap()
     support = detect()
     if "cpuset" not in support.controllers:
         pytest.skip(f"no writable cpuset controller here: {support.describe()}")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import signal
 import socket
 import stat
@@ -20,7 +19,7 @@ from finesched.agent.executor import rundir_of
 from finesched.cli import app
 from finesched.codec import decode
 from finesched.cpuset import CPUSet
-from reachable import ROOT, SYSTEM_PYTHON
+from reachable import SYSTEM_PYTHON, skip_without_bwrap
 
 FINESCHED = [sys.executable, "-m", "finesched.cli"]
 
@@ -43,8 +42,8 @@ def alive(pid: int) -> bool:
 def test_sigkilled_agent_restarts_and_adopts_its_child(tmp_path: Path, sandbox: str) -> None:
     """The sandbox ends with the root wrapper that started it (--die-with-parent), not with the agent:
     a killed agent's workload runs on, and the next agent adopts it and reads its exit code."""
-    if sandbox == "bwrap" and (shutil.which("bwrap") is None or not ROOT):
-        pytest.skip("needs root and bubblewrap (Debian: apt-get install bubblewrap)")
+    if sandbox == "bwrap":
+        skip_without_bwrap()
     cluster = Cluster(tmp_path)
     data = tmp_path / "agent"
     first = start_agent(cluster, data, "--sandbox", sandbox)
