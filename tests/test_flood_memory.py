@@ -15,7 +15,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from builders import make_node, make_workload
-
 from finesched import ClusterState, Scheduler
 from finesched.model.manifest import parse_manifest
 from finesched.sched.queue import SchedulingQueue

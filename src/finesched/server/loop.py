@@ -363,6 +363,12 @@ class SchedulerLoop:
                     scheduler.queue.cluster_changed()
         self.wake()
 
+    def compact(self) -> None:
+        """Rebuild `queued` at its present size: a dict keeps the table it grew to as entries leave,
+        so after a flood is deleted it would keep room for every deleted workload (5 MB a 100,000)."""
+        with self.lock:
+            self.queued = dict(self.queued)
+
     def _drop_deleted(self, scheduler: Scheduler) -> None:
         """Drop the deleted workloads from the scheduler's queue (called with the loop's lock held)."""
         if self._deleted:
@@ -385,6 +391,8 @@ class SchedulerLoop:
             return
         with self._own_lock:
             objects = touched(events, self._own_events)
+            if not self._own_events:  # drained: a fresh set, not the table a flood's events grew
+                self._own_events = set()
         changes = read_changes(self.store, objects)
         capacity_changed = False
         for name, row in changes.nodes.items():
