@@ -8,12 +8,18 @@ from __future__ import annotations
 
 import sys
 
+import pytest
 from manifests import node, workload
 from server_harness import Api, wait_until
 from sqlalchemy import text
 
+from finesched.model.workload import Workload
+from finesched.sched.diagnosis import FitError
+from finesched.sched.queue import SchedulingQueue
+from finesched.server import memory
 from finesched.server.correlator import correlator_for
 from finesched.server.store import Store
+from finesched.server.upkeep import WaitingReasons
 
 FLOOD = 3000  # three lists of 1,000 (the most one request takes)
 
@@ -70,3 +76,41 @@ def test_release_idle_closes_idle_connections_and_the_store_goes_on(store: Store
     store.put_tenant("team-b", 1.0, {"apiVersion": "finesched.io/v1alpha1", "kind": "Tenant",
                                      "metadata": {"name": "team-b"}}, create_only=True)  # fmt: skip
     assert [t["name"] for t in store.list_tenants()] == ["team-a", "team-b"]
+
+
+def test_why_deleted_workloads_waited_is_not_kept_once_the_queue_is_empty() -> None:
+    queue, reasons = SchedulingQueue(), WaitingReasons()
+    keys = [f"team-a/w{i}" for i in range(5)]
+    for key in keys:
+        namespace, name = key.split("/")
+        queue.push(Workload.model_validate({"name": name, "namespace": namespace, "requests": {"cpu": 1}}))
+        unit = queue.pop()
+        assert unit is not None
+        queue.park(unit, FitError(key, 1, {"insufficient cpu": 1}))
+    written = reasons.changes(queue, set(keys))
+    assert set(written) == set(keys) and set(reasons.written) == set(keys)
+    queue.forget(keys)
+    assert reasons.changes(queue, set()) == {} and reasons.written == {}
+
+
+@pytest.mark.skipif(memory.free_held() is None, reason="not glibc (>= 2.33): there is no C heap to ask")
+def test_the_trimmer_trims_after_much_was_freed_and_not_otherwise() -> None:
+    trimmer = memory.Trimmer(every_s=0.0, threshold=32 * memory.MiB)
+    trimmer.check()  # from what the process holds now
+    assert not trimmer.check()  # nothing freed since
+    # 80 MiB freed in the middle of the heap: each block has a small neighbour that stays (as a
+    # flood's objects have other tenants' among them), so the heap's top cannot simply shrink.
+    pairs = [(bytearray(4096), bytearray(600)) for _ in range(20_000)]
+    kept = [small for _, small in pairs]
+    del pairs
+    assert trimmer.check() and trimmer.trims >= 1
+    del kept
+    trims = trimmer.trims
+    assert not trimmer.check() and trimmer.trims == trims
+
+
+def test_the_trimmer_waits_its_period() -> None:
+    freed = [0]
+    trimmer = memory.Trimmer(every_s=3600.0, threshold=1, held=lambda: freed[0], give_back=lambda: None)
+    freed[0] = 10**9
+    assert not trimmer.check() and trimmer.trims == 0  # a period has not passed since it was made

@@ -45,6 +45,7 @@ from finesched.server.feed import FeedCursor, read_changes, read_workloads, touc
 from finesched.server.lease import Lease, LostLease
 from finesched.server.lifecycle import Backoff
 from finesched.server.locking import LoopLock
+from finesched.server.memory import Trimmer
 from finesched.server.metrics import Metrics, cluster_figures
 from finesched.server.setaside import SetAside, Unusable
 from finesched.server.store import HOLDING, PENDING, REJECTED, Event, NotFound, Store, now
@@ -109,6 +110,8 @@ class SchedulerLoop:
         )  # fmt: skip
         self.waiting = WaitingReasons()
         self.pruner = EventPruner(store, cfg.event_ttl_s, cfg.prune_every_s)
+        #: Gives what the process freed back to the system (server/memory.py).
+        self.trimmer = Trimmer()
         self._last_upkeep = 0.0
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -680,7 +683,7 @@ class SchedulerLoop:
         self._last_upkeep = time.monotonic()
         restarts = lambda: lifecycle.start_due_restarts(self.store)  # noqa: E731
         prune = lambda: self.pruner.check(self._feed.position)  # noqa: E731
-        for task in [*self.maintenance, restarts, self.heartbeats.check, prune]:
+        for task in [*self.maintenance, restarts, self.heartbeats.check, prune, self.trimmer.check]:
             try:
                 task()
             except SQLAlchemyError:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import gc
 import logging
 import time
@@ -17,7 +15,7 @@ from finesched.admission import World, admit_workload
 from finesched.errors import ValidationError
 from finesched.model.selector import parse_selector
 from finesched.model.workload import Workload
-from finesched.server import lifecycle, paging
+from finesched.server import lifecycle, memory, paging
 from finesched.server.auth import ADMIN, AGENT, TENANT, Identity
 from finesched.server.context import MAX_ITEMS_PER_REQUEST, Caller, Ctx, ServerContext
 from finesched.server.paging import ContinueQuery, LimitQuery
@@ -212,8 +210,7 @@ def _give_memory_back(ctx: ServerContext) -> None:
     ctx.loop.compact()
     ctx.store.engines.release_idle()
     gc.collect()
-    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to ask
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    memory.trim()
 
 
 def _visible_workload(ctx: ServerContext, caller: Identity, namespace: str, name: str) -> dict[str, Any]:
