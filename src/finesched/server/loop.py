@@ -110,7 +110,7 @@ class SchedulerLoop:
         )  # fmt: skip
         self.waiting = WaitingReasons()
         self.pruner = EventPruner(store, cfg.event_ttl_s, cfg.prune_every_s)
-        #: Gives what the process freed back to the system (server/memory.py).
+        #: Gives what the process freed back to the system (server/memory.py), leader or not.
         self.trimmer = Trimmer()
         self._last_upkeep = 0.0
         self._wake = threading.Event()
@@ -165,6 +165,7 @@ class SchedulerLoop:
                     self._end_deferrals()
                     busy = self._schedule_batch()
                     self._upkeep()
+                self.trimmer.check()  # a follower serves reads and watches too
             except LostLease:
                 log.warning("lost the scheduler lease; following")
                 self._drop()
@@ -683,7 +684,7 @@ class SchedulerLoop:
         self._last_upkeep = time.monotonic()
         restarts = lambda: lifecycle.start_due_restarts(self.store)  # noqa: E731
         prune = lambda: self.pruner.check(self._feed.position)  # noqa: E731
-        for task in [*self.maintenance, restarts, self.heartbeats.check, prune, self.trimmer.check]:
+        for task in [*self.maintenance, restarts, self.heartbeats.check, prune]:
             try:
                 task()
             except SQLAlchemyError:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import gc
 import logging
 import time
 from collections.abc import Callable
@@ -55,6 +56,12 @@ def trim() -> None:
         _LIBC.malloc_trim(0)
 
 
+def collect_and_trim() -> None:
+    """Free what only the cyclic collector frees (closed connections leave such cycles), then trim."""
+    gc.collect()
+    trim()
+
+
 def free_held() -> int | None:
     """Bytes the C heap holds free (returned pages included: glibc counts them until reused); None
     where that cannot be asked."""
@@ -70,7 +77,7 @@ class Trimmer:
     every_s: float = 30.0
     threshold: int = 64 * MiB
     held: Callable[[], int | None] = free_held
-    give_back: Callable[[], None] = trim
+    give_back: Callable[[], None] = collect_and_trim
     last: float = field(default_factory=time.monotonic)
     after_trim: int = 0  # free bytes right after the last trim
     trims: int = 0
