@@ -369,7 +369,7 @@ class SchedulerLoop:
 
     def compact(self) -> None:
         """Rebuild `queued` at its present size: a dict keeps the table it grew to as entries leave,
-        so after a flood is deleted it would keep room for every deleted workload (5 MB a 100,000)."""
+        so after a flood is deleted it would keep room for every deleted workload (4 MB a 100,000)."""
         with self.lock:
             self.queued = dict(self.queued)
 
