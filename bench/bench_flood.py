@@ -11,8 +11,10 @@ through the API, reads (`GET /v1/workloads?limit=100` and one workload) and subm
 every 0.5 s, timing submit -> Bound (polled). Then A deletes its namespace with one bulk delete.
 Printed: p50/p99 of B's reads and submit->Bound before, during and after the flood, the flood's
 rate, the bulk delete's time, and the server's RSS (VmRSS of the process) before, during, after the
-flood and after the delete. The server runs with its watch caps raised to hold A's watches (the
-default caps would refuse all but 10 of them with 429; tests/server/test_server_watch_hub.py checks that).
+flood, after the delete, and `--settle` seconds later. The server runs with its watch caps raised to
+hold A's watches (the default caps would refuse all but 10 of them with 429;
+tests/server/test_server_watch_hub.py checks that). Run it with PYTHONMALLOC=malloc in the environment
+to measure a server whose objects are all in glibc's heap (server/memory.py says why it matters).
 """
 
 from __future__ import annotations
@@ -158,6 +160,8 @@ def main() -> None:
     parser.add_argument("--scale", type=float, default=0.1, help="1.0: 100,000 workloads and 3,000 watches")
     parser.add_argument("--full-watches", type=int, default=20, help="A's watches that follow every event it sees")
     parser.add_argument("--batch", type=int, default=1000, help="workloads per request of A (at most 1000)")
+    parser.add_argument("--settle", type=float, default=35.0,
+                        help="seconds after the delete (B still working) before RSS is read once more")  # fmt: skip
     parser.add_argument("--json", help="write the figures here too")
     args = parser.parse_args()
     n_workloads = int(100_000 * args.scale)
@@ -266,6 +270,8 @@ def main() -> None:
         time.sleep(5)
         figures["rss_mb"]["after_delete"] = round(rss_mb(proc.pid), 1)
         figures["b_after_delete"] = b.take()
+        time.sleep(args.settle)  # the leader trims what was freed since (server/memory.py: every 30 s)
+        figures["rss_mb"]["after_delete_settled"] = round(rss_mb(proc.pid), 1)
         stop_b.set()
         thread_b.join(timeout=130)
     finally:

@@ -27,6 +27,11 @@ class Model(BaseModel):
         populate_by_name=True,
         validate_default=False,
         arbitrary_types_allowed=False,
+        # pydantic-core keeps the strings it parses from JSON in a process-wide cache (16,384 of
+        # them): a manifest's values (names, label values) would stay there after their objects
+        # are deleted, scattered through the memory a flood of them took, and keep it from the
+        # system (BENCHMARKS.md, "Fairness under one tenant's flood"). Field names repeat; values rarely.
+        cache_strings="keys",
     )
 
 

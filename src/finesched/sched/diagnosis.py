@@ -46,6 +46,17 @@ class FitError(Exception):
     def __reduce__(self) -> tuple[object, ...]:
         return (_rebuild, (self.workload, self.total_nodes, self.reasons, self.unresolvable, self.detail))
 
+    def detached(self) -> FitError:
+        """This error without its traceback and chained exceptions, to be kept (a parked unit's last
+        error). A caught exception holds every frame it was raised through, with their locals (the
+        decision's requests, cycle state and per-node arrays: about 4 KB a workload), and a cycle
+        through the frame that caught it, which only the cyclic collector frees. Kept for every unit
+        of a flood that fits nowhere, that was most of the server's memory (BENCHMARKS.md)."""
+        self.__traceback__ = None
+        self.__context__ = None
+        self.__cause__ = None
+        return self
+
 
 def _rebuild(workload: str, total: int, reasons: dict[str, int], unresolvable: bool, detail: str) -> FitError:
     return FitError(workload, total, reasons, unresolvable=unresolvable, detail=detail)

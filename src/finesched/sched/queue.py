@@ -159,7 +159,7 @@ class SchedulingQueue:
     def park(self, unit: QueuedUnit, error: FitError) -> None:
         """The unit fits nowhere now: wait for a cluster change, then retry after backoff."""
         unit.attempts += 1
-        unit.last_error = error
+        unit.last_error = error.detached()  # its frames are not kept with it
         self._unschedulable.append(unit)
         self._account(unit.tenant).failures += 1
 
@@ -225,7 +225,9 @@ class SchedulingQueue:
             self._gangs[gang_key] = [w for w in self._gangs[gang_key] if w.key not in gone]
             if not self._gangs[gang_key]:
                 del self._gangs[gang_key]
-        self._keys -= gone
+        # A new set rather than `-=`: a set never shrinks its table as keys leave, so the one that
+        # held a flood of keys would keep its size after they were deleted. The pass is O(queue) anyway.
+        self._keys = self._keys - gone
         return len(gone)
 
     def __len__(self) -> int:

@@ -8,6 +8,12 @@ new id is what tells a following replica that the object changed again.
 Which events are recent is kept in memory, per database, in an LRU of `MAX_ENTRIES` keys (client-go
 keeps 4096 too); after a restart, or on another replica, the next repeat starts a new row, so the
 number of rows stays bounded by (replicas x restarts) per repeated event rather than by repeats.
+
+A `Deleted` event ends its object's history: what was remembered of the object is forgotten, and
+the Deleted itself is not remembered (Kubernetes keys events by the object's UID, so a new object of
+the same name starts its own count there too). Nothing of a deleted object can repeat, and a bulk
+delete of a flood would otherwise leave the LRU full of the flood's keys, which hold the memory
+the flood took (their small objects are spread over all of it: BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -26,10 +32,12 @@ from sqlalchemy.engine import Engine
 from finesched.server import schema as t
 
 MAX_ENTRIES = 4096
+#: The reason of the event that ends an object's history (every kind's delete writes it).
+DELETED = "Deleted"
 Key = tuple[str, str, str, str]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Seen:
     """The row that holds an event's latest occurrence."""
 
@@ -70,14 +78,28 @@ class EventCorrelator:
             rows.append({"time": stamp, "kind": kind, "object": obj, "reason": reason, "message": message,
                          "count": count, "first_time": first})  # fmt: skip
         ids = [r[0] for r in conn.execute(insert(t.events).returning(t.events.c.id), rows)]
+        ended = {(kind, obj) for kind, obj, reason, _ in merged if reason == DELETED}
         with self._lock:
             for row, new_id in zip(rows, ids, strict=True):
                 key = (row["kind"], row["object"], row["reason"], row["message"])
+                if (key[0], key[1]) in ended:
+                    continue
                 self._seen[key] = Seen(new_id, row["count"], row["first_time"])
                 self._seen.move_to_end(key)
+            if ended:  # one pass for a whole bulk delete's chunk
+                for key in [k for k in self._seen if (k[0], k[1]) in ended]:
+                    del self._seen[key]
             while len(self._seen) > self.max_entries:
                 self._seen.popitem(last=False)
         return ids
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+    def objects(self) -> set[tuple[str, str]]:
+        """The (kind, object) pairs it remembers events of."""
+        with self._lock:
+            return {(kind, obj) for kind, obj, _, _ in self._seen}
 
 
 _by_engine: weakref.WeakKeyDictionary[Engine, EventCorrelator] = weakref.WeakKeyDictionary()

@@ -43,6 +43,16 @@ class Engines:
         if self.reader.pool is not self.writer.pool:
             self.reader.dispose()
 
+    def release_idle(self) -> None:
+        """Close the idle pooled connections (new ones are opened on demand; one in use is closed
+        when it is returned) and empty the compiled-statement caches. For after a bulk delete:
+        a connection keeps its SQLite page cache and prepared statements (128 per connection in
+        Python's sqlite3) and the engine its compiled statements, made while the flood came in and
+        spread over the memory it took, which they would keep from the system (BENCHMARKS.md)."""
+        self.dispose()  # SQLAlchemy makes a new, empty pool at once: the engines stay usable
+        self.writer.clear_compiled_cache()
+        self.reader.clear_compiled_cache()
+
 
 def parse_db_url(url: str) -> URL:
     """The SQLAlchemy URL of `url`, or a ValidationError naming what is wrong with it."""

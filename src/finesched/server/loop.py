@@ -45,6 +45,7 @@ from finesched.server.feed import FeedCursor, read_changes, read_workloads, touc
 from finesched.server.lease import Lease, LostLease
 from finesched.server.lifecycle import Backoff
 from finesched.server.locking import LoopLock
+from finesched.server.memory import Trimmer
 from finesched.server.metrics import Metrics, cluster_figures
 from finesched.server.setaside import SetAside, Unusable
 from finesched.server.store import HOLDING, PENDING, REJECTED, Event, NotFound, Store, now
@@ -109,6 +110,8 @@ class SchedulerLoop:
         )  # fmt: skip
         self.waiting = WaitingReasons()
         self.pruner = EventPruner(store, cfg.event_ttl_s, cfg.prune_every_s)
+        #: Gives what the process freed back to the system (server/memory.py), leader or not.
+        self.trimmer = Trimmer()
         self._last_upkeep = 0.0
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -162,6 +165,7 @@ class SchedulerLoop:
                     self._end_deferrals()
                     busy = self._schedule_batch()
                     self._upkeep()
+                self.trimmer.check()  # a follower serves reads and watches too
             except LostLease:
                 log.warning("lost the scheduler lease; following")
                 self._drop()
@@ -363,6 +367,12 @@ class SchedulerLoop:
                     scheduler.queue.cluster_changed()
         self.wake()
 
+    def compact(self) -> None:
+        """Rebuild `queued` at its present size: a dict keeps the table it grew to as entries leave,
+        so after a flood is deleted it would keep room for every deleted workload (4 MB a 100,000)."""
+        with self.lock:
+            self.queued = dict(self.queued)
+
     def _drop_deleted(self, scheduler: Scheduler) -> None:
         """Drop the deleted workloads from the scheduler's queue (called with the loop's lock held)."""
         if self._deleted:
@@ -385,6 +395,8 @@ class SchedulerLoop:
             return
         with self._own_lock:
             objects = touched(events, self._own_events)
+            if not self._own_events:  # drained: a fresh set, not the table a flood's events grew
+                self._own_events = set()
         changes = read_changes(self.store, objects)
         capacity_changed = False
         for name, row in changes.nodes.items():

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import gc
 import logging
 import time
@@ -17,7 +15,7 @@ from finesched.admission import World, admit_workload
 from finesched.errors import ValidationError
 from finesched.model.selector import parse_selector
 from finesched.model.workload import Workload
-from finesched.server import lifecycle, paging
+from finesched.server import lifecycle, memory, paging
 from finesched.server.auth import ADMIN, AGENT, TENANT, Identity
 from finesched.server.authz import ManifestWriter, check_namespaces
 from finesched.server.context import MAX_ITEMS_PER_REQUEST, Caller, Ctx, ServerContext
@@ -198,17 +196,20 @@ def delete_workloads(
         deleted += len(keys)
         released += len(bound)
     if deleted >= 1000:
-        _give_memory_back()
+        _give_memory_back(ctx)
     log.info("deleted %d workloads (namespace %s, selector %r)", deleted, namespace or "*", label_selector or "")
     return {"deleted": deleted, "released": released, "namespace": namespace, "labelSelector": label_selector or ""}
 
 
-def _give_memory_back() -> None:
-    """After a large delete: collect what the deleted workloads left, and let the C allocator return
-    its free pages to the system (glibc keeps them otherwise, and the process stays at its peak)."""
+def _give_memory_back(ctx: ServerContext) -> None:
+    """After a large delete: shrink what grew with the deleted workloads and stays (the loop's table
+    of queued workloads, the database connections' caches), collect, and let the C allocator
+    return its free pages to the system (glibc keeps them otherwise). BENCHMARKS.md ("Fairness
+    under one tenant's flood") has what held the memory and what this gives back."""
+    ctx.loop.compact()
+    ctx.store.engines.release_idle()
     gc.collect()
-    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to ask
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    memory.trim()
 
 
 def _visible_workload(ctx: ServerContext, caller: Identity, namespace: str, name: str) -> dict[str, Any]:

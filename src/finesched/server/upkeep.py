@@ -65,6 +65,8 @@ class WaitingReasons:
     def changes(self, queue: SchedulingQueue, queued: Collection[str]) -> dict[str, str]:
         """Reasons that differ from the last written ones (units not decided yet have none)."""
         if not queued or len(queued) > MAX_EXPLAINED:
+            if self.written:  # what was written of workloads no longer queued (deleted, bound) goes
+                self.written = {k: v for k, v in self.written.items() if k in queued}
             return {}
         changed: dict[str, str] = {}
         for unit, why in queue.waiting():
