@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -390,27 +391,33 @@ def _print_conditions(status: dict[str, Any]) -> None:
 
 def _describe_tenant(name: str, client: Client, output: str) -> None:
     """A tenant: conditions, spec (weight, quota, parent, namespaces) and its events."""
-    item = client.call("GET", f"/v1/tenants/{name}")
-    events = client.call("GET", "/v1/events", params={"kind": "Tenant", "object": name})["items"]
-    if output not in TABLE_OUTPUTS:
-        _dump({**item, "events": events}, output)
-        return
-    out.print(f"[bold]Tenant[/] {escape(name)}")
-    _print_conditions(item["status"])
-    out.print("Spec:     " + escape(json.dumps(item.get("spec") or {}, sort_keys=True)), soft_wrap=True)
-    _print_events(events, output)
+
+    def show(item: dict[str, Any]) -> None:
+        out.print(f"[bold]Tenant[/] {escape(name)}")
+        _print_conditions(item["status"])
+        out.print("Spec:     " + escape(json.dumps(item.get("spec") or {}, sort_keys=True)), soft_wrap=True)
+
+    _describe_with_events(client, output, f"/v1/tenants/{name}", "Tenant", name, show)
 
 
 def _describe_class(name: str, client: Client, output: str) -> None:
     """A priority class: value, default, policy, description and its events (an admin's token sees them)."""
     from finesched.commands.priority_views import print_class
 
-    item = client.call("GET", f"/v1/priorityclasses/{name}")
-    events = client.call("GET", "/v1/events", params={"kind": "PriorityClass", "object": name})["items"]
+    _describe_with_events(client, output, f"/v1/priorityclasses/{name}", "PriorityClass", name,
+                          lambda item: print_class(out, item))  # fmt: skip
+
+
+def _describe_with_events(
+    client: Client, output: str, path: str, kind: str, name: str, show: Callable[[dict[str, Any]], None]
+) -> None:
+    """The object at `path` and its events: dumped whole (json, yaml), or `show`n, then the events."""
+    item = client.call("GET", path)
+    events = client.call("GET", "/v1/events", params={"kind": kind, "object": name})["items"]
     if output not in TABLE_OUTPUTS:
         _dump({**item, "events": events}, output)
         return
-    print_class(out, item)
+    show(item)
     _print_events(events, output)
 
 
