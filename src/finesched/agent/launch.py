@@ -53,7 +53,7 @@ from typing import Any
 from finesched.agent.binding import EXCLUSIVE_QOS, AgentBinding
 from finesched.agent.cgroup_groups import Group, Limits
 from finesched.agent.identity import Identity
-from finesched.agent.sandbox import Sandbox
+from finesched.agent.sandbox import RUNAS, Sandbox
 from finesched.cpuset import CPUSet
 from finesched.model.node import Node
 from finesched.model.resources import CPU, GPU, GPU_CORE, GPU_MEMORY, GPU_MEMORY_RATIO, MEMORY, ResourceVector
@@ -65,8 +65,6 @@ OWNED_PREFIXES = ("FINESCHED_", "NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"
 FIXED_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 #: The root wrapper's whole environment.
 WRAPPER_ENV = {"PATH": FIXED_PATH}
-#: The privilege drop (agent/runas.py), run by the interpreter that runs the agent.
-RUNAS = str(Path(__file__).with_name("runas.py"))
 #: sh -c WRAPPER finesched-run EXIT_FILE N PROCS_FILE_1..N [BWRAP...] RUNAS... COMMAND...
 _WRAPPER = (
     'umask 077; f="$1"; n="$2"; shift 2; '
@@ -231,7 +229,7 @@ def launch(
     env = workload_env(binding, node, cpus, workdir, user_name(identity.uid, binding.tenant))
     joins = group.procs_files() if group is not None else []
     env_fd = _env_file(env)
-    drop = [sys.executable, "-I", "-S", RUNAS, str(env_fd), str(workdir), str(identity.uid), str(identity.gid),
+    drop = [sys.executable, "-I", "-S", str(RUNAS), str(env_fd), str(workdir), str(identity.uid), str(identity.gid),
             "1" if identity.switch else "0", "--"]  # fmt: skip
     argv = ["/bin/sh", "-c", _WRAPPER, "finesched-run", str(exit_file), str(len(joins)), *joins,
             *sandbox.wrap(workdir), *drop, *command]  # fmt: skip

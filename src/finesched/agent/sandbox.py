@@ -10,24 +10,36 @@ privilege drop (agent/runas.py) inside ``bwrap`` with:
   (``finesched up``'s whole data directory: database, tokens, server log) covered by an empty
   tmpfs, and only the workload's own working directory bound back read-write;
 * its own IPC namespace (``--unshare-ipc``); the network is shared (not isolated);
+* what the privilege drop needs bound back read-only where a hidden place covers it: agent/runas.py
+  and the interpreter that runs it (its prefix and base prefix), so an agent installed under
+  ``/tmp`` (a checkout there, a virtual environment) starts sandboxed workloads all the same;
 * ``--die-with-parent``: the sandbox ends with the root wrapper that started it. The wrapper is
   not the agent (it runs in a session of its own and outlives an agent restart), so a restarted
   agent still adopts the workload and reads its exit code.
 
-`Sandbox.check` runs ``bwrap`` once at agent start with these options, so a missing or unusable
-bwrap (no user namespaces for a non-root agent, say) is a clear error then, not a failed workload.
+`Sandbox.check` runs the interpreter in ``bwrap`` once at agent start with these options, reading
+runas.py, so a missing or unusable bwrap (no user namespaces for a non-root agent, say) or a helper
+the sandbox hides is a clear error then, not a failed workload.
 """
 
 from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 SANDBOXES = ("none", "bwrap")
 PACKAGE = "bubblewrap"
+#: The privilege drop the wrapper runs (in the sandbox, before the command), by this interpreter.
+RUNAS = Path(__file__).with_name("runas.py")
+#: What running RUNAS needs: the script, and the interpreter's own files (a virtual environment's
+#: prefix, and the installation it was made from).
+HELPER_PATHS = (RUNAS, Path(sys.prefix), Path(sys.base_prefix))
+#: Directories the sandbox covers with a tmpfs whatever it is told to hide.
+PRIVATE_TMP = (Path("/tmp"), Path("/var/tmp"))
 
 
 class SandboxError(ValueError):
@@ -80,13 +92,17 @@ class Sandbox:
         for parent in reversed(workdir.parents):
             if any(parent != h and parent.is_relative_to(h) for h in hidden):
                 argv += ["--perms", "0711", "--dir", str(parent)]
+        covered = (*PRIVATE_TMP, *hidden)
+        for path in sorted({p.resolve() for p in HELPER_PATHS}):
+            if any(path.is_relative_to(c) for c in covered):
+                argv += ["--ro-bind", str(path), str(path)]
         return [*argv, "--bind", str(workdir), str(workdir), "--"]
 
     def check(self) -> None:
-        """Run ``true`` in the sandbox once (SandboxError with bwrap's own words if it fails)."""
-        probe = self.wrap(Path("/tmp"))
+        """Run the interpreter in the sandbox once, reading runas.py (SandboxError with bwrap's words if it fails)."""
+        probe = [*self.wrap(Path("/tmp")), sys.executable, "-I", "-S", "-c", f"open({str(RUNAS)!r}).close()"]
         try:
-            done = subprocess.run([*probe, "/bin/true"], capture_output=True, text=True, timeout=30, check=False)
+            done = subprocess.run(probe, capture_output=True, text=True, timeout=30, check=False)
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise SandboxError(f"--sandbox bwrap: {self.program} cannot be run: {exc}") from None
         if done.returncode != 0:
