@@ -64,7 +64,6 @@ def _store_tenant(ctx: ServerContext, tenant: Tenant, *, create_only: bool) -> b
 
 @router.post("/tenants", status_code=201)
 def create_tenant(body: TenantBody, ctx: Ctx, caller: AdminCaller) -> dict[str, Any]:
-    caller.require(ADMIN)
     tenant: Tenant = parse_kind(body, "Tenant")
     _store_tenant(ctx, tenant, create_only=True)
     return _tenant_view(ctx, ctx.store.get_tenant(tenant.name))
@@ -72,7 +71,6 @@ def create_tenant(body: TenantBody, ctx: Ctx, caller: AdminCaller) -> dict[str, 
 
 @router.put("/tenants/{name}")
 def put_tenant(name: str, body: TenantBody, ctx: Ctx, caller: AdminCaller) -> dict[str, Any]:
-    caller.require(ADMIN)
     tenant: Tenant = parse_kind(body, "Tenant")
     if tenant.name != name:
         raise InputError([{"loc": ["body", "metadata", "name"], "msg": f"must be {name!r} (the URL's name)"}])
@@ -83,7 +81,6 @@ def put_tenant(name: str, body: TenantBody, ctx: Ctx, caller: AdminCaller) -> di
 @router.patch("/tenants/{name}")
 def patch_tenant(name: str, body: PatchBody, ctx: Ctx, caller: AdminCaller) -> dict[str, Any]:
     """Change some spec fields (weight, quota, ...); the result is validated like a whole manifest."""
-    caller.require(ADMIN)
     row = _tenant_row(ctx, name)
     doc = dict(row["spec"])
     doc["spec"] = {**doc.get("spec", {}), **body}
