@@ -78,7 +78,7 @@ def test_over_quota_waits_and_does_not_fail() -> None:
     assert placed_by_tenant(results) == {"capped": 2, "free": 1}
     waiting = [r for r in results if isinstance(r, QuotaWait)]
     assert [w.workload for w in waiting] == ["default/c2"]
-    assert "tenant capped would exceed its quota: cpu (holds 2000, asks 1000, quota 2000)" in waiting[0].message
+    assert "tenant capped would exceed its quota: cpu (holds 2, asks 1, quota 2)" in waiting[0].message
     # a release brings the tenant under quota: the waiting workload runs on the next run()
     sched.release("default/c0")
     assert [r.workload for r in sched.run() if isinstance(r, Binding)] == ["default/c2"]

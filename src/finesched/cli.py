@@ -18,6 +18,7 @@ from finesched import __version__
 from finesched.codec import MAX_BITS, CodecError, decode, encode
 from finesched.errors import ValidationError
 from finesched.model.manifest import Manifests, load_manifests, read_manifests
+from finesched.model.resources import human_amounts
 
 app = typer.Typer(
     name="finesched",
@@ -82,7 +83,7 @@ def validate(files: Annotated[list[Path], typer.Argument(help="Manifest files (Y
     rows += [("Tenant", tenant.name, f"weight {tenant.weight:g}") for tenant in manifests.tenants]
     rows += [("Node", node.name, _node_summary(node)) for node in manifests.nodes]
     for w in manifests.workloads:
-        asks = ", ".join(f"{k}={v}" for k, v in w.requests.to_quantities().items()) or "nothing"
+        asks = human_amounts(w.requests) or "nothing"
         priority = f", priority {w.priority}" + (f" ({w.priority_class_name})" if w.priority_class_name else "")
         rows.append(("Workload", w.key, f"{w.qos}, asks {asks}{priority if w.priority else ''}"))
     rows += [("Job", f"{job.namespace}/{job.name}", f"{job.mode}, {len(job.tasks)} tasks") for job in manifests.jobs]
@@ -101,7 +102,7 @@ def _node_summary(node: object) -> str:
     from finesched.model.node import Node
 
     assert isinstance(node, Node)
-    parts = [", ".join(f"{k}={v}" for k, v in node.allocatable.to_quantities().items())]
+    parts = [human_amounts(node.allocatable)]
     if node.cpu_topology is not None:
         topo = node.cpu_topology
         parts.append(f"{len(topo.cpus)} CPUs/{len(topo.socket_ids)} sockets/{len(topo.numa_ids)} NUMA")

@@ -35,7 +35,7 @@ import numbers
 import re
 from typing import Final
 
-__all__ = ["KINDS", "MAX_QUANTITY", "QuantityError", "format_quantity", "parse_quantity"]
+__all__ = ["KINDS", "MAX_QUANTITY", "QuantityError", "format_quantity", "human_quantity", "parse_quantity"]
 
 KINDS: Final = ("cpu", "bytes", "count")
 
@@ -131,6 +131,46 @@ def format_quantity(value: int, kind: str) -> str:
     else:
         candidates = _decimal_forms(value)
     return min(candidates, key=len)  # min() keeps the first of equally short candidates
+
+
+def human_quantity(value: int, kind: str) -> str:
+    """An amount as every human view shows it (CLI tables, describe, event text, the console).
+
+    Kubernetes' forms, and only two rules to learn:
+
+    * cpu: whole cores as a plain number, anything else in millicores, as ``kubectl describe``
+      writes them: 4000 -> "4", 500 -> "500m", 1500 -> "1500m".
+    * bytes: below 1Ki the number itself; else the largest binary suffix (Ki, Mi, Gi, Ti, Pi, Ei)
+      under which the amount is at least 1. A whole number is exact ("16Gi", "1Ki"); anything
+      else is rounded half up to one decimal and always shows that decimal ("1.5Gi", "9.6Gi",
+      "10.0Gi" for 10Gi less a byte), so a whole number never hides a remainder. A rounding that
+      reaches 1024 moves to the next suffix ("1.0Mi", never "1024.0Ki").
+    * count: the number itself.
+
+    Zero is "0"; a negative amount (a delta) gets a leading "-". Exact integers stay in the
+    ``-o json|yaml`` outputs and the API; this is for reading at a glance. The console's
+    ``quantity()`` (server/console/static/dom.js) follows the same rules, checked against the same
+    table (tests/test_quantity_views.py).
+    """
+    _check_kind(kind)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"human_quantity needs an int amount, got {type(value).__name__} {value!r}")
+    if value < 0:
+        return "-" + human_quantity(-value, kind)
+    if kind == "cpu":
+        return str(value // 1000) if value % 1000 == 0 else f"{value}m"
+    if kind == "count" or value < 1024:
+        return str(value)
+    names = tuple(_BINARY_SUFFIXES)
+    unit = min((value.bit_length() - 1) // 10, len(names)) - 1  # the largest 1024**(unit+1) <= value
+    while True:
+        scale = 1 << (10 * (unit + 1))
+        if value % scale == 0:
+            return f"{value // scale}{names[unit]}"
+        tenths = (value * 20 + scale) // (2 * scale)  # round(value * 10 / scale), halves up
+        if tenths < 10240 or unit == len(names) - 1:
+            return f"{tenths // 10}.{tenths % 10}{names[unit]}"
+        unit += 1
 
 
 def _decimal_forms(n: int) -> list[str]:

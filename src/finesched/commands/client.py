@@ -25,6 +25,7 @@ from rich.table import Table
 from finesched.commands.node_view import render_node
 from finesched.commands.tables import TABLE_OUTPUTS, Columns, col, event_time, print_table, simple_table
 from finesched.model.manifest import load_manifests, to_manifest
+from finesched.model.resources import human_amount, human_amounts
 from finesched.tls import TransportError, client_options
 
 out = Console(highlight=False)
@@ -244,7 +245,7 @@ def _devices_text(devices: dict[str, list[dict[str, Any]]]) -> str:
     parts = []
     for kind, grants in devices.items():
         for grant in grants:
-            amounts = ",".join(f"{k}={v}" for k, v in grant.get("resources", {}).items())
+            amounts = ",".join(f"{k}={human_amount(k, v)}" for k, v in grant.get("resources", {}).items())
             parts.append(f"{kind}{grant['minor']}({amounts})")
     return " ".join(parts)
 
@@ -274,7 +275,7 @@ def _nodes_table(items: list[dict[str, Any]], wide: bool) -> Table:
         state = ("Ready" if status["ready"] else "NotReady") + (",cordoned" if status["cordoned"] else "")
         NODE_COLUMNS.add_row(table, escape(item["metadata"]["name"]), state,
                              str(len(allocation.get("workloads", []))), status.get("heartbeat") or "-",
-                             escape(", ".join(f"{k}={v}" for k, v in (item["spec"].get("allocatable") or {}).items())),
+                             escape(human_amounts(item["spec"].get("allocatable") or {})),
                              escape(_conditions_text(status)), wide=wide)  # fmt: skip
     return table
 
@@ -283,7 +284,7 @@ def _tenants_table(items: list[dict[str, Any]], wide: bool) -> Table:
     rows = []
     for item in items:
         spec = item["spec"] or {}
-        quota = ", ".join(f"{k}={v}" for k, v in (spec.get("quota") or {}).items())
+        quota = human_amounts(spec.get("quota") or {})
         namespaces = ", ".join(spec.get("namespaces") or ())
         rows.append((escape(item["metadata"]["name"]), str(spec.get("weight", 1.0)), escape(quota) or "-",
                      escape(namespaces) or "-", escape(_conditions_text(item["status"]))))  # fmt: skip
@@ -368,7 +369,7 @@ def describe(
         out.print(f"Node:     {escape(binding['node'])}   acked: {binding.get('acked', False)}")
         out.print(f"Cpuset:   {binding['cpuset'] or '-'}")
         out.print(f"Devices:  {escape(_devices_text(binding['devices'])) or '-'}")
-        numa = ", ".join(f"numa{g['numa']}: " + ",".join(f"{k}={v}" for k, v in g["resources"].items())
+        numa = ", ".join(f"numa{g['numa']}: " + human_amounts(g["resources"]).replace(", ", ",")
                          for g in binding.get("numa", []))  # fmt: skip
         out.print(f"NUMA:     {escape(numa) or '-'}")
     info = status.get("info") or {}

@@ -15,8 +15,7 @@ from pathlib import Path
 from finesched.errors import ValidationError
 from finesched.model.binding import Binding
 from finesched.model.manifest import load_manifests
-from finesched.model.resources import GPU, GPU_CORE, GPU_MEMORY, GPU_MEMORY_RATIO
-from finesched.quantity import format_quantity
+from finesched.model.resources import GPU, GPU_CORE, GPU_MEMORY, GPU_MEMORY_RATIO, human_amount
 from finesched.state.device_wire import encode_node_devices
 
 
@@ -55,7 +54,7 @@ def format_grants(binding: Binding) -> str:
                 if GPU_CORE in amounts:
                     shown.append(f"{amounts[GPU_CORE]}% core")
                 if GPU_MEMORY in amounts:
-                    shown.append(format_quantity(amounts[GPU_MEMORY], "bytes"))
+                    shown.append(human_amount(GPU_MEMORY, amounts[GPU_MEMORY]))
                 elif GPU_MEMORY_RATIO in amounts:
                     shown.append(f"{amounts[GPU_MEMORY_RATIO]}% memory")
             else:

@@ -33,7 +33,7 @@ from finesched.dataflow.report import compiled_record, slot_records
 from finesched.errors import ErrorDetail, ValidationError
 from finesched.model.job import Job
 from finesched.model.manifest import load_manifests, to_manifest
-from finesched.quantity import format_quantity
+from finesched.quantity import human_quantity
 from finesched.sched.diagnosis import FitError
 from finesched.tls import TransportError, client_options
 
@@ -146,7 +146,7 @@ def _place(job: Job, compiled: CompiledJob, files: list[Path], profile: str) -> 
 
 
 def _bytes(value: int) -> str:
-    return format_quantity(value, "bytes") if value else "0"
+    return human_quantity(value, "bytes")
 
 
 GROUP_COLUMNS = Columns(
@@ -186,7 +186,7 @@ def _tables(compiled: CompiledJob, wide: bool = False) -> list[Table]:
         breakdown = ", ".join(f"{label} {_bytes(v)}" for label, v in parts if v)
         extra = ", ".join([f"gpu {p.gpu}"] * bool(p.gpu) + [f"{k} {v}" for k, v in p.extended])
         row = (name, ", ".join(t for t in order if t in tasks), str(compiled.group_slots[name]))
-        GROUP_COLUMNS.add_row(groups, *row, format_quantity(p.cpu, "cpu"), _bytes(p.memory), breakdown, extra,
+        GROUP_COLUMNS.add_row(groups, *row, human_quantity(p.cpu, "cpu"), _bytes(p.memory), breakdown, extra,
                               wide=wide)  # fmt: skip
     how = "weight / Σ weights" if compiled.weighted_fractions else "1/n of the users"
     rule = "op managed / group managed" if compiled.specified else how
@@ -212,7 +212,7 @@ def _tables(compiled: CompiledJob, wide: bool = False) -> list[Table]:
         for group, index in partial:
             p = compiled.slot_profile(group, index)
             quotas = ", ".join(f"{op}={_bytes(v)}" for op, v in compiled.slot_quotas(group, index).items() if v)
-            row = (group, str(index), ", ".join(compiled.slot_tasks(group, index)), format_quantity(p.cpu, "cpu"))
+            row = (group, str(index), ", ".join(compiled.slot_tasks(group, index)), human_quantity(p.cpu, "cpu"))
             PARTIAL_COLUMNS.add_row(slots, *row, _bytes(p.memory), quotas, wide=wide)
         tables.append(slots)
     return tables

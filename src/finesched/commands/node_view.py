@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from finesched.commands.tables import Columns, col, event_time, print_table, simple_table
+from finesched.model.resources import human_amount, human_amounts
 
 SIMULATED_LABEL = "finesched.io/simulated"
 DEVICE_COLUMNS = Columns(col("type"), col("minor", right=True), col("uuid", wide=True), col("healthy", keep=True),
@@ -33,12 +34,13 @@ def render_node(out: Console, item: dict[str, Any], events: list[dict[str, Any]]
     out.print(f"State:       {state}   heartbeat: {status.get('heartbeat') or '-'}")
     labels = ", ".join(f"{k}={v}" for k, v in (meta.get("labels") or {}).items())
     out.print(f"Labels:      {escape(labels) or '-'}")
-    allocatable = ", ".join(f"{k}={v}" for k, v in (spec.get("allocatable") or {}).items())
+    allocatable = human_amounts(spec.get("allocatable") or {})
     out.print(f"Allocatable: {escape(allocatable) or '-'}")
     allocation = status.get("allocation") or {}
     used = allocation.get("resources") or {}
     if used:
-        out.print("Allocated:   " + escape(", ".join(f"{k} {v['used']}/{v['allocatable']}" for k, v in used.items())))
+        shown = (f"{k} {human_amount(k, v['used'])}/{human_amount(k, v['allocatable'])}" for k, v in used.items())
+        out.print("Allocated:   " + escape(", ".join(shown)))
     if allocation.get("workloads"):
         out.print(f"Workloads:   {escape(', '.join(allocation['workloads']))}")
     for source, how in (discovery.get("sources") or {}).items():
@@ -72,7 +74,7 @@ def _devices(out: Console, devices: list[dict[str, Any]], health: dict[str, Any]
         reported = health.get(device["type"], {}).get(str(device["minor"]))
         healthy = device.get("health", True) if reported is None else reported
         note = "SIMULATED" if (device.get("labels") or {}).get(SIMULATED_LABEL) == "true" else ""
-        resources = ", ".join(f"{k}={v}" for k, v in (device.get("resources") or {}).items())
+        resources = human_amounts(device.get("resources") or {})
         uuid = escape(device.get("uuid") or "-")
         DEVICE_COLUMNS.add_row(table, escape(device["type"]), str(device["minor"]), uuid, str(healthy),
                                str(device.get("numa", "-")), escape(resources), note, wide=wide)  # fmt: skip

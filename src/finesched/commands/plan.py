@@ -30,6 +30,7 @@ from finesched.commands.tables import Columns, col, print_table, simple_table
 from finesched.errors import ErrorDetail
 from finesched.model.binding import Binding, DeviceGrant
 from finesched.model.manifest import Manifests
+from finesched.model.resources import human_amount, human_amounts
 from finesched.model.workload import Workload
 from finesched.plugins.resource_status import ANNOTATION_RESOURCE_STATUS, node_report
 from finesched.sched.framework import Preemption
@@ -191,7 +192,7 @@ def format_numa(record: Mapping[str, Any]) -> str:
     pools an LS workload is bound to (Koordinator's resource-status ``cpuSharedPools``)."""
     parts = []
     for numa, amounts in (record.get("numaResources") or {}).items():
-        parts.append(f"numa {numa}: " + ", ".join(f"{k}={v}" for k, v in amounts.items()))
+        parts.append(f"numa {numa}: " + human_amounts(amounts))
     status = json.loads((record.get("annotations") or {}).get(ANNOTATION_RESOURCE_STATUS, "{}"))
     pools = status.get("cpuSharedPools") or []
     if pools:
@@ -241,22 +242,31 @@ NODE_COLUMNS = Columns(
 
 def node_reports_table(reports: Sequence[Mapping[str, Any]], *, wide: bool = False) -> Table:
     """The nodes' NUMA zones, pools and pinned workloads (``finesched plan --show-nodes``)."""
-    title = "Nodes: NUMA zones (cpu and memory free/allocatable), CPU pools, pinned workloads"
+    title = "Nodes: NUMA zones (cpu and memory free/allocatable; shared: held in no zone), CPU pools, pinned workloads"
     table = NODE_COLUMNS.table(title, wide=wide)
     for report in reports:
         pinned = "\n".join(f"{p['namespace']}/{p['name']} {p['cpuset']}" for p in report["podCPUAllocs"]) or "-"
         shared = {p["node"]: p["cpuset"] for p in report.get("cpuSharedPools", ())}
         be = {p["node"]: p["cpuset"] for p in report.get("beCPUSharedPools", ())}
-        zones = report["zones"] or [{"name": "-", "resources": []}]
-        for k, zone in enumerate(zones):
-            res = {r["name"]: f"{r['available']}/{r['allocatable']}" for r in zone["resources"]}
-            nid = int(zone["name"][5:]) if zone["name"].startswith("node-") else -1
+        rows = [_zone_row(zone) for zone in report["zones"]] or [("-", "-", "-")]
+        unbound = report.get("unboundUse")
+        if report["zones"] and unbound:  # held outside any zone (the LS shared pool's): from any of them
+            rows.append(("shared", *(f"{human_amount(r, unbound.get(r, '0'))} used" for r in ("cpu", "memory"))))
+        for k, (numa, cpu, memory) in enumerate(rows):
+            nid = int(numa) if numa.isdigit() else -1
             NODE_COLUMNS.add_row(
-                table, report["name"] if k == 0 else "", str(nid) if nid >= 0 else "-", res.get("cpu", "-"),
-                res.get("memory", "-"),
+                table, report["name"] if k == 0 else "", numa, cpu, memory,
                 shared.get(nid, "-"), be.get(nid, "-"), escape(pinned) if k == 0 else "", wide=wide,
             )  # fmt: skip
     return table
+
+
+def _zone_row(zone: Mapping[str, Any]) -> tuple[str, str, str]:
+    """(NUMA id, cpu free/allocatable, memory free/allocatable) of one ``node-<id>`` zone."""
+    res = {r["name"]: f"{human_amount(r['name'], r['available'])}/{human_amount(r['name'], r['allocatable'])}"
+           for r in zone["resources"]}  # fmt: skip
+    numa = zone["name"][5:] if zone["name"].startswith("node-") else "-"
+    return numa, res.get("cpu", "-"), res.get("memory", "-")
 
 
 def server_plan_problem(manifests: Manifests, offline_flags: Sequence[str]) -> tuple[str, int] | None:

@@ -25,7 +25,7 @@ import pydantic_core
 from pydantic import PlainSerializer, PlainValidator
 from pydantic_core import InitErrorDetails, PydanticCustomError, core_schema
 
-from finesched.quantity import QuantityError, format_quantity, parse_quantity
+from finesched.quantity import QuantityError, format_quantity, human_quantity, parse_quantity
 
 Kind = Literal["cpu", "bytes", "count"]
 
@@ -81,6 +81,26 @@ def resource_kind(name: str) -> Kind:
     if short in _BYTE_NAMES or short.startswith("hugepages-"):
         return "bytes"
     return "count"
+
+
+def human_amount(name: str, value: int | str) -> str:
+    """An amount of resource `name` as every human view shows it (`quantity.human_quantity`:
+    "500m", "4", "9.6Gi"). `value` may be the exact integer or the API's quantity text ("4Gi",
+    "10307921510"), which is read first; text that is no quantity is shown as it is."""
+    kind = resource_kind(name)
+    if isinstance(value, str):
+        try:
+            value = parse_quantity(value, kind, allow_negative=True)
+        except QuantityError:
+            return value
+    if isinstance(value, bool) or not isinstance(value, int):
+        return str(value)
+    return human_quantity(value, kind)
+
+
+def human_amounts(amounts: Mapping[str, int | str], sep: str = "=") -> str:
+    """``cpu=500m, memory=9.6Gi``: every amount of `amounts` through `human_amount`."""
+    return ", ".join(f"{name}{sep}{human_amount(name, value)}" for name, value in amounts.items())
 
 
 def check_name(name: object) -> str | None:

@@ -6,7 +6,10 @@
   ``numaNodeResources`` [{node, resources}] with Kubernetes quantity strings).
 * `node_report`: a NodeResourceTopology-like view of one node as plain data (zones
   ``node-<id>`` with capacity / allocatable / available, the kubelet policy, cpu topology,
-  pod CPU allocations, shared and BE pools; PROTOCOLS.md sections 2 and 3), for the API.
+  pod CPU allocations, shared and BE pools; PROTOCOLS.md sections 2 and 3), for the API, and
+  ``unboundUse``: the cpu and memory the node's workloads hold outside their per-NUMA grants. An LS
+  workload runs in the shared pool across NUMA nodes, so its memory is granted to no zone yet
+  taken from the node: the zones alone looked free on a full node.
   (``finesched plan --show-nodes`` renders it as a table: `finesched.commands.plan.node_reports_table`.)
 """
 
@@ -126,6 +129,7 @@ def node_report(state: ClusterState, name: str) -> dict[str, Any]:
             if b.cpuset
         ],
         "zones": _zones(node.numa_ids, cpus, i, node),
+        "unboundUse": unbound_use(bindings),
     }
     if cpus is not None and cpus.topo[i] is not None:
         topo = cpus.topo[i]
@@ -142,6 +146,17 @@ def node_report(state: ClusterState, name: str) -> dict[str, Any]:
         if cpus.config[i].problems:
             report["problems"] = list(cpus.config[i].problems)
     return report
+
+
+def unbound_use(bindings: Iterable[Binding]) -> dict[str, str]:
+    """cpu and memory the bindings hold beyond their per-NUMA grants (quantity strings): the LS
+    shared pool's and BE's use, and memory an exclusive workload was not granted per zone."""
+    out = {CPU: 0, MEMORY: 0}
+    for binding in bindings:
+        for name in out:
+            granted = sum(g.resources.get(name, 0) for g in binding.numa)
+            out[name] += max(binding.requests.get(name, 0) - granted, 0)
+    return {CPU: format_quantity(out[CPU], "cpu"), MEMORY: format_quantity(out[MEMORY], "bytes")}
 
 
 def _zones(numa_ids: tuple[int, ...], cpus: Any, i: int, node: Any) -> list[dict[str, Any]]:

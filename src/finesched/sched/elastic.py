@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from finesched.errors import ErrorDetail, ValidationError
-from finesched.model.resources import PODS, translate_gpu_shortcuts
+from finesched.model.resources import PODS, human_amount, translate_gpu_shortcuts
 from finesched.model.tenant import Tenant
 
 Amounts = Mapping[str, int]
@@ -137,7 +137,7 @@ class QuotaTree:
         hard = self.hard.get(tenant)
         if hard:
             over = [
-                f"{n} (holds {mine.get(n, 0)}, asks {demand.get(n, 0)}, quota {limit})"
+                _excess(n, mine.get(n, 0), demand.get(n, 0), "quota", limit)
                 for n, limit in hard.items()
                 if mine.get(n, 0) + demand.get(n, 0) > limit
             ]
@@ -151,7 +151,7 @@ class QuotaTree:
                 continue
             sub = self.subtree_held(t, held) if t in self.children else dict(held(t))
             over = [
-                f"{n} (holds {sub.get(n, 0)}, asks {demand.get(n, 0)}, max {cap})"
+                _excess(n, sub.get(n, 0), demand.get(n, 0), "max", cap)
                 for n, cap in limit.items()
                 if sub.get(n, 0) + demand.get(n, 0) > cap
             ]
@@ -205,3 +205,9 @@ class QuotaTree:
         if tenant not in self.names:
             return None
         return next((a for a in self.ancestors(tenant) if a in self.min), None)
+
+
+def _excess(name: str, holds: int, asks: int, bound: str, limit: int) -> str:
+    """``cpu (holds 4, asks 8, max 4)``: amounts in a reason as every view shows them (`human_amount`)."""
+    holds_, asks_, limit_ = (human_amount(name, v) for v in (holds, asks, limit))
+    return f"{name} (holds {holds_}, asks {asks_}, {bound} {limit_})"

@@ -8,7 +8,8 @@
   Guaranteed), ``LSR`` (held exclusively, shared with BE only), ``LS`` (the shared pool) or
   ``reserved`` (kubelet reserved CPUs); `be` says whether BE workloads may run there (the BE
   pool: every CPU not held by an LSE-like workload).
-* **NUMA zones**: cpu and memory capacity, allocatable and available per zone (`node_report`).
+* **NUMA zones**: cpu and memory capacity, allocatable and available per zone, and what
+  the workloads hold outside any zone (`node_report`'s ``unboundUse``: the LS shared pool's).
 * **Report**: the agent's last S0.2 report as it sent it (`k`, `count`, `bits` per dimension),
   with the per-device values decoded beside it.
 
@@ -100,6 +101,7 @@ def node_page(data: NodeInput, row: Mapping[str, Any], visible: set[str] | None)
         "cpus": _cpus(data, shown),
         "pools": _pools(data, shown),
         "zones": data.report.get("zones", []),
+        "unboundUse": data.report.get("unboundUse", {}),
         "numaZones": [{"id": z.id, "memory": z.memory} for z in node.numa_zones] if node.numa_zones else [],
         "report": _report(row.get("report"), data.devices, shown, private=visible is not None),
         "workloads": sorted(

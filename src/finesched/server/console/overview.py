@@ -23,7 +23,7 @@ import numpy as np
 import numpy.typing as npt
 
 from finesched.model.binding import Binding
-from finesched.model.resources import CPU, GPU, GPU_CORE, PODS, resource_kind, translate_gpu_shortcuts
+from finesched.model.resources import CPU, GPU, GPU_CORE, PODS, human_amount, resource_kind, translate_gpu_shortcuts
 from finesched.model.workload import Workload
 from finesched.plugins.deviceshare.request import InvalidDeviceRequest, normalize_device_request
 from finesched.plugins.fragmentation.index import accessible, fragment_terms
@@ -169,29 +169,13 @@ def resources_view(data: OverviewInput) -> list[dict[str, Any]]:
 
 
 def amount_text(name: str, value: int, percent_dims: Collection[str]) -> str:
-    """An amount as people read it at a glance (2 decimals at most): cpu in cores ("102.5"), bytes
-    in binary units ("463Gi", "1.5Ti"), device dimensions counted in percent of one device (DESIGN.md
-    units) as devices ("2.5" GPUs of gpu-core), other counts as they are."""
-    kind = resource_kind(name)
+    """An amount as every view shows it (`human_amount`: "102500m", "463Gi", "1.5Ti"), except device
+    dimensions counted in percent of one device (DESIGN.md units), shown as devices ("2.5" GPUs of
+    gpu-core)."""
     if name in percent_dims:
-        return _decimals(value / 100)
-    if kind == "cpu":
-        return _decimals(value / 1000)
-    if kind == "bytes":
-        scaled, unit = float(value), 0
-        while abs(scaled) >= 1024 and unit < len(BINARY_UNITS) - 1:
-            scaled, unit = scaled / 1024, unit + 1
-        return _decimals(scaled, 1) + BINARY_UNITS[unit]
-    return f"{value:,}"
-
-
-BINARY_UNITS = ("", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei")
-
-
-def _decimals(value: float, places: int = 2) -> str:
-    """`value` with at most `places` decimals and thousands separators: 46035.75 -> "46,035.75"."""
-    text = f"{value:,.{places}f}"
-    return text.rstrip("0").rstrip(".") if "." in text else text
+        text = f"{value / 100:,.2f}"
+        return text.rstrip("0").rstrip(".")
+    return human_amount(name, value)
 
 
 def typical_request(bindings: Iterable[Binding], queued: Iterable[Workload]) -> tuple[TargetWorkload, bool]:

@@ -70,24 +70,77 @@ export function pct(fraction, digits = 1) {
   return `${(100 * (fraction || 0)).toFixed(digits)} %`;
 }
 
-const BINARY = ["", "Ki", "Mi", "Gi", "Ti", "Pi"];
+// Amounts: the same rules as finesched.quantity.human_quantity (Python), checked against the same
+// table (tests/quantity_table.py). cpu: whole cores "4", else millicores "500m". bytes: below 1Ki the
+// number; else the largest binary suffix under which it is at least 1, a whole number when exact
+// ("16Gi"), else rounded half up to one decimal that is always shown ("9.6Gi", "10.0Gi"). counts: the
+// number. BigInt throughout: no float rounding, and the API's decimal text beyond 2^53 stays exact.
+const BINARY = ["Ki", "Mi", "Gi", "Ti", "Pi", "Ei"];
+const DECIMAL = { n: -9, u: -6, m: -3, "": 0, k: 3, M: 6, G: 9, T: 12, P: 15, E: 18 };
+const ALIASED = new Set(["gpu-core", "gpu-memory", "gpu-memory-ratio", "gpu", "gpu.shared", "rdma", "fpga"]);
+const BYTE_NAMES = new Set(["memory", "ephemeral-storage", "storage", "gpu-memory"]);
 
-// Bytes as Kubernetes writes them when exact ("16Gi"), else one decimal ("1.5Gi").
-export function bytes(value) {
-  let v = Number(value) || 0;
-  let unit = 0;
-  while (Math.abs(v) >= 1024 && unit < BINARY.length - 1) {
-    v /= 1024;
+// How amounts of resource `name` are counted (finesched.model.resources.resource_kind).
+export function kindOf(name) {
+  let short = String(name);
+  for (const prefix of ["koordinator.sh/", "kubernetes.io/"]) {
+    if (short.startsWith(prefix) && ALIASED.has(short.slice(prefix.length))) short = short.slice(prefix.length);
+  }
+  if (short === "cpu") return "cpu";
+  return BYTE_NAMES.has(short) || short.startsWith("hugepages-") ? "bytes" : "count";
+}
+
+// An exact amount in the kind's unit (millicores, bytes, things) as a BigInt, from an integer or the
+// API's quantity text ("4Gi", "500m", "10307921510"); null for anything else.
+function exact(value, kind) {
+  if (typeof value === "bigint") return value;
+  if (typeof value === "number") return Number.isSafeInteger(value) ? BigInt(value) : null;
+  const match = /^(-?)([0-9]+)(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]?)$/.exec(String(value));
+  if (!match) return null;
+  let v = BigInt(match[2]);
+  const suffix = match[3];
+  if (BINARY.includes(suffix)) v <<= BigInt(10 * (BINARY.indexOf(suffix) + 1));
+  let exp = (DECIMAL[suffix] || 0) + (kind === "cpu" ? 3 : 0);
+  for (; exp > 0; exp -= 1) v *= 10n;
+  for (; exp < 0; exp += 1) {
+    if (v % 10n) return null; // below the unit: not an amount the API writes
+    v /= 10n;
+  }
+  return match[1] ? -v : v;
+}
+
+export function quantity(value, kind) {
+  const v = exact(value, kind);
+  if (v === null) return String(value);
+  if (v < 0n) return `-${quantity(-v, kind)}`;
+  if (kind === "cpu") return v % 1000n === 0n ? String(v / 1000n) : `${v}m`;
+  if (kind !== "bytes" || v < 1024n) return String(v);
+  let unit = Math.min(Math.floor((v.toString(2).length - 1) / 10), BINARY.length) - 1;
+  for (;;) {
+    const scale = 1n << BigInt(10 * (unit + 1));
+    if (v % scale === 0n) return `${v / scale}${BINARY[unit]}`;
+    const tenths = (v * 20n + scale) / (2n * scale); // round(v * 10 / scale), halves up
+    if (tenths < 10240n || unit === BINARY.length - 1) return `${tenths / 10n}.${tenths % 10n}${BINARY[unit]}`;
     unit += 1;
   }
-  return `${Number.isInteger(v) ? v : v.toFixed(1)}${BINARY[unit]}`;
+}
+
+// An amount of resource `name` as every view shows it ("500m", "9.6Gi", "8").
+export function resourceAmount(name, value) {
+  return quantity(value, kindOf(name));
+}
+
+// "cpu=500m, memory=9.6Gi" ("-" when there are none).
+export function resourceAmounts(map) {
+  const entries = Object.entries(map || {});
+  return entries.length ? entries.map(([k, v]) => `${k}=${resourceAmount(k, v)}`).join(", ") : "-";
 }
 
 // A device dimension's amount for people: bytes for gpu-memory, percent of one device otherwise.
-// (The /v1 binding views write quantities as text, "4Gi": shown as they are.)
+// (The /v1 binding views write quantities as text, "4Gi": read, then shown the same way.)
 export function deviceAmount(dim, value) {
-  if (typeof value === "string") return dim === "gpu-memory" || /[a-zA-Z]/.test(value) ? value : `${value}%`;
-  return dim === "gpu-memory" ? bytes(value) : `${value}%`;
+  if (dim === "gpu-memory") return quantity(value, "bytes");
+  return typeof value === "string" && /[a-zA-Z]/.test(value) ? value : `${value}%`;
 }
 
 // One device grant as the CLI writes it: "gpu 0: 50% core, 20Gi", "rdma 1: 100%".

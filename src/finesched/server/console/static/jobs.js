@@ -4,7 +4,7 @@
 // slot's binding) and its events.
 
 import { api, apiAll } from "./api.js";
-import { amounts, h, keyValues, nodeLink, phaseBadge, section, table, workloadLink } from "./dom.js";
+import { h, keyValues, nodeLink, phaseBadge, resourceAmounts, section, table, workloadLink } from "./dom.js";
 import { devicesText } from "./workloads.js";
 
 const GROUP = "finesched.io/slot-sharing-group";
@@ -118,7 +118,7 @@ function draw(key, job, workloads) {
       "Slot sharing groups",
       table(
         ["group", "slots", "phases", "requests per slot"],
-        [...groups].map(([group, members]) => [group, String(members.length), [...new Set(members.map((w) => w.status.phase))].join(", "), amounts(members[0].spec.requests)]),
+        [...groups].map(([group, members]) => [group, String(members.length), [...new Set(members.map((w) => w.status.phase))].join(", "), resourceAmounts(members[0].spec.requests)]),
         { cls: "groups" },
       ),
     ),

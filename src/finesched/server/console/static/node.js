@@ -3,7 +3,7 @@
 // coloured by pool and labelled with the workload holding it), NUMA zones, and the agent's report.
 
 import { api } from "./api.js";
-import { amounts, bytes, colorFor, deviceAmount, h, keyValues, meter, s, section, table, workloadLink } from "./dom.js";
+import { amounts, colorFor, deviceAmount, h, keyValues, meter, resourceAmount, s, section, table, workloadLink } from "./dom.js";
 
 export function mount(main, [name]) {
   const root = h("div", { id: "node-page" }, h("p", { class: "muted" }, "Loading…"));
@@ -32,7 +32,7 @@ function draw(node) {
     section("Resources", resourceTable(node.resources)),
     section("Devices", devices(node.devices)),
     section("CPUs", cpuLegend(), topology(node.cpus), pools(node.pools)),
-    section("NUMA zones", zones(node.zones)),
+    section("NUMA zones", zones(node.zones, node.unboundUse)),
     section("Workloads here", workloadTable(node.workloads)),
     section("Agent report (S0.2 encoding, as sent)", report(node.report)),
   ];
@@ -50,18 +50,12 @@ function resourceTable(resources) {
     ["resource", "allocatable", "allocated", "free", ""],
     Object.entries(resources).map(([name, r]) => [
       name,
-      scalar(name, r.allocatable),
-      scalar(name, r.allocated),
-      scalar(name, r.free),
+      resourceAmount(name, r.allocatable),
+      resourceAmount(name, r.allocated),
+      resourceAmount(name, r.free),
       meter(r.allocated / r.allocatable),
     ]),
   );
-}
-
-function scalar(name, value) {
-  if (name === "cpu") return value % 1000 ? `${value}m` : String(value / 1000);
-  if (name === "memory" || name.endsWith("storage")) return bytes(value);
-  return String(value);
 }
 
 // Devices -----------------------------------------------------------------------------------------------
@@ -229,12 +223,20 @@ function pools(p) {
 }
 
 // Zones, workloads, report ----------------------------------------------------------------------------------
-function zones(list) {
+// Each zone's cpu and memory left by the workloads bound to it, then what the others (the LS shared
+// pool's, BE's) hold of the node without a zone: taken from any of them.
+function zones(list, unbound) {
   const cell = (zone, name) => {
     const r = zone.resources.find((x) => x.name === name);
-    return r ? `${r.available} free of ${r.allocatable} (capacity ${r.capacity})` : "-";
+    const [free, allocatable, capacity] = r ? [r.available, r.allocatable, r.capacity].map((v) => resourceAmount(name, v)) : [];
+    return r ? `${free} free of ${allocatable} (capacity ${capacity})` : "-";
   };
-  return table(["zone", "cpu", "memory"], list.map((z) => [z.name, cell(z, "cpu"), cell(z, "memory")]), { empty: "no NUMA zones" });
+  const rows = list.map((z) => h("tr", { "data-zone": z.name }, [z.name, cell(z, "cpu"), cell(z, "memory")].map((c) => h("td", {}, c))));
+  if (list.length && unbound) {
+    const used = (name) => `${resourceAmount(name, unbound[name] || 0)} in use`;
+    rows.push(h("tr", { "data-zone": "unbound" }, [h("td", {}, "no zone (LS shared pool, BE): taken from any zone"), h("td", {}, used("cpu")), h("td", {}, used("memory"))]));
+  }
+  return table(["zone", "cpu", "memory"], rows, { empty: "no NUMA zones" });
 }
 
 function workloadTable(list) {

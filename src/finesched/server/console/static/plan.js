@@ -3,7 +3,7 @@
 // back with every problem's field path, shown per document with the line the document starts on.
 
 import { api } from "./api.js";
-import { amounts, colorFor, errorLines, grantText, h, nodeLink, section, table } from "./dom.js";
+import { colorFor, errorLines, grantText, h, nodeLink, resourceAmounts, section, table } from "./dom.js";
 
 const EXAMPLE = `apiVersion: finesched.io/v1alpha1
 kind: Workload
@@ -70,7 +70,7 @@ function placement(r) {
   const parts = [];
   if (r.evictedBy) parts.push(h("div", { class: "bad" }, `then evicted by ${r.evictedBy} (${r.evictionReason || ""})`));
   if (r.cpuset) parts.push(h("div", {}, "cpuset ", h("code", { class: "cpuset" }, r.cpuset)));
-  if (r.numaResources) parts.push(h("div", {}, Object.entries(r.numaResources).map(([n, a]) => `numa ${n}: ${amounts(a)}`).join("; ")));
+  if (r.numaResources) parts.push(h("div", {}, Object.entries(r.numaResources).map(([n, a]) => `numa ${n}: ${resourceAmounts(a)}`).join("; ")));
   for (const [kind, grants] of Object.entries(r.devices || {})) {
     for (const g of grants) {
       const swatch = h("span", { class: "swatch", style: `background:${colorFor(r.workload)}` });

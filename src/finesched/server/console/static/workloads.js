@@ -3,7 +3,7 @@
 // output (GET /v1/workloads/{ns}/{name}/logs: the server relays it from the node's agent).
 
 import { api, apiAll, apiText } from "./api.js";
-import { amounts, deviceAmount, grantText, h, keyValues, nodeLink, phaseBadge, section, table, workloadLink } from "./dom.js";
+import { deviceAmount, grantText, h, keyValues, nodeLink, phaseBadge, resourceAmounts, section, table, workloadLink } from "./dom.js";
 
 const PHASES = ["", "Pending", "Bound", "Running", "Succeeded", "Failed", "Rejected"];
 const SHOWN = 1000;
@@ -112,8 +112,8 @@ function draw(key, w, events, output) {
               ["node", nodeLink(b.node)],
               ["acknowledged by the agent", b.acked ? "yes" : "not yet"],
               ["cpuset", h("code", { id: "binding-cpuset" }, b.cpuset || "shared pool")],
-              ["NUMA", b.numa.length ? b.numa.map((g) => `numa ${g.numa}: ${amounts(g.resources)}`).join("; ") : "-"],
-              ["requests", amounts(b.requests)],
+              ["NUMA", b.numa.length ? b.numa.map((g) => `numa ${g.numa}: ${resourceAmounts(g.resources)}`).join("; ") : "-"],
+              ["requests", resourceAmounts(b.requests)],
             ]),
             table(
               ["device", "minor", "grant"],
