@@ -391,12 +391,13 @@ def _print_conditions(status: dict[str, Any]) -> None:
 
 
 def _describe_tenant(name: str, client: Client, output: str) -> None:
-    """A tenant: conditions, spec (weight, quota, parent, namespaces) and its events."""
+    """A tenant: conditions, effective spec (weight, quota, parent, namespaces... defaults named) and events."""
+    from finesched.commands.tenant_views import print_tenant
 
     def show(item: dict[str, Any]) -> None:
         out.print(f"[bold]Tenant[/] {escape(name)}")
         _print_conditions(item["status"])
-        out.print("Spec:     " + escape(json.dumps(item.get("spec") or {}, sort_keys=True)), soft_wrap=True)
+        print_tenant(out, item)
 
     _describe_with_events(client, output, f"/v1/tenants/{name}", "Tenant", name, show)
 

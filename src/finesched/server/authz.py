@@ -90,6 +90,17 @@ async def _node_caller(name: str, caller: Caller) -> Identity:
 NodeCaller = Annotated[Identity, Depends(_node_caller)]
 
 
+async def _node_reader(name: str, caller: Caller) -> Identity:
+    if caller.role != TENANT:
+        caller.require_node(name)
+    return caller
+
+
+#: An admin, the agent of the node the URL names, or a tenant (which reads it as the console's node
+#: page shows it: other tenants' workloads unnamed).
+NodeReader = Annotated[Identity, Depends(_node_reader)]
+
+
 async def _node_writer(caller: AdminOrAgent, body: Annotated[Any, Depends(sent_json)]) -> Identity:
     if caller.role == AGENT and body is not None:
         metadata = body.get("metadata") if isinstance(body, dict) else None

@@ -5,6 +5,7 @@ another node, is answered 403 whatever it sends, never a 422 describing what a n
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, HTTPException
@@ -13,14 +14,17 @@ from finesched.admission import World, admit_node
 from finesched.errors import ValidationError
 from finesched.model.node import Node
 from finesched.server import paging
-from finesched.server.auth import Identity
-from finesched.server.authz import AdminCaller, NodeCaller, NodeWriter
+from finesched.server.auth import TENANT, Identity
+from finesched.server.authz import AdminCaller, NodeCaller, NodeReader, NodeWriter
 from finesched.server.cluster_view import node_from_row
+from finesched.server.console.node_page import tenant_report
 from finesched.server.context import Ctx, ServerContext
+from finesched.server.device_usage import DeviceInput
 from finesched.server.paging import ContinueQuery, LimitQuery
 from finesched.server.reports import NodeReport, check_report
 from finesched.server.store import Conflict, Event, NotFound
 from finesched.server.views import InputError, canonical, invalid, node_view, parse_kind
+from finesched.server.visibility import visible_on_node
 
 router = APIRouter(prefix="/v1/nodes", tags=["nodes"])
 
@@ -70,8 +74,18 @@ def list_nodes(
 
 
 @router.get("/{name}")
-def get_node(name: str, ctx: Ctx, caller: NodeCaller) -> dict[str, Any]:
-    return _view(ctx, _row(ctx, name), _allocation(ctx, name))
+def get_node(name: str, ctx: Ctx, caller: NodeReader) -> dict[str, Any]:
+    """One node, with what is allocated on it per resource and per device (each device's holders).
+
+    A tenant reads it as the console's node page shows it: other tenants' workloads are not named
+    (a device holder is ``workload: null``; ``allocation.workloads`` lists its own, and
+    ``otherWorkloads`` counts the rest), and of the agent's report only the public parts."""
+    row = _row(ctx, name)
+    visible = visible_on_node(ctx, caller, name) if caller.role == TENANT else None  # an agent reads its bindings
+    view = _view(ctx, row, _allocation(ctx, name, visible, devices=True))
+    if visible is not None and view["status"].get("report"):
+        view["status"]["report"] = tenant_report(view["status"]["report"], _shown(visible))
+    return view
 
 
 def _view(ctx: ServerContext, row: dict[str, Any], usage: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -92,8 +106,12 @@ def _row(ctx: ServerContext, name: str) -> dict[str, Any]:
         raise HTTPException(404, str(exc)) from None
 
 
-def _allocation(ctx: ServerContext, name: str) -> dict[str, Any] | None:
-    """Allocated / allocatable per resource and the bindings on the node, from the leader's state."""
+def _allocation(
+    ctx: ServerContext, name: str, visible: set[str] | None = None, *, devices: bool = False
+) -> dict[str, Any] | None:
+    """Allocated / allocatable per resource and the bindings on the node, from the leader's state;
+    with `devices`, each device's use and holders (`device_usage`). Only the workloads in `visible`
+    are named (None: all)."""
     with ctx.loop.lock:
         scheduler = ctx.loop.scheduler
         if scheduler is None or name not in scheduler.state.index:
@@ -102,7 +120,17 @@ def _allocation(ctx: ServerContext, name: str) -> dict[str, Any] | None:
         i = state.index[name]
         out = {r: {"used": int(state.used_of(r)[i]), "allocatable": int(state.allocatable[state.res_index[r], i])}
                for r in state.resources}  # fmt: skip
-        return {"resources": out, "workloads": sorted(b.workload for b in state.bindings_on(name))}
+        keys = sorted(b.workload for b in state.bindings_on(name))
+        usage: dict[str, Any] = {"resources": out, "workloads": [k for k in keys if visible is None or k in visible]}
+        if visible is not None:
+            usage["otherWorkloads"] = len(keys) - len(usage["workloads"])
+        if devices:
+            usage["devices"] = DeviceInput.capture(state, name).usage(_shown(visible))
+        return usage
+
+
+def _shown(visible: set[str] | None) -> Callable[[str], str | None]:
+    return lambda key: key if visible is None or key in visible else None
 
 
 @router.post("/{name}/report")

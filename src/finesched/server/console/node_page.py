@@ -27,11 +27,10 @@ from typing import Any
 
 from finesched.codec import CodecError, decode
 from finesched.model.binding import Binding
-from finesched.model.device_allocated import AnnotationError, binding_devices
-from finesched.model.node import Node, device_totals
+from finesched.model.node import Node
 from finesched.plugins.resource_status import node_report
 from finesched.sched.scheduler import Scheduler
-from finesched.server.console.overview import device_accounts
+from finesched.server.device_usage import DeviceInput
 from finesched.server.views import isolation_condition
 from finesched.state.cpus import CPUAccounts, NodePools
 from finesched.state.device_types import NodeDevices
@@ -54,14 +53,8 @@ class NodeInput:
     def capture(cls, scheduler: Scheduler, name: str) -> NodeInput:
         """Read node `name` (KeyError when the leader does not hold it); the caller holds the loop's lock."""
         state = scheduler.state
+        devices = DeviceInput.capture(state, name)
         i = state.index[name]
-        accounts = device_accounts(state)
-        devices = accounts.all_node_devices(i) if accounts is not None else {}
-        foreign = {
-            kind: {dim: [int(v) for v in acc.foreign[k, i, : int(acc.count[i])]] for k, dim in enumerate(acc.dims)}
-            for kind, acc in (accounts.types.items() if accounts is not None else ())
-            if kind in devices
-        }
         cpus = state.extras.get("cpus")
         pools = holders = None
         if isinstance(cpus, CPUAccounts) and cpus.topo[i] is not None:
@@ -69,10 +62,10 @@ class NodeInput:
             holders = {cpu: (key, hold.qos) for key, hold in cpus.held[i].items() for cpu in hold.cpus}
         scalars = {r: (int(state.allocatable[k, i]), int(state.free[k, i])) for k, r in enumerate(state.resources)}
         return cls(
-            node=state.nodes[i],
-            bindings=state.bindings_on(name),
-            devices=devices,
-            foreign=foreign,
+            node=devices.node,
+            bindings=devices.bindings,
+            devices=devices.devices,
+            foreign=devices.foreign,
             pools=pools,
             holders=holders or {},
             report=node_report(state, name),
@@ -112,38 +105,7 @@ def node_page(data: NodeInput, row: Mapping[str, Any], visible: set[str] | None)
 
 
 def _devices(data: NodeInput, shown: Any) -> list[dict[str, Any]]:
-    grants: dict[tuple[str, int], list[dict[str, Any]]] = {}
-    for binding in data.bindings:
-        try:
-            held = binding_devices(binding)
-        except AnnotationError:
-            continue
-        for kind, kind_grants in held.items():
-            for grant in kind_grants:
-                grants.setdefault((kind, grant.minor), []).append(
-                    {"workload": shown(binding.workload), "qos": binding.qos, "resources": dict(grant.resources)}
-                )
-    by_minor = {(d.type, d.minor): d for d in data.node.devices}
-    out = []
-    for kind, devices in sorted(data.devices.items()):
-        for slot, minor in enumerate(devices.minors.tolist()):
-            device = by_minor.get((kind, minor))
-            out.append(
-                {
-                    "type": kind,
-                    "minor": minor,
-                    "uuid": device.uuid if device is not None else None,
-                    "numa": device.numa if device is not None else None,
-                    "pcie": device.pcie if device is not None else None,
-                    "healthy": bool(devices.healthy[slot]),
-                    "total": device_totals(device) if device is not None else {},
-                    "free": {dim: int(devices.free[k, slot]) for k, dim in enumerate(devices.dims)},
-                    "foreign": {dim: values[slot] for dim, values in data.foreign.get(kind, {}).items()
-                                if values[slot]},
-                    "holders": grants.get((kind, minor), []),
-                }
-            )  # fmt: skip
-    return out
+    return DeviceInput(data.node, data.bindings, data.devices, data.foreign).usage(shown)
 
 
 def _cpus(data: NodeInput, shown: Any) -> list[dict[str, Any]]:
@@ -205,7 +167,7 @@ def _report(
     if not report:
         return None
     if private:
-        report = _tenant_report(report, shown)
+        report = tenant_report(report, shown)
     decoded: dict[str, dict[str, Any]] = {}
     for kind, dims in (report.get("devices") or {}).items():
         for dim, enc in dims.items():
@@ -220,7 +182,7 @@ def _report(
     return {"sent": _exact_in_javascript(report), "decoded": decoded}
 
 
-def _tenant_report(report: Mapping[str, Any], shown: Any) -> dict[str, Any]:
+def tenant_report(report: Mapping[str, Any], shown: Any) -> dict[str, Any]:
     """The report a tenant may read: the public parts, the workload lists with every workload it may
     not see left unnamed (held, as on the rest of the page), and only the discovery's sources."""
     out: dict[str, Any] = {k: report[k] for k in PUBLIC_REPORT_PARTS if k in report}
