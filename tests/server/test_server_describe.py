@@ -98,8 +98,8 @@ def test_describe_tenant_shows_the_effective_spec_with_defaults(cluster: Api, tm
     assert lines["Quota"] == "none: no hard cap (default)"
     assert lines["Namespaces"] == "team-a"
     assert lines["Limits"] == "workloads no limit, jobs no limit, pending no limit (default)"
-    doc = {"apiVersion": "finesched.io/v1alpha1", "kind": "Tenant", "metadata": {"name": "capped"},
-           "spec": {"weight": 2.5, "quota": {"cpu": "1500m", "memory": "10307921510"}, "limits": {"jobs": 3}}}  # fmt: skip
+    spec = {"weight": 2.5, "quota": {"cpu": "1500m", "memory": "10307921510"}, "limits": {"jobs": 3}}
+    doc = {"apiVersion": "finesched.io/v1alpha1", "kind": "Tenant", "metadata": {"name": "capped"}, "spec": spec}
     assert cluster.admin.put("/v1/tenants/capped", json=doc).status_code == 200
     capped = run("describe", "tenant", "capped", *admin).stdout
     assert "Weight:           2.5\n" in capped and "Quota:            cpu=1500m, memory=9.6Gi\n" in capped
