@@ -60,7 +60,7 @@ def test_client_commands(api: Api, tmp_path: Path) -> None:
     as_yaml = yaml.safe_load(run("describe", "workload", "db", "-n", "team-a", "-o", "yaml", *common).stdout)
     assert [e["reason"] for e in as_yaml["events"]][:2] == ["Submitted", "Bound"]
     tenant = run("describe", "tenant", "team-a", *common)
-    assert tenant.returncode == 0 and "Tenant team-a" in tenant.stdout and "Spec:" in tenant.stdout
+    assert tenant.returncode == 0 and "Tenant team-a" in tenant.stdout and "Weight:" in tenant.stdout
     tenant_json = json.loads(run("describe", "tenant", "team-a", "-o", "json", *common).stdout)
     assert tenant_json["metadata"]["name"] == "team-a" and isinstance(tenant_json["events"], list)
     watched = run("watch", "--since", "0", "--count", "3", "-o", "json", *common)  # team-a, team-b, then n1

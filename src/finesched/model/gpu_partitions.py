@@ -15,9 +15,10 @@ goes down the scores; ``ringBusBandwidth`` keeps partitions whose ring bandwidth
 
 from __future__ import annotations
 
-from typing import Literal
+import re
+from typing import Annotated, Literal
 
-from pydantic import Field, NonNegativeInt, field_validator
+from pydantic import BeforeValidator, Field, NonNegativeInt, field_validator
 
 from finesched.model.base import Model
 from finesched.model.resources import ByteQuantity
@@ -54,6 +55,27 @@ class GPUPartitionSpec(Model):
 
     allocate_policy: PartitionAllocatePolicy = "BestEffort"
     ring_bus_bandwidth: ByteQuantity | None = None
+
+
+#: A table's keys as JSON writes them: a GPU count >= 1 in decimal digits (the OpenAPI document's
+#: ``propertyNames``; `GPUCount` holds the model to the same rule).
+GPU_COUNT_PATTERN = "^[1-9][0-9]*$"
+_GPU_COUNT = re.compile(GPU_COUNT_PATTERN)
+
+
+def _count_key(key: object) -> object:
+    """A table key as a count: the digits JSON writes (``"2"``) or an int, nothing else that int()
+    would also read (``"01"``, ``" 2"``, ``"+2"``); counts below 1 are refused with the table's
+    other rules (`table_problems`)."""
+    if isinstance(key, str):
+        if not _GPU_COUNT.match(key):
+            raise ValueError(f"keys are GPU counts, whole numbers >= 1 in digits, got {key!r}")
+        return int(key)
+    return key
+
+
+#: A table key: the model reads it as JSON writes it, by the rule the OpenAPI document states.
+GPUCount = Annotated[int, BeforeValidator(_count_key)]
 
 
 #: GPU count -> its allowed partitions (JSON keys are the counts as strings: ``"2"``).

@@ -21,8 +21,10 @@ from pydantic import Field, PositiveInt, field_validator, model_validator
 from finesched.cpuset import MAX_CPU_ID, CPUSet
 from finesched.model.base import FrozenDict, FrozenStrDict, Loc, Model, raise_problems
 from finesched.model.gpu_partitions import (
+    GPU_COUNT_PATTERN,
     LABEL_GPU_PARTITION_POLICY,
     PARTITION_POLICIES,
+    GPUCount,
     GPUPartition,
     GPUPartitionPolicy,
     table_problems,
@@ -325,7 +327,9 @@ class Node(Model):
     links: tuple[DeviceLink, ...] = ()
     foreign_allocations: tuple[ForeignAllocation, ...] = ()
     #: GPU count -> the GPU sets allowed together (model/gpu_partitions.py), e.g. {2: [{minors: [0, 1]}]}.
-    gpu_partitions: dict[int, tuple[GPUPartition, ...]] = Field(default_factory=dict)
+    gpu_partitions: dict[GPUCount, tuple[GPUPartition, ...]] = Field(
+        default_factory=dict, json_schema_extra={"propertyNames": {"pattern": GPU_COUNT_PATTERN}}
+    )
     policies: NodePolicies = Field(default_factory=NodePolicies)
     kubelet: KubeletPolicy = Field(default_factory=KubeletPolicy)
 

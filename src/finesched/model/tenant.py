@@ -27,7 +27,7 @@ What only an admin sets, because it is what keeps tenants apart:
 
 from __future__ import annotations
 
-from pydantic import Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from finesched.model.base import Loc, Model, raise_problems
 from finesched.model.names import NamespaceName, ObjectName, is_label
@@ -45,6 +45,16 @@ class RunAs(Model):
     """The user a tenant's processes run as: `uid`, `gid`, no supplementary groups. Root (uid or
     gid 0) only where the admin says so with `allowRoot`; every other uid runs without
     capabilities and with no_new_privs, so a setuid binary gives nothing back."""
+
+    # The root rule as the OpenAPI document states it: uid and gid above 0, or allowRoot: true.
+    model_config = ConfigDict(
+        json_schema_extra={
+            "anyOf": [
+                {"properties": {"uid": {"minimum": 1}, "gid": {"minimum": 1}}},
+                {"properties": {"allowRoot": {"const": True}}, "required": ["allowRoot"]},
+            ]
+        }
+    )
 
     uid: int = Field(ge=0, le=MAX_ID)
     gid: int = Field(ge=0, le=MAX_ID)

@@ -13,9 +13,9 @@ from __future__ import annotations
 import json
 import typing
 from collections.abc import Mapping
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import AfterValidator, Field, PositiveInt, model_validator
+from pydantic import AfterValidator, ConfigDict, Field, PositiveInt, model_validator
 
 from finesched.model.base import FrozenDict, FrozenStrDict, Loc, Model, raise_problems
 from finesched.model.gpu_partitions import ALLOCATE_POLICIES, ANNOTATION_GPU_PARTITION_SPEC, GPUPartitionSpec
@@ -52,6 +52,17 @@ class DeviceJointAllocate(Model):
 
 class NodeAffinityTerm(Model):
     """One required label expression (Kubernetes nodeAffinity matchExpressions); all terms must hold."""
+
+    # The rule below as the OpenAPI document states it: In/NotIn need a value, Exists/DoesNotExist none.
+    model_config = ConfigDict(
+        json_schema_extra={
+            "oneOf": [
+                {"properties": {"operator": {"enum": ["In", "NotIn"]}, "values": {"minItems": 1}},
+                 "required": ["values"]},
+                {"properties": {"operator": {"enum": ["Exists", "DoesNotExist"]}, "values": {"maxItems": 0}}},
+            ]
+        }
+    )  # fmt: skip
 
     key: str = Field(min_length=1)
     operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
@@ -96,6 +107,17 @@ class DeviceLabelSelector(Model):
         return True
 
 
+#: The schema of a selector with nothing in it (``{}``; its fields empty or left out).
+_EMPTY_SELECTOR: dict[str, Any] = {
+    "anyOf": [
+        {"type": "null"},
+        {"type": "object", "additionalProperties": False,
+         "properties": {"matchLabels": {"type": "object", "maxProperties": 0},
+                        "matchExpressions": {"type": "array", "maxItems": 0}}},
+    ]
+}  # fmt: skip
+
+
 class DeviceHint(Model):
     """How one device type of a workload is chosen (Koordinator's device-allocate-hint entry).
 
@@ -113,7 +135,8 @@ class DeviceHint(Model):
     """
 
     selector: DeviceLabelSelector | None = None
-    vf_selector: DeviceLabelSelector | None = Field(default=None, alias="vfSelector")
+    #: Only empty (below), as the OpenAPI document states it.
+    vf_selector: DeviceLabelSelector | None = Field(default=None, alias="vfSelector", json_schema_extra=_EMPTY_SELECTOR)
     allocate_strategy: HintAllocateStrategy | None = None
     required_topology_scope: HintTopologyScope | None = None
     exclusive_policy: HintExclusivePolicy | None = None
