@@ -171,7 +171,7 @@ def test_invariant_flags_a_non_partition_set_on_an_honor_node() -> None:
         ({"2": [{"minors": [0, 1, 2]}]}, "3 minors under key 2"),
         ({"2": [{"minors": [0, 9]}]}, "no shareable GPU has minor(s) [9]"),
         ({"2": [{"minors": [1, 1]}]}, "names each GPU once"),
-        ({"0": []}, "GPU counts are >= 1"),
+        ({"0": []}, "GPU counts, whole numbers >= 1"),
     ],
 )
 def test_bad_tables_name_the_field(table: dict[str, Any], message: str) -> None:
