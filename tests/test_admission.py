@@ -5,6 +5,7 @@ tests/server/test_server_admission.py; here are the rules themselves, names incl
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from typer.testing import CliRunner
 from finesched.admission import (
     MAX_JOB_SLOTS,
     MAX_SAFE_INTEGER,
+    NotAllowed,
     World,
     admit_job,
     admit_manifests,
@@ -216,3 +218,36 @@ def test_admit_manifests_resolves_tenants_from_the_files() -> None:
     examples = Path(__file__).resolve().parents[1] / "examples"
     admitted, warnings = admit_manifests(load_manifests(examples / "workloads.yaml"))
     assert {w.tenant for w in admitted.workloads} == {"team-a", "team-b"} and warnings == []
+
+
+@pytest.mark.parametrize(
+    ("tenants", "requests", "refusal"),
+    [
+        ({"tb": {"max": {"cpu": "4"}}}, {"cpu": "8"}, "exceeded quota: tenant tb, requested: cpu=8, max: cpu=4"),
+        ({"tb": {"max": {"cpu": "4"}}}, {"cpu": "4"}, None),  # fits when nothing else is held: admitted
+        ({"tb": {"quota": {"memory": "1Gi"}}}, {"memory": "2Gi"},
+         "exceeded quota: tenant tb, requested: memory=2Gi, quota: memory=1Gi"),
+        ({"org": {"max": {"cpu": "6"}}, "tb": {"parent": "org", "max": {"cpu": "8"}}}, {"cpu": "7"},
+         "exceeded quota: tenant org (an ancestor of tb), requested: cpu=7, max: cpu=6"),
+        ({"tb": {"min": {"cpu": "1"}}}, {"cpu": "64"}, None),  # a guarantee is no cap
+    ],
+)  # fmt: skip
+def test_a_request_over_a_cap_by_itself_is_refused_where_the_tenant_is_known(
+    tmp_path: Path, tenants: dict, requests: dict, refusal: str | None
+) -> None:
+    docs = [
+        f"apiVersion: {API}\nkind: Tenant\nmetadata: {{name: {name}}}\nspec: {json.dumps(spec)}\n"
+        for name, spec in tenants.items()
+    ]
+    spec = f"spec: {{requests: {json.dumps(requests)}}}\n"
+    docs.append(f"apiVersion: {API}\nkind: Workload\nmetadata: {{name: w, namespace: tb}}\n{spec}")
+    manifest = tmp_path / "quota.yaml"
+    manifest.write_text("---\n".join(docs))
+    result = runner.invoke(app, ["validate", str(manifest)])
+    if refusal is None:
+        assert result.exit_code == 0, result.stderr
+        return
+    assert result.exit_code == 1 and refusal in " ".join(result.stderr.split())
+    world = World({name: Tenant.model_validate({"name": name, **spec}) for name, spec in tenants.items()})
+    with pytest.raises(NotAllowed, match="no release can make room"):
+        admit_workload(Workload.model_validate({"name": "w", "namespace": "tb", "requests": requests}), world)

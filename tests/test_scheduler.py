@@ -64,9 +64,10 @@ def test_fit_error_counts_nodes_per_reason() -> None:
     Scheduler(state).schedule_one(make_workload("fill").req(cpu="6").selector(zone="b").obj())
     with pytest.raises(FitError) as info:
         Scheduler(state).schedule_one(w)
-    # small and big fail the selector first; mid (zone b) has 2 cpu left
-    assert info.value.message == "0/3 nodes available: 2 node(s) didn't match node selector, 1 insufficient cpu"
-    assert info.value.reasons == {"node(s) didn't match node selector": 2, "insufficient cpu": 1}
+    # small and big fail the selector, small (2 cpu) is short of cpu too; mid (zone b) has 2 cpu left:
+    # every filter's reasons count on every node they rejected
+    assert info.value.message == "0/3 nodes available: 2 insufficient cpu, 2 node(s) didn't match node selector"
+    assert info.value.reasons == {"node(s) didn't match node selector": 2, "insufficient cpu": 2}
     assert not info.value.unresolvable
 
 

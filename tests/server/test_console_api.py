@@ -67,7 +67,7 @@ def test_overview_counts_fragmentation_reasons_and_tenants(api: Api) -> None:
     assert frag["usableGPUs"] == pytest.approx(0.0) and frag["fragmentedShare"] == 1.0 and frag["typicalLearned"]
     # huge waits: g1 has too few CPUs, c1 is cordoned (the scheduler's reasons, with its node counts)
     groups = {g["reason"]: (g["workloads"], g["nodes"], g["examples"]) for g in data["pending"]["byReason"]}
-    assert groups.pop("insufficient cpu") == (1, 1, ["team-a/huge"])
+    assert groups.pop("insufficient cpu") == (1, 2, ["team-a/huge"])  # c1 too: every filter's reasons count
     ((reason, counts),) = groups.items()
     assert "cordoned" in reason and counts == (1, 1, ["team-a/huge"])
     assert data["pending"]["total"] == 1

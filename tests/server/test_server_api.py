@@ -236,8 +236,13 @@ def test_waiting_reason_is_written(api: Api) -> None:
     api.admin.post("/v1/workloads", json=workload("big", cpu="4"))
     wait_until(lambda: "insufficient cpu" in api.admin.get("/v1/workloads/team-a/big").json()["status"]["reason"],
                what="the waiting reason")  # fmt: skip
-    events = api.admin.get("/v1/events", params={"object": "team-a/big"}).json()["items"]
-    assert [e["reason"] for e in events] == ["Submitted", "Waiting"]
+
+    # The API reads the reason from the queue at once; the leader writes it (and its event) within a second.
+    def written() -> list[str]:
+        return [e["reason"] for e in api.admin.get("/v1/events", params={"object": "team-a/big"}).json()["items"]]
+
+    wait_until(lambda: written() == ["Submitted", "Waiting"], what="the Waiting event")
+    assert "insufficient cpu" in api.store.get_workload("team-a", "big")["reason"]
 
 
 def test_preemption_releases_victims_through_the_store(api: Api) -> None:

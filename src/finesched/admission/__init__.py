@@ -17,6 +17,9 @@ fields that have one):
 * references: a workload is charged to the tenant that owns its namespace, which must exist; a
   tenant's parent exists and the tree has no cycle (the scheduler's own `QuotaTree` check); a
   namespace belongs to one tenant; a job's slots are admitted as workloads;
+* caps: a workload (or a job's slots together) asking more than its tenant's hard `quota`, or the
+  `max` of its tenant or an ancestor, by itself is refused with `NotAllowed` (a 403, Kubernetes'
+  "exceeded quota: ..."): nothing that is released could ever admit it, and it would only wait;
 * priorities (`admission.priority`): a workload's `priorityClassName` resolves to the class's
   value and preemption policy, at most one class is the global default, and a tenant's own token
   may use only the classes its Tenant lists (`NotAllowed`, a 403, otherwise).
@@ -47,6 +50,7 @@ from finesched.model.job import Job
 from finesched.model.manifest import Manifests, Object
 from finesched.model.node import Node
 from finesched.model.priority_class import PriorityClass
+from finesched.model.resources import translate_gpu_shortcuts
 from finesched.model.tenant import Tenant
 from finesched.model.workload import Workload
 from finesched.plugins.cpu.request import compile_cpu_request
@@ -69,6 +73,7 @@ __all__ = [
     "admit_probe",
     "admit_tenant",
     "admit_workload",
+    "check_caps",
     "number_problems",
     "sound_tenants",
 ]
@@ -118,6 +123,11 @@ class World:
             return granted
         return namespace if self.tenant(namespace) is not None else None
 
+    @cached_property
+    def quota_tree(self) -> QuotaTree:
+        """The tenants' quotas as the scheduler applies them (those that form a sound tree)."""
+        return QuotaTree(sound_tenants(self.tenants.values())[0])
+
     def with_tenant(self, tenant: Tenant) -> World:
         return replace(self, tenants={**self.tenants, tenant.name: tenant})
 
@@ -152,7 +162,26 @@ def admit_workload(workload: Workload, world: World, *, where: str = "", as_tena
         check_priority_allowed(workload, world.tenant(workload.tenant), world.priority_classes, where)
     workload = resolve_priority(workload, world.priority_classes, errors, world.missing, where)
     _fail(errors)
+    check_caps(workload.tenant, [workload], world, where)
     return workload
+
+
+def check_caps(tenant: str, workloads: Iterable[Workload], world: World, where: str = "") -> None:
+    """Refuse (`NotAllowed`, a 403) what `tenant`'s caps can never admit: `workloads` placed together
+    asking more than its hard `quota`, or than the `max` of it or of an ancestor (sched/elastic.py
+    `never_admits`). Work that only does not fit in what is left now is admitted: it waits."""
+    tree = world.quota_tree
+    if tree.empty or tenant not in tree.names:
+        return
+    demand: dict[str, int] = {}
+    for workload in workloads:
+        for name, amount in translate_gpu_shortcuts(workload.requests).items():
+            demand[name] = demand.get(name, 0) + amount
+    problem = tree.never_admits(tenant, demand)
+    if problem is not None:
+        raise NotAllowed(
+            ErrorDetail("", f"{problem} (no release can make room for it; ask an admin to raise it)", where=where)
+        )
 
 
 def admit_priority(workload: Workload, world: World, *, where: str = "") -> Workload:
@@ -319,6 +348,7 @@ def admit_job(
         except ValidationError as exc:
             errors += [e for e in exc.errors if e not in errors]
     _fail(errors)
+    check_caps(admitted[0].tenant, admitted, world, where)  # the slots are one gang: placed together
     return compiled, admitted
 
 
@@ -353,6 +383,9 @@ def admit_manifests(manifests: Manifests) -> tuple[Manifests, list[ErrorDetail]]
             admitted = admit(obj, world, where=manifests.where(obj))
         except ValidationError as exc:
             errors += exc.errors
+            continue
+        except NotAllowed as exc:  # a request its tenant's caps (defined in these files) never admit
+            errors.append(exc.detail)
             continue
         out.add(obj if isinstance(obj, Job) else admitted)
     _fail(errors)

@@ -1,9 +1,12 @@
 """Why a workload fits nowhere: per-reason node counts, as the Kubernetes scheduler reports them.
 
-``0/10000 nodes available: 9120 insufficient cpu, 880 node(s) didn't match node selector``.
-Each rejected node is attributed to the first filter that rejected it; within that filter a
-node may carry several reasons (k8s counts each). Nodes that passed every filter but failed the
-exact reserve step are counted under the reserve plugin's reason.
+``0/3 nodes available: 3 insufficient cpu, 3 insufficient nvidia.com/gpu, 2 insufficient memory``.
+Every reason of every filter that rejected a node is counted on that node: a node short of CPU,
+memory and GPUs counts under all three, whichever filter saw which (kube-scheduler's
+NodeResourcesFit reports every insufficient resource of a node). The filters themselves stop
+nothing: each runs vectorized over all nodes, so their verdicts are all at hand; only the
+explanations (`FilterResult.explain`) are computed here, on the failing path. Nodes that passed
+every filter but failed the exact reserve step are counted under the reserve plugin's reason.
 """
 
 from __future__ import annotations
@@ -101,7 +104,6 @@ def diagnose(
     eviction anywhere could make the workload fit.
     """
     counts: Counter[str] = Counter()
-    pending: BoolArray = np.ones(n, dtype=bool)  # nodes not yet attributed to a filter
     explained: list[tuple[BoolArray, Mapping]] = []
     for plugin, result in results:
         rejected = ~result.mask
@@ -109,17 +111,13 @@ def diagnose(
             continue
         explanation = result.explain() if result.explain is not None else {}
         explained.append((rejected, explanation))
-        first = pending & rejected
-        if not first.any():
-            continue
-        pending &= result.mask
         covered = np.zeros(n, dtype=bool)
         for reason, (mask, _code) in explanation.items():
-            hit = first & mask
+            hit = rejected & mask
             if hit.any():
                 counts[reason] += int(hit.sum())
                 covered |= hit
-        rest = first & ~covered
+        rest = rejected & ~covered
         if rest.any():
             counts[f"rejected by {plugin.NAME}"] += int(rest.sum())
     for reason, count in (reserve_failures or {}).items():

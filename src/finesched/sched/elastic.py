@@ -25,8 +25,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from finesched.errors import ErrorDetail, ValidationError
-from finesched.model.resources import PODS, human_amount, translate_gpu_shortcuts
+from finesched.model.resources import PODS, human_amount, resource_kind, translate_gpu_shortcuts
 from finesched.model.tenant import Tenant
+from finesched.quantity import format_quantity
 
 Amounts = Mapping[str, int]
 
@@ -159,6 +160,21 @@ class QuotaTree:
                 return f"tenant {t} would exceed its max: " + ", ".join(over)
         return None
 
+    def never_admits(self, tenant: str, demand: Amounts) -> str | None:
+        """Why `demand` alone exceeds a cap of `tenant` — its hard `quota`, or the `max` of it or of an
+        ancestor — so that no release of anything held ever admits it (only an admin raising the cap
+        does), as Kubernetes' ResourceQuota message says it; None when some state of the cluster
+        admits it. `min` guarantees and what others hold are not caps and do not count here."""
+        caps = [("quota", tenant, self.hard.get(tenant))]
+        caps += [("max", t, self.max.get(t)) for t in self.ancestors(tenant)]
+        for kind, owner, limit in caps:
+            over = sorted(n for n, cap in (limit or {}).items() if demand.get(n, 0) > cap)
+            if over:
+                assert limit is not None
+                who = f"tenant {owner}" if owner == tenant else f"tenant {owner} (an ancestor of {tenant})"
+                return f"exceeded quota: {who}, requested: {_listed(demand, over)}, {kind}: {_listed(limit, over)}"
+        return None
+
     # Reclaim -----------------------------------------------------------------------------------------
     def reclaim_rule(self, tenant: str, demand: Amounts, held: Callable[[str], Amounts]) -> ReclaimRule | None:
         """The reclaim rule for a pending workload of `tenant`, or None when it is not under a min.
@@ -211,3 +227,8 @@ def _excess(name: str, holds: int, asks: int, bound: str, limit: int) -> str:
     """``cpu (holds 4, asks 8, max 4)``: amounts in a reason as every view shows them (`human_amount`)."""
     holds_, asks_, limit_ = (human_amount(name, v) for v in (holds, asks, limit))
     return f"{name} (holds {holds_}, asks {asks_}, {bound} {limit_})"
+
+
+def _listed(amounts: Amounts, names: Iterable[str]) -> str:
+    """``cpu=8,memory=64Gi``: the amounts of `names` as quantities (the form of a ResourceQuota's message)."""
+    return ",".join(f"{n}={format_quantity(amounts.get(n, 0), resource_kind(n))}" for n in names)

@@ -394,6 +394,8 @@ class Scheduler:
         if why == "quota":
             problem = self.queue.quota_problem(unit.tenant, unit.demand)
             return QuotaWait(workload.key, self.state.n, {}, detail=f"waiting: {problem}")
+        if why == "queued":  # a run with a limit left it in its tenant's line
+            return FitError(workload.key, self.state.n, {}, detail=self.queue.unit_reason(unit))
         gang = workload.gang
         have = len(unit.workloads)
         detail = f"waiting: gang {gang.name if gang else '?'} has {have}/{gang.min_member if gang else '?'} members"

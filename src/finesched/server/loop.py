@@ -566,6 +566,10 @@ class SchedulerLoop:
                 self._poison_in_flight(scheduler, exc)
                 raise
             self.metrics.decide_seconds.observe(time.thread_time() - decide_started)
+            # Units left in the lines (a full batch was decided, placed or not): decide on at once. A
+            # batch of units that fit nowhere places nothing, and waiting `idle_wait_s` after each
+            # such batch held a flood's later work behind it for minutes.
+            more = scheduler.queue.has_ready()
             decisions, rejected, stale = [], [], []
             for result in results:
                 if isinstance(result, InvalidRequest):
@@ -582,7 +586,7 @@ class SchedulerLoop:
             for binding in stale:
                 self._undo(scheduler, binding, preemptions)
         if not decisions and not rejected:
-            return False
+            return more
         self._write(decisions, preemptions)
         for result in rejected:
             with self.lock:
@@ -590,7 +594,7 @@ class SchedulerLoop:
             self.store.set_phase(result.workload, REJECTED, result.message)
             self.metrics.decisions.labels("rejected").inc()
         self.metrics.cycle_latency.observe(time.perf_counter() - started)
-        return len(results) >= self.config.batch_size
+        return more or len(results) >= self.config.batch_size
 
     def _write(self, decisions: list[tuple[Queued, Binding]], preemptions: dict[str, Preemption]) -> None:
         """Make a batch durable (with the evictions its preemptions need), then commit it in memory."""
@@ -697,6 +701,17 @@ class SchedulerLoop:
             self.own(self.store.explain_waiting(changed))
 
     # Views for the API -----------------------------------------------------------------------------
+    def reasons(self, keys: Iterable[str]) -> dict[str, str]:
+        """Why each of these Pending workloads waits now, from where it is in the scheduler's queue
+        (O(priorities) each: sched/queue.py `reason`); keys the queue does not hold are left out (a
+        follower holds none)."""
+        with self.lock:
+            scheduler = self.scheduler
+            if scheduler is None:
+                return {}
+            queue = scheduler.queue
+            return {key: reason for key in keys if (reason := queue.reason(key)) is not None}
+
     def figures(self) -> dict[str, Any] | None:
         """Queue depth, allocation per resource and per-device usage (None when not the leader)."""
         with self.lock:

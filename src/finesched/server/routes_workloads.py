@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Annotated, Any, Literal, get_args
 
 from fastapi import APIRouter, Body, Depends, HTTPException, Query
@@ -29,6 +29,7 @@ from finesched.server.views import (
     canonical,
     invalid,
     parse_kind,
+    pending_reason,
     workload_view,
 )
 
@@ -109,12 +110,14 @@ def submit_workloads(body: ManifestBody, ctx: Ctx, caller: ManifestWriter) -> di
         raise HTTPException(403, str(exc)) from None
     ctx.metrics.submit_store_seconds.observe(time.thread_time() - started)
     ctx.loop.submitted(zip(ids, workloads, strict=True), events)
-    return {"items": [_pending_view(w, i) for w, i in zip(workloads, ids, strict=True)]}
+    live = ctx.loop.reasons(w.key for w in workloads)
+    return {"items": [_pending_view(w, i, live.get(w.key)) for w, i in zip(workloads, ids, strict=True)]}
 
 
-def _pending_view(workload: Workload, workload_id: int) -> dict[str, Any]:
+def _pending_view(workload: Workload, workload_id: int, live_reason: str | None) -> dict[str, Any]:
     doc = canonical(workload)
-    status = {"phase": PENDING, "reason": "", "tenant": workload.tenant, "binding": None, "id": workload_id}
+    reason = pending_reason("", live_reason)
+    status = {"phase": PENDING, "reason": reason, "tenant": workload.tenant, "binding": None, "id": workload_id}
     return {"metadata": {**doc["metadata"], "namespace": workload.namespace}, "spec": doc["spec"], "status": status}
 
 
@@ -147,7 +150,13 @@ def list_workloads(
     page = paging.request("workloads", filters, limit, continue_)
     found = ctx.store.workload_page(page.after, page.limit, namespaces, **filters)  # type: ignore[arg-type]
     last = found.rows[-1]["id"] if found.rows else None
-    return page.answer([workload_view(r) for r in found.rows], last, found.remaining)
+    live = ctx.loop.reasons(_pending_keys(found.rows))
+    items = [workload_view(r, live.get(f"{r['namespace']}/{r['name']}")) for r in found.rows]
+    return page.answer(items, last, found.remaining)
+
+
+def _pending_keys(rows: Iterable[Mapping[str, Any]]) -> list[str]:
+    return [f"{r['namespace']}/{r['name']}" for r in rows if r["phase"] == PENDING]
 
 
 def visible_workloads(ctx: ServerContext, caller: Identity, **filters: str | None) -> list[dict[str, Any]]:
@@ -226,7 +235,8 @@ def _visible_workload(ctx: ServerContext, caller: Identity, namespace: str, name
 
 @router.get("/workloads/{namespace}/{name}")
 def get_workload(namespace: str, name: str, ctx: Ctx, caller: Caller) -> dict[str, Any]:
-    return workload_view(_visible_workload(ctx, caller, namespace, name))
+    row = _visible_workload(ctx, caller, namespace, name)
+    return workload_view(row, ctx.loop.reasons(_pending_keys([row])).get(f"{namespace}/{name}"))
 
 
 @router.delete("/workloads/{namespace}/{name}")

@@ -10,7 +10,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from finesched.sched.queue import SchedulingQueue
+from finesched.sched.queue import SchedulingQueue, gang_reason
 from finesched.server.store import Store, now
 
 log = logging.getLogger("finesched.loop")
@@ -63,7 +63,9 @@ class WaitingReasons:
     written: dict[str, str] = field(default_factory=dict)
 
     def changes(self, queue: SchedulingQueue, queued: Collection[str]) -> dict[str, str]:
-        """Reasons that differ from the last written ones (units not decided yet have none)."""
+        """Reasons that differ from the last written ones. Units in their tenant's line (not decided
+        yet) get none written: where they stand changes with every decision, and the API reads it
+        from the queue when asked (`SchedulerLoop.reasons`), as it does above MAX_EXPLAINED."""
         if not queued or len(queued) > MAX_EXPLAINED:
             if self.written:  # what was written of workloads no longer queued (deleted, bound) goes
                 self.written = {k: v for k, v in self.written.items() if k in queued}
@@ -73,12 +75,10 @@ class WaitingReasons:
             reason = ""
             if why == "unschedulable" and unit.last_error is not None:
                 reason = unit.last_error.message
-            elif why == "quota" and queue.quotas.limited(unit.tenant):
-                problem = queue.quota_problem(unit.tenant, unit.demand)
-                reason = "" if problem == f"tenant {unit.tenant} is within its quota" else f"waiting: {problem}"
+            elif why == "quota":
+                reason = queue.unit_reason(unit)
             elif why == "gang":
-                gang = unit.workloads[0].gang
-                reason = f"waiting: gang has {len(unit.workloads)}/{gang.min_member if gang else '?'} members"
+                reason = gang_reason(unit.workloads)
             for workload in unit.workloads:
                 key = workload.key
                 if reason and key in queued and self.written.get(key) != reason:

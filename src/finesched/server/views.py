@@ -106,8 +106,23 @@ def _time(value: datetime | None) -> str | None:
     return value.isoformat() if value is not None else None
 
 
-def workload_view(row: Mapping[str, Any]) -> dict[str, Any]:
-    """{metadata, spec, status: {phase, reason, binding: {node, cpuset, devices, numa} | null, ...}}."""
+#: The reason of a Pending workload the scheduler does not hold (yet): a follower replica's answer,
+#: or one submitted an instant ago.
+NOT_YET_QUEUED = "queued: not yet in the scheduler's queue"
+
+
+def pending_reason(stored: str, live: str | None) -> str:
+    """Why a Pending workload waits, never empty: the scheduler's reason now (`live`: its last
+    decision, its quota, its gang) over the stored one, which may be older; while it is only in its
+    tenant's line (`queued: N ahead ...`), the stored reason if there is one (why it was requeued)."""
+    if live is not None and not (stored and live.startswith("queued: ")):
+        return live
+    return stored or live or NOT_YET_QUEUED
+
+
+def workload_view(row: Mapping[str, Any], live_reason: str | None = None) -> dict[str, Any]:
+    """{metadata, spec, status: {phase, reason, binding: {node, cpuset, devices, numa} | null, ...}};
+    a Pending workload's reason is `pending_reason` of the stored one and `live_reason`."""
     doc = row["spec"]
     binding_data = row.get("binding_data")
     if binding_data is None and row.get("binding"):
@@ -120,7 +135,7 @@ def workload_view(row: Mapping[str, Any]) -> dict[str, Any]:
         "spec": doc.get("spec", {}),
         "status": {
             "phase": row["phase"],
-            "reason": row["reason"],
+            "reason": pending_reason(row["reason"], live_reason) if row["phase"] == "Pending" else row["reason"],
             "tenant": row["tenant"],
             "node": row.get("node"),
             "binding": binding,

@@ -134,15 +134,14 @@ def _waiting(queue: SchedulingQueue, unit: QueuedUnit, why: str) -> Waiting:
     keys = [w.key for w in unit.workloads]
     if why == "unschedulable" and unit.last_error is not None:
         reasons = dict(unit.last_error.reasons) or {unit.last_error.message: 0}
-    elif why == "quota" and queue.quotas.limited(unit.tenant):
-        problem = queue.quota_problem(unit.tenant, unit.demand)
-        within = problem == f"tenant {unit.tenant} is within its quota"
-        reasons = {"not decided yet" if within else f"tenant {unit.tenant} at its quota": 0}
+    elif why == "quota":
+        never = queue.quotas.never_admits(unit.tenant, unit.demand) is not None
+        reasons = {f"tenant {unit.tenant}: {'over its quota by itself' if never else 'at its quota'}": 0}
     elif why == "gang":
         gang = unit.workloads[0].gang
         reasons = {f"gang incomplete ({len(keys)}/{gang.min_member if gang else '?'} members)": 0}
-    else:
-        reasons = {"not decided yet": 0}
+    else:  # in its tenant's line: grouped per tenant (where each stands is in its own reason)
+        reasons = {f"queued in tenant {unit.tenant}, not tried yet": 0}
     return Waiting(keys, unit.tenant, reasons)
 
 
