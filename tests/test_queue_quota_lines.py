@@ -35,8 +35,8 @@ def test_a_unit_over_the_max_does_not_hold_the_tenants_later_work() -> None:
     assert bound(sched.run()) == ["tb/hold", "tb/small"]  # mid waits aside; small is not behind it
     reasons = {w.key: sched.queue.reason(w.key) for unit, _ in sched.queue.waiting() for w in unit.workloads}
     assert reasons == {
-        "tb/mid": "waiting: tenant tb would exceed its max: cpu (holds 4000, asks 2000, max 4000)",
-        "tb/later": "waiting: tenant tb would exceed its max: cpu (holds 4000, asks 1000, max 4000)",
+        "tb/mid": "waiting: tenant tb would exceed its max: cpu (holds 4, asks 2, max 4)",
+        "tb/later": "waiting: tenant tb would exceed its max: cpu (holds 4, asks 1, max 4)",
     }
     sched.release("tb/hold")  # 3 cpu given back: mid (older) first, then later, in order
     assert bound(sched.run()) == ["tb/mid", "tb/later"]
@@ -55,7 +55,7 @@ def test_a_demand_over_a_cap_by_itself_waits_with_that_reason_and_blocks_nothing
     assert bound(sched.run()) == []  # 4 held + 7 > tb's own max of 8: now it only waits for room
     assert (
         sched.queue.reason("tb/huge")
-        == "waiting: tenant tb would exceed its max: cpu (holds 4000, asks 7000, max 8000)"
+        == "waiting: tenant tb would exceed its max: cpu (holds 4, asks 7, max 8)"
     )
     sched.release("tb/a")
     sched.release("tb/b")

@@ -69,7 +69,7 @@ def test_the_issues_sequence_on_serve(serve: tuple[httpx.Client, httpx.Client]) 
     assert tb.post("/v1/workloads", json=workload("hold", "tb", cpu="2")).status_code == 201
     wait_phase(tb, "tb/hold", ("Bound",))
     assert tb.post("/v1/workloads", json=workload("mid", "tb", cpu="2")).status_code == 201
-    assert reason_of(tb, "mid", "waiting: tenant tb would exceed its max: cpu (holds 3000, asks 2000")
+    assert reason_of(tb, "mid", "waiting: tenant tb would exceed its max: cpu (holds 3, asks 2")
     assert tb.post("/v1/workloads", json=workload("tiny", "tb", cpu="1")).status_code == 201
     wait_phase(tb, "tb/tiny", ("Bound",))
     assert status(tb, "mid")["phase"] == "Pending"
