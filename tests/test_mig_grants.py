@@ -50,11 +50,17 @@ def _shape(names: list[str]) -> dict[str, tuple[int, int, tuple[int, ...], int]]
     }
 
 
+#: The 8-slice products' profile names in `_shape`'s order (MIG.md 1.1-1.5).
+NAMES = {
+    "A100-40GB": ["1g.5gb", "1g.5gb+me", "1g.10gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb"],
+    "A100-80GB": ["1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"],
+    "H100-80GB": ["1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"],
+    "H100-94GB": ["1g.12gb", "1g.12gb+me", "1g.24gb", "2g.24gb", "3g.47gb", "4g.47gb", "7g.94gb"],
+    "H200-141GB": ["1g.18gb", "1g.18gb+me", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb"],
+}
 #: Product -> (memory slices, compute slices, profile table), from ../shared/reference/MIG.md.
 RULES: dict[str, tuple[int, int, dict[str, tuple[int, int, tuple[int, ...], int]]]] = {
-    "A100-40GB": (8, 7, _shape(["1g.5gb", "1g.5gb+me", "1g.10gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb"])),
-    "A100-80GB": (8, 7, _shape(["1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"])),
-    "H100-80GB": (8, 7, _shape(["1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"])),
+    **{product: (8, 7, _shape(names)) for product, names in NAMES.items()},
     "A30-24GB": (
         4,
         4,
@@ -69,9 +75,7 @@ RULES: dict[str, tuple[int, int, dict[str, tuple[int, int, tuple[int, ...], int]
 }
 #: A static card's instances: mig-parted's balanced layout (MIG.md section 1 and the A30 blog's mixes).
 BALANCED = {
-    "A100-40GB": [("1g.5gb", 0), ("1g.5gb", 1), ("2g.10gb", 2), ("3g.20gb", 4)],
-    "A100-80GB": [("1g.10gb", 0), ("1g.10gb", 1), ("2g.20gb", 2), ("3g.40gb", 4)],
-    "H100-80GB": [("1g.10gb", 0), ("1g.10gb", 1), ("2g.20gb", 2), ("3g.40gb", 4)],
+    **{product: [(names[0], 0), (names[0], 1), (names[3], 2), (names[4], 4)] for product, names in NAMES.items()},
     "A30-24GB": [("1g.6gb", 0), ("1g.6gb", 1), ("2g.12gb", 2)],
 }
 
@@ -188,7 +192,7 @@ class IdenticalCards(RuleBasedStateMachine):
 
 
 TestIdenticalCards = IdenticalCards.TestCase
-TestIdenticalCards.settings = settings(max_examples=60, stateful_step_count=20, deadline=None)
+TestIdenticalCards.settings = settings(max_examples=80, stateful_step_count=20, deadline=None)
 
 
 # The two reported cases ------------------------------------------------------------------------------
