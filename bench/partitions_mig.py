@@ -22,12 +22,15 @@ import argparse
 import random
 import sys
 import time
+from collections import Counter
 from typing import Any
 
 from devices import PROFILE, node_template, timed
+from finesched.model.binding import Binding
 from finesched.model.mig import PRODUCTS
 from finesched.model.node import Node
 from finesched.model.workload import Workload
+from finesched.plugins.deviceshare.mig import mig_request
 from finesched.sched.profile import Profile
 from finesched.sched.scheduler import Scheduler
 from finesched.sim.mig import balanced_layout
@@ -114,9 +117,22 @@ def run(kind: str, n: int, decisions: int, warmup: int, breakdown: bool) -> None
     nodes = partition_nodes(n) if kind == "partitions" else mig_nodes(n)
     scheduler = Scheduler(ClusterState.from_nodes(nodes), profile=Profile.model_validate(PROFILE))
     print(f"{kind}, nodes {n}: state + scheduler built in {time.perf_counter() - start:.1f}s")
-    timed(scheduler, stream(kind, warmup + decisions), warmup, breakdown, f"{kind}, nodes {n}")
+    workloads = stream(kind, warmup + decisions)
+    timed(scheduler, workloads, warmup, breakdown, f"{kind}, nodes {n}")
     if n <= 20000:
         scheduler.state.check_invariants()
+    wrong = [w.key for w in workloads if not _as_asked(w, scheduler.state.bindings.get(w.key))]
+    if wrong:  # the state's invariants cannot see this: they do not know the requests
+        raise SystemExit(f"{len(wrong)} MIG grants are not the profiles and counts asked for, e.g. {wrong[0]}")
+
+
+def _as_asked(workload: Workload, binding: Binding | None) -> bool:
+    """The binding's MIG instances are the workload's MIG request (True when it asks none or is unbound)."""
+    asked = mig_request(workload.requests)
+    if asked is None or binding is None:
+        return True
+    held = Counter(g.mig.profile for g in binding.devices.get("gpu", ()) if g.mig is not None)
+    return held == Counter(dict(asked.wants))
 
 
 def main(argv: list[str] | None = None) -> int:

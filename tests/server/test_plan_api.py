@@ -65,7 +65,7 @@ def test_plan_answers_what_the_scheduler_then_does_and_stores_nothing(api: Api) 
     assert by_name["team-a/huge"]["node"] is None and "insufficient cpu" in by_name["team-a/huge"]["error"]
     assert by_name["team-a/huge"]["reasons"] == {"insufficient cpu": 2}
     assert len(by_name["team-a/db"]["cpuset"].replace("-", ",").split(",")) >= 1
-    assert by_name["team-a/share-1"]["devices"]["gpu"][0]["resources"]["gpu-core"] == 50
+    assert by_name["team-a/share-1"]["devices"]["gpu"][0]["resources"]["gpu-core"] == "50"  # as the binding view
     assert doc["summary"] == {"placed": 3, "unschedulable": 1, "evicted": 0}
     assert state_of(api) == before  # nothing stored, nothing placed
     # The same workloads submitted: the scheduler does exactly what the plan said.

@@ -5,7 +5,8 @@
 
       a100-0 gpu gpu-core k=56738263021990500 count=8 bits=7 free=100,100,100,100,100,100,100,100
 
-* `format_grants` backs ``finesched plan``: a binding's devices as ``gpu 0: 50% core, 20Gi``.
+* `format_grants` backs ``finesched plan``: a binding's devices as ``gpu 0: 50% core, 20Gi``, a MIG
+  instance as ``gpu 1: MIG 1g.10gb at start 6`` (its profile and start, the first memory slice, on that GPU).
 """
 
 from __future__ import annotations
@@ -44,11 +45,17 @@ def encode_node(path: str | Path, node: str | None = None) -> str:
 
 
 def format_grants(binding: Binding) -> str:
-    """``gpu 0: 50% core, 20Gi; rdma 1: 100%`` ("" when the binding holds no devices)."""
+    """``gpu 0: 50% core, 20Gi; gpu 1: MIG 3g.40gb at start 4; rdma 1: 100%`` ("" when the binding
+    holds no devices). A GPU's MIG instances share its entry, each profile with its starts:
+    ``gpu 0: MIG 1g.10gb at starts 4, 5``."""
     parts = []
     for kind in sorted(binding.devices):
+        instances: dict[int, dict[str, list[int]]] = {}  # minor -> profile -> starts
         for grant in binding.devices[kind]:
             amounts = grant.resources
+            if grant.mig is not None:
+                instances.setdefault(grant.minor, {}).setdefault(grant.mig.profile, []).append(grant.mig.start)
+                continue
             if kind == GPU:
                 shown = []
                 if GPU_CORE in amounts:
@@ -60,4 +67,10 @@ def format_grants(binding: Binding) -> str:
             else:
                 shown = [f"{v}%" if name == kind else f"{name} {v}" for name, v in amounts.items()]
             parts.append(f"{kind} {grant.minor}: {', '.join(shown)}")
+        for minor, profiles in instances.items():
+            parts.append(f"{kind} {minor}: MIG " + ", ".join(_starts(p, starts) for p, starts in profiles.items()))
     return "; ".join(parts)
+
+
+def _starts(profile: str, starts: list[int]) -> str:
+    return f"{profile} at start{'s' if len(starts) > 1 else ''} {', '.join(map(str, starts))}"

@@ -179,10 +179,7 @@ def decision_table(records: Sequence[Mapping[str, Any]], *, wide: bool = False, 
 def placement_text(record: Mapping[str, Any]) -> str:
     """cpuset, NUMA grants and shared pools, devices of one placement record (one line each)."""
     cpuset = f"cpuset {record['cpuset']}" if record.get("cpuset") else ""
-    grants = {
-        kind: [DeviceGrant(minor=g["minor"], resources=g["resources"]) for g in gs]
-        for kind, gs in (record.get("devices") or {}).items()
-    }
+    grants = {kind: [DeviceGrant.model_validate(g) for g in gs] for kind, gs in (record.get("devices") or {}).items()}
     devices = format_grants(Binding(workload="-", node="-", devices=grants)) if grants else ""
     return "\n".join(filter(None, [cpuset, format_numa(record), devices]))
 

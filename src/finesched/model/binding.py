@@ -58,3 +58,9 @@ class Binding(Model):
 
     def device_minors(self, kind: str) -> list[int]:
         return [g.minor for g in self.devices.get(kind, ())]
+
+    def devices_doc(self) -> dict[str, list[dict[str, Any]]]:
+        """The device grants as every client reads them (the server's binding view, `finesched plan`
+        and ``POST /v1/plan`` records): per type ``[{minor, resources, mig?}]``, one serializer
+        (DeviceGrant's), so a MIG grant's ``mig: {profile, start, uuid}`` is never left out."""
+        return {kind: [g.model_dump(mode="json", by_alias=True) for g in gs] for kind, gs in self.devices.items()}

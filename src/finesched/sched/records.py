@@ -44,11 +44,8 @@ def binding_record(binding: Binding) -> dict[str, Any]:
         "node": binding.node,
         "score": binding.score,
     }
-    if binding.devices:
-        record["devices"] = {
-            kind: [{"minor": g.minor, "resources": dict(g.resources)} for g in grants]
-            for kind, grants in binding.devices.items()
-        }
+    if binding.devices:  # exactly as the server's binding view shows them (a MIG grant's `mig` too)
+        record["devices"] = binding.devices_doc()
     if binding.cpuset:
         record["cpuset"] = str(binding.cpuset)
     if binding.numa:

@@ -83,13 +83,13 @@ def binding_from_row(row: Mapping[str, Any]) -> Binding:
 def binding_view(binding: Binding) -> dict[str, Any]:
     """What a client sees of a binding: node, cpuset (Linux cpulist), QoS class and CPU exclusive
     policy (which pool the agent runs it in), devices per type, NUMA grants."""
-    data = binding.model_dump(mode="json", by_alias=True)
+    data = binding.model_dump(mode="json", by_alias=True, exclude={"devices"})
     return {
         "node": binding.node,
         "cpuset": str(binding.cpuset),
         "qos": binding.qos,
         "cpuExclusivePolicy": binding.cpu_exclusive_policy,
-        "devices": data.get("devices", {}),
+        "devices": binding.devices_doc(),
         "numa": data.get("numa", []),
         "requests": data.get("requests", {}),
         "annotations": data.get("annotations", {}),

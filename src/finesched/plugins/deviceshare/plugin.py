@@ -380,11 +380,13 @@ class DeviceShare:
         extra = self._extra_rules(dreq, node)
         if chooser is None:
             # The offer is a pure function of the request, the strategy, the affinity and the
-            # node's devices of the requested types (layout and free amounts): memoized, since
-            # nodes of one shape pass through the same device states again and again.
+            # node's devices of the requested types (layout and free amounts), MIG cards and
+            # partition rule: memoized, since nodes of one shape pass through the same device
+            # states again and again. The key holds the whole DeviceRequest (hashed once), so
+            # an offer is only ever reused for an equal request (its MIG profiles and counts too).
             key = (
+                dreq,
                 cycle.get(_RULES),
-                dreq.joint,
                 strategy,
                 None if affinity is None else (affinity.numa, affinity.required),
                 accounts.epoch,

@@ -22,7 +22,7 @@ the exact allocator share one definition of "fits" (and therefore agree).
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
@@ -130,12 +130,33 @@ class JointSpec:
 @dataclass(frozen=True, slots=True)
 class DeviceRequest:
     """A workload's normalized device request: one TypeRequest per type ({} = nothing to do), MIG
-    instances (mig.py) and the gpu-partition-spec (partitions.py)."""
+    instances (mig.py) and the gpu-partition-spec (partitions.py).
+
+    Hashable as a whole (every compared field, `types` by its items), hashed once: the device
+    offer memo (plugin.py `reserve`) keys on the request itself, so no field can be left out of
+    its key (a key of hand-picked fields once missed `mig`, and one MIG request got another's
+    grant).
+    """
 
     types: dict[str, TypeRequest] = field(default_factory=dict)
     joint: JointSpec | None = None
     mig: MIGRequest | None = None
     partition: GPUPartitionSpec | None = None
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash(self._fields()))
+
+    def _fields(self) -> tuple[object, ...]:
+        values = (getattr(self, f.name) for f in fields(self) if f.compare)
+        return tuple(frozenset(v.items()) if isinstance(v, dict) else v for v in values)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # Rebuilt through __init__, so a copy in another process hashes with that process's seed.
+        return (DeviceRequest, (self.types, self.joint, self.mig, self.partition))
 
 
 def device_resource(name: str, device_types: Collection[str] = ()) -> tuple[str, str] | None:
