@@ -28,3 +28,17 @@ def test_the_console_formats_the_table_as_python_does(browser: Any) -> None:
                           [[n, v] for n, v, _ in NAMED])  # fmt: skip
     assert named == [text for _, _, text in NAMED]
     page.close()
+
+
+def test_the_console_names_a_mig_grants_instance(browser: Any) -> None:
+    page = browser.new_page()
+    page.goto("about:blank")
+    page.add_script_tag(content=re.sub(r"^export ", "", DOM_JS.read_text(), flags=re.MULTILINE))
+    shown = page.evaluate(
+        """() => [
+            grantText("gpu", 0, {}, {profile: "1g.10gb", start: 4, uuid: "MIG-x"}),
+            grantText("gpu", 1, {"gpu-core": "50", "gpu-memory": "8589934592"}, undefined),
+        ]"""
+    )
+    assert shown == ["gpu 0: MIG 1g.10gb at start 4", "gpu 1: 50% core, 8Gi"]
+    page.close()

@@ -144,10 +144,13 @@ export function deviceAmount(dim, value) {
 }
 
 // One device grant as the CLI writes it: "gpu 0: 50% core, 20Gi", "rdma 1: 100%".
-export function grantText(kind, minor, resources) {
+// A MIG grant names its instance (profile, first slice) as the CLI's plan table does.
+export function grantText(kind, minor, resources, mig) {
   const r = resources || {};
   let shown;
-  if (kind === "gpu") {
+  if (mig) {
+    shown = [`MIG ${mig.profile} at start ${mig.start}`];
+  } else if (kind === "gpu") {
     shown = [];
     if (r["gpu-core"] !== undefined) shown.push(`${deviceAmount("gpu-core", r["gpu-core"])} core`);
     if (r["gpu-memory"] !== undefined) shown.push(deviceAmount("gpu-memory", r["gpu-memory"]));

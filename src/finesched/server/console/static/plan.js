@@ -74,7 +74,7 @@ function placement(r) {
   for (const [kind, grants] of Object.entries(r.devices || {})) {
     for (const g of grants) {
       const swatch = h("span", { class: "swatch", style: `background:${colorFor(r.workload)}` });
-      parts.push(h("div", { class: "grant", "data-device": `${kind}-${g.minor}` }, swatch, " ", grantText(kind, g.minor, g.resources)));
+      parts.push(h("div", { class: "grant", "data-device": `${kind}-${g.minor}` }, swatch, " ", grantText(kind, g.minor, g.resources, g.mig)));
     }
   }
   if (r.preempts) {

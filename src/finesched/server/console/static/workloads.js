@@ -59,7 +59,7 @@ export const list = {
 
 export function devicesText(devices) {
   return Object.entries(devices || {})
-    .flatMap(([kind, grants]) => grants.map((g) => grantText(kind, g.minor, g.resources)))
+    .flatMap(([kind, grants]) => grants.map((g) => grantText(kind, g.minor, g.resources, g.mig)))
     .join("; ");
 }
 
