@@ -69,7 +69,7 @@ def test_plan_with_a_cluster_places_the_gang() -> None:
     placement = json.loads(result.stdout)["placement"]
     assert placement["status"] == "Bound" and len(placement["slots"]) == 2
     for slot in placement["slots"]:
-        assert slot["binding"]["devices"]["gpu"][0]["resources"]["gpu-core"] == 100
+        assert slot["binding"]["devices"]["gpu"][0]["resources"]["gpu-core"] == "100"  # as the binding view writes it
         assert slot["quotas"] == {"read-frames": 0, "decode": 0, "resnet": 2**30, "write-tags": 0}
     table = runner.invoke(app, args[:-2], terminal_width=200)
     assert table.exit_code == 0 and "Gang placement: Bound" in table.stdout and "resnet=1Gi" in table.stdout

@@ -67,10 +67,7 @@ def binding_record(binding: Binding) -> dict[str, Any]:
     return {
         "node": binding.node,
         "cpuset": str(binding.cpuset),
-        "devices": {
-            kind: [{"minor": g.minor, "resources": dict(g.resources)} for g in grants]
-            for kind, grants in binding.devices.items()
-        },
+        "devices": binding.devices_doc(),
         "numa": [g.numa for g in binding.numa],
     }
 
