@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from manifests import node, tenant
+from manifests import node, tenant, workload
 from server_harness import Api, wait_until
 
 from finesched.model.manifest import read_documents
@@ -47,3 +47,31 @@ def test_job_that_fits_is_bound_at_once_and_bad_jobs_are_refused(api: Api) -> No
     answer = api.admin.post("/v1/jobs", json=bad)
     assert answer.status_code == 422 and answer.json()["detail"][0]["loc"][0] == "body"
     assert api.admin.get("/v1/workloads", params={"namespace": "x"}).json()["items"] == []
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_a_job_over_its_tenants_max_now_waits_for_room_and_binds_after_a_release(api: Api) -> None:
+    """A Job's slots are placed at once when they fit, but never past their tenant's `max`: they wait
+    in the queue, as any workload does, until a release makes room."""
+    from finesched.dataflow import compile_job, gang_workloads
+    from finesched.model.manifest import parse_manifest
+
+    (job,) = read_documents(EXAMPLES / "streaming-etl.yaml")
+    parsed = parse_manifest(job)
+    slots_cpu = sum(w.requests["cpu"] for w in gang_workloads(parsed, compile_job(parsed)))
+    cap = f"{slots_cpu + 1000}m"  # room for the whole job, but not beside a 2-cpu workload
+    capped = {**tenant("analytics"), "spec": {"max": {"cpu": cap}}}
+    assert api.admin.post("/v1/tenants", json=capped).status_code == 201
+    api.admin.post("/v1/nodes", json=node("big", cpu="64", memory="256Gi"))
+    holder = workload("holder", "analytics", cpu="2")
+    assert api.admin.post("/v1/workloads", json=holder).status_code == 201
+    wait_until(lambda: api.admin.get("/v1/workloads/analytics/holder").json()["status"]["phase"] == "Bound",
+               what="the holder")  # fmt: skip
+    answer = api.admin.post("/v1/jobs", json=job)
+    assert answer.status_code == 201, answer.text
+    assert answer.json()["status"] == "Pending"  # the node has room; the tenant's max has not
+    listed = api.admin.get("/v1/workloads", params={"job": "analytics/etl"}).json()["items"]
+    assert {i["status"]["phase"] for i in listed} == {"Pending"}
+    assert api.admin.delete("/v1/workloads/analytics/holder").status_code == 200
+    wait_until(lambda: {i["status"]["phase"] for i in api.admin.get("/v1/workloads", params={"job": "analytics/etl"})
+                        .json()["items"]} == {"Bound"}, what="the whole gang after the release")  # fmt: skip

@@ -32,7 +32,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -75,11 +75,7 @@ class QueuedUnit:
     @cached_property
     def demand(self) -> dict[str, int]:
         """What the unit will hold once placed (its workloads are fixed: computed once)."""
-        total: dict[str, int] = {}
-        for w in self.workloads:
-            for name, amount in demand_of(w).items():
-                total[name] = total.get(name, 0) + amount
-        return total
+        return group_demand(self.workloads)
 
 
 READY, QUOTA, BACKOFF, PARKED, TAKEN = "ready", "quota", "backoff", "parked", "taken"
@@ -95,6 +91,15 @@ def gang_reason(members: list[Workload]) -> str:
 def demand_of(workload: Workload) -> dict[str, int]:
     """What a workload will hold, in the names quotas and DRF count (GPU shortcuts translated)."""
     return translate_gpu_shortcuts(workload.requests)
+
+
+def group_demand(workloads: Iterable[Workload]) -> dict[str, int]:
+    """What `workloads` will hold together once placed."""
+    total: dict[str, int] = {}
+    for w in workloads:
+        for name, amount in demand_of(w).items():
+            total[name] = total.get(name, 0) + amount
+    return total
 
 
 @dataclass
@@ -428,6 +433,16 @@ class SchedulingQueue:
 
     def _quota_check(self, tenant: str, demand: Mapping[str, int]) -> str | None:
         return self.quotas.problem(tenant, demand, self._held)
+
+    def group_quota_problem(self, workloads: Sequence[Workload]) -> str | None:
+        """Why the quota of their tenant does not admit `workloads` placed together now, or None.
+
+        For a driver that places a group at once (a Job's slots) without passing through the queue:
+        it holds them to the same caps the queue holds every unit to."""
+        tenant = workloads[0].tenant
+        if not self.quotas.limited(tenant):
+            return None
+        return self._quota_check(tenant, group_demand(workloads))
 
     def quota_problem(self, tenant: str, demand: Mapping[str, int]) -> str:
         """Why `demand` of `tenant` waits for its quota: what no release can ever admit (a cap below

@@ -70,9 +70,12 @@ def submit_job(body: JobBody, ctx: Ctx, caller: ManifestWriter) -> dict[str, Any
     tenant = workloads[0].tenant
     with ctx.loop.lock:
         scheduler = ctx.scheduler()
+        quota = scheduler.queue.group_quota_problem(workloads)
         try:
-            bindings = scheduler.schedule_gang(workloads)
-            reason = ""
+            if quota is not None:  # over its tenant's quota now: the slots wait in the queue, as any unit
+                bindings, reason = [], f"waiting: {quota}"
+            else:
+                bindings, reason = scheduler.schedule_gang(workloads), ""
         except FitError as exc:
             bindings, reason = [], exc.message
         except ValidationError as exc:
