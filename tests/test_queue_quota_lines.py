@@ -53,10 +53,7 @@ def test_a_demand_over_a_cap_by_itself_waits_with_that_reason_and_blocks_nothing
     )
     sched.queue.set_tenant(Tenant(name="org", max={"cpu": "12"}))  # an admin raises the cap
     assert bound(sched.run()) == []  # 4 held + 7 > tb's own max of 8: now it only waits for room
-    assert (
-        sched.queue.reason("tb/huge")
-        == "waiting: tenant tb would exceed its max: cpu (holds 4, asks 7, max 8)"
-    )
+    assert sched.queue.reason("tb/huge") == "waiting: tenant tb would exceed its max: cpu (holds 4, asks 7, max 8)"
     sched.release("tb/a")
     sched.release("tb/b")
     assert bound(sched.run()) == ["tb/huge"]
