@@ -141,7 +141,7 @@ def test_cli_plan_against_the_server(api: Api, tmp_path: Path) -> None:
     by_name = {r["workload"]: r for r in json.loads(done.stdout)["results"]}
     assert by_name["team-a/what-if-infer"]["node"] and by_name["team-a/what-if-infer"]["cpuset"]
     assert (
-        by_name["team-b/what-if-huge"]["node"] is None and "insufficient cpu" in by_name["team-b/what-if-huge"]["error"]
+        by_name["team-a/what-if-huge"]["node"] is None and "insufficient cpu" in by_name["team-a/what-if-huge"]["error"]
     )
     table = subprocess.run([*FINESCHED, "plan", str(EXAMPLES / "what-if.yaml"), *common], capture_output=True,
                            text=True, timeout=60, env={**os.environ, "COLUMNS": "80"})  # fmt: skip
