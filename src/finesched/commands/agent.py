@@ -37,7 +37,10 @@ from finesched.private import private_dir, private_file, write_private
 out = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
 
-DataOption = Annotated[Path | None, typer.Option("--data", help="State directory (default: ~/.local/share/finesched).")]
+DataOption = Annotated[
+    Path | None,
+    typer.Option("--data", help="State directory (default: finesched in the XDG data directory, ~/.local/share)."),
+]
 FakeGpusOption = Annotated[
     str | None,
     typer.Option(
@@ -68,8 +71,8 @@ WorkRootOption = Annotated[
     Path | None,
     typer.Option(
         "--work-root",
-        help="Where workloads' working directories go (default: /var/lib/finesched/work as root, "
-        "else <data>/work). Every parent must let others through (o+x).",
+        help="Where workloads' working directories go (default as root: finesched/work in /var/lib; else "
+        "work in --data). Every parent must let others through (o+x).",
     ),
 ]
 SandboxOption = Annotated[
