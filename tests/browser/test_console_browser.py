@@ -137,7 +137,8 @@ def test_invalid_manifest_shows_the_field_path(admin: Console) -> None:
     page.click("#plan-run")
     error = page.locator('#plan-errors [data-path="spec.requests.cpu"]')
     error.wait_for()
-    assert "document 2" in error.inner_text() and "lots" in error.inner_text()
+    line = 1 + text.splitlines().index("    cpu: lots")  # the field's own line, not its document's first
+    assert f"document 2, line {line}:" in error.inner_text() and "lots" in error.inner_text()
 
 
 def test_what_if_answer_is_what_the_scheduler_then_does(admin: Console, cluster: Api) -> None:

@@ -84,6 +84,7 @@ def test_plan_refuses_bad_input_with_field_paths(api: Api) -> None:
     assert refused.status_code == 422
     (detail,) = refused.json()["detail"]
     assert detail["loc"] == ["body", 1, "spec", "requests", "cpu"] and "lots" in detail["msg"], detail
+    assert text.splitlines()[detail["line"] - 1].strip() == "cpu: lots"  # the field's own line in the body
     single = api.admin.post("/v1/plan", json=workload("bad", cpu="lots"))
     assert single.status_code == 422 and single.json()["detail"][0]["loc"] == ["body", "spec", "requests", "cpu"]
     broken = api.admin.post("/v1/plan", content="kind: [unclosed", headers={"Content-Type": "application/yaml"})
