@@ -100,6 +100,7 @@ def test_submit_with_a_bad_token_is_refused(control_plane: tuple[str, str]) -> N
     url, _ = control_plane
     result = runner.invoke(app, ["job", "submit", str(JOBS / "gpu-inference.yaml"), "--server", url, "--token", "nope"])
     assert result.exit_code == 1 and "refused the job (401)" in result.stderr
+    assert "finesched token create" in result.stderr  # how to get a token
 
 
 def test_get_describe_and_delete_job_from_the_cli(control_plane: tuple[str, str]) -> None:

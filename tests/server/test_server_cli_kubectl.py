@@ -59,6 +59,10 @@ def test_a_tenant_token_acts_in_its_own_namespace_and_is_told_which_it_may_use(a
     assert "403" in refused.stderr and "this token may use namespace team-a: pass -n team-a" in refused.stderr
     logs = cli(api, mine, "logs", "web", "-n", "default")
     assert logs.returncode == 1 and "pass -n team-a" in logs.stderr
+    manifest = Path(api.db.removeprefix("sqlite:///")).parent / "default.yaml"  # no namespace: default
+    manifest.write_text(yaml.safe_dump({**workload("x"), "metadata": {"name": "x"}}))
+    sent = cli(api, mine, "submit", "-f", str(manifest))
+    assert sent.returncode == 1 and "set metadata.namespace: team-a in the manifests" in sent.stderr
     # an admin's default stays `default`
     assert "Workload default/web" in cli(api, api.token("admin"), "describe", "workload", "web").stdout
     denied = cli(api, "fs_not_a_token", "get", "workloads")

@@ -73,6 +73,8 @@ class Client:
         self.http = httpx.Client(base_url=server.rstrip("/"), headers={"Authorization": f"Bearer {token}"},
                                  timeout=timeout, **options)  # fmt: skip
         self._whoami: dict[str, Any] | None = None
+        #: What a refused namespace's answer suggests ({ns}: the first namespace the token may use).
+        self.advice = "pass -n {ns} (or {ns}/NAME)"
 
     def call(self, method: str, path: str, **kwargs: Any) -> Any:
         try:
@@ -196,7 +198,7 @@ def refusal_hint(status: int, detail: Any, client: Client | None) -> str:
     if not mine:
         return "this token may use no namespace"
     listed = ", ".join(mine)
-    return f"this token may use namespace{'s' if len(mine) > 1 else ''} {listed}: pass -n {mine[0]} (or {mine[0]}/NAME)"
+    return f"this token may use namespace{'s' if len(mine) > 1 else ''} {listed}: {client.advice.format(ns=mine[0])}"
 
 
 def _workload_key(name: str, namespace: str | None) -> tuple[str, str]:
@@ -239,6 +241,7 @@ def submit(
     admit_or_exit(file, warn=False)  # exits 1 naming every problem; references are the server's to check
     manifests = load_manifests(*file)  # sent as written: the server resolves what the files leave out
     client = Client(server, token, ca=ca, insecure=insecure)
+    client.advice = "set metadata.namespace: {ns} in the manifests"
     results: list[dict[str, Any]] = []
     for cls in manifests.priority_classes:  # first: the workloads below may name them
         client.call("PUT", f"/v1/priorityclasses/{cls.name}", json=to_manifest(cls))
