@@ -355,8 +355,7 @@ def _get_one(kind: str, name: str, client: Client, namespace: str | None, output
 
 
 WORKLOAD_COLUMNS = Columns(
-    col("workload"), col("tenant", wide=True), col("phase", keep=True), col("node"),
-    col("cpuset", wide=True),
+    col("workload"), col("tenant", wide=True), col("phase", keep=True), col("node"), col("cpuset", wide=True),
     col("devices", wide=True), col("reason"),
 )  # fmt: skip
 
@@ -395,8 +394,8 @@ def _conditions_text(status: dict[str, Any]) -> str:
 
 
 NODE_COLUMNS = Columns(
-    col("name"), col("status", keep=True), col("workloads", right=True, keep=True),
-    col("heartbeat", wide=True), col("allocatable"), col("conditions"),
+    col("name"), col("status", keep=True), col("workloads", right=True, keep=True), col("heartbeat", wide=True),
+    col("allocatable"), col("conditions"),
 )  # fmt: skip
 
 
@@ -421,7 +420,7 @@ def _tenants_table(items: list[dict[str, Any]], wide: bool) -> Table:
         namespaces = ", ".join(spec.get("namespaces") or ())
         rows.append((escape(item["metadata"]["name"]), str(spec.get("weight", 1.0)), escape(quota) or "-",
                      escape(namespaces) or "-", escape(_conditions_text(item["status"]))))  # fmt: skip
-    headers = [col("name"), col("weight", right=True), "quota", "namespaces", "conditions"]
+    headers = ["name", col("weight", right=True), "quota", "namespaces", "conditions"]
     return simple_table(f"{len(items)} tenant(s)", headers, rows)
 
 
@@ -440,7 +439,7 @@ def _classes_table(items: list[dict[str, Any]], wide: bool) -> Table:
 def _events_table(items: list[dict[str, Any]], wide: bool) -> Table:
     rows = [(str(e["id"]), event_time(e["time"], wide), e["kind"], escape(e["object"]), escape(e["reason"]),
              escape(e["message"])) for e in items]  # fmt: skip
-    headers = [col("id", right=True), "time (UTC)", "kind", col("object"), "reason", "message"]
+    headers = [col("id", right=True), "time (UTC)", "kind", "object", "reason", "message"]
     return simple_table(f"{len(items)} event(s)", headers, rows)
 
 

@@ -155,12 +155,7 @@ GROUP_COLUMNS = Columns(
 )  # fmt: skip
 PARTIAL_COLUMNS = Columns(col("group"), col("slot"), col("tasks"), col("cpu"), col("memory"), col("quotas", wide=True))
 PLACEMENT_COLUMNS = Columns(
-    col("slot"),
-    col("group"),
-    col("node"),
-    col("cpuset", wide=True),
-    col("devices"),
-    col("quotas"),
+    col("slot"), col("group"), col("node"), col("cpuset", wide=True), col("devices"), col("quotas")
 )
 
 

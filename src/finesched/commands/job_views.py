@@ -20,16 +20,13 @@ def _counts(phases: dict[str, Any]) -> str:
 
 
 JOB_COLUMNS = Columns(
-    col("job"), col("phase", keep=True), col("slots"), col("regions", wide=True),
-    col("restarts", keep=True), col("reason"),
+    col("job"), col("phase", keep=True), col("slots"), col("regions", wide=True), col("restarts", keep=True),
+    col("reason"),
 )  # fmt: skip
-REGION_COLUMNS = Columns(
-    col("region"), col("tasks"), col("slot"), col("phase", keep=True), col("node"),
-    col("restarts", right=True),
-)  # fmt: skip
-EVENT_COLUMNS = Columns(
-    col("time (UTC)", keep=True), col("object"), col("reason"), col("count", right=True), col("message"),
-)  # fmt: skip
+REGION_COLUMNS = Columns(col("region"), col("tasks"), col("slot"), col("phase", keep=True), col("node"),
+                         col("restarts", right=True))  # fmt: skip
+EVENT_COLUMNS = Columns(col("time (UTC)", keep=True), col("object"), col("reason"), col("count", right=True),
+                        col("message"))  # fmt: skip
 
 
 def jobs_table(items: list[dict[str, Any]], wide: bool = False) -> Table:

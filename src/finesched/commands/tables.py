@@ -2,7 +2,7 @@
 
 Rules (what `kubectl get` users expect):
 
-* a cell wraps between words, never inside one, and is never broken in two;
+* a cell wraps between words, never inside one;
 * a word too wide for its column (a workload's, a slot's, a node's name, a path) is shortened in its
   middle (``clicks-r…on-0-3``, `Cell`), so names that differ only at their end (a job's slots)
   stay apart;
