@@ -206,6 +206,7 @@ def test_workload_page_tails_its_output_from_the_node_agent(browser: Any, tmp_pa
 
 def test_job_page_shows_regions_groups_and_slots(admin: Console, cluster: Api) -> None:
     job = yaml.safe_load((Path(__file__).resolve().parents[2] / "examples" / "jobs" / "two-regions.yaml").read_text())
+    job["metadata"]["namespace"] = "demo"  # the example's job, in a tenant's namespace
     create_tenants(cluster.admin, ("demo",))  # the tenant that owns the job's namespace
     assert cluster.admin.post("/v1/jobs", json=job).status_code == 201
     page = admin.open("/ui/jobs/demo/clicks")
