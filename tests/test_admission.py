@@ -202,8 +202,8 @@ def test_validate_reports_what_the_server_refuses_and_warns_of_what_it_cannot_se
     )
     result = runner.invoke(app, ["validate", str(bad)])
     assert result.exit_code == 1
-    assert "doc 1: spec.requests" in result.stderr and "invalid resource device requests" in result.stderr
-    assert "doc 2: metadata.name" in result.stderr and "doc 3: spec.weight" in result.stderr
+    assert "doc 1, line 4: spec.requests" in result.stderr and "invalid resource device requests" in result.stderr
+    assert "doc 2, line 8: metadata.name" in result.stderr and "doc 3, line 13: spec.weight" in result.stderr
     good = tmp_path / "good.yaml"
     good.write_text(f"apiVersion: {API}\nkind: Workload\nmetadata: {{name: w, namespace: team-x}}\n")
     result = runner.invoke(app, ["validate", str(good)])

@@ -39,7 +39,7 @@ def test_validate_prints_every_error_and_exits_1(tmp_path: Path) -> None:
     )
     result = runner.invoke(app, ["validate", str(bad)])
     assert result.exit_code == 1
-    assert f'{bad} doc 1: spec.requests.cpu: "abc" is not a quantity' in result.stderr
+    assert f'{bad} doc 1, line 4: spec.requests.cpu: "abc" is not a quantity' in result.stderr
     assert "spec.requests.memory" in result.stderr and "Traceback" not in result.output
 
 

@@ -200,9 +200,10 @@ def test_error_line_shows_file_doc_path_value_and_rule(tmp_path: Path) -> None:
     path.write_text(good + "---\n" + bad)
     with pytest.raises(ValidationError) as info:
         load_manifests(path)
+    line = 1 + path.read_text().splitlines().index("    cpu: abc")  # the field's own line, not the document's
     assert str(info.value) == (
-        f'{path} doc 2: spec.requests.cpu: "abc" is not a quantity: expected a number with an optional suffix '
-        "(n, u, m, k, M, G, T, P, E, Ki..Ei or an exponent like e3)"
+        f'{path} doc 2, line {line}: spec.requests.cpu: "abc" is not a quantity: expected a number with an optional '
+        "suffix (n, u, m, k, M, G, T, P, E, Ki..Ei or an exponent like e3)"
     )
 
 
@@ -215,18 +216,19 @@ def test_every_error_is_reported_and_nothing_is_loaded(tmp_path: Path) -> None:
     with pytest.raises(ValidationError) as info:
         load_manifests(first, second)
     paths = sorted((e.where, e.path) for e in info.value.errors)
-    assert paths == [
-        (f"{first} doc 2", "kind"),
-        (f"{second} doc 1", "spec.requests.cpu"),
-        (f"{second} doc 1", "spec.requests.memory"),
-        (f"{second} doc 2", "metadata.name"),
+    kind_line = 1 + first.read_text().splitlines().index("kind: Nope")
+    assert paths == [  # the JSON file is one line
+        (f"{first} doc 2, line {kind_line}", "kind"),
+        (f"{second} doc 1, line 1", "spec.requests.cpu"),
+        (f"{second} doc 1, line 1", "spec.requests.memory"),
+        (f"{second} doc 2, line 1", "metadata.name"),
     ]
 
 
 def test_duplicate_node_names_are_rejected(tmp_path: Path) -> None:
     path = tmp_path / "dup.yaml"
     path.write_text(yaml.safe_dump_all([node_doc(), node_doc()]))
-    with pytest.raises(ValidationError, match=r"doc 2: metadata.name: \"n1\" duplicate Node"):
+    with pytest.raises(ValidationError, match=r"doc 2, line [0-9]+: metadata.name: \"n1\" duplicate Node"):
         load_manifests(path)
 
 

@@ -6,9 +6,10 @@ problem listed), 2 for usage errors (typer's own convention).
 
 from __future__ import annotations
 
+import inspect
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -36,6 +37,10 @@ def fail(message: str, code: int = 1) -> typer.Exit:
     return typer.Exit(code)
 
 
+if TYPE_CHECKING:
+    from finesched.admission import World
+
+
 def load_or_exit(paths: list[Path]) -> Manifests:
     """Load manifests, or print every problem and exit 1."""
     try:
@@ -46,24 +51,25 @@ def load_or_exit(paths: list[Path]) -> Manifests:
         raise typer.Exit(1) from None
 
 
-def admit_or_exit(paths: list[Path], *, warn: bool = True) -> Manifests:
+def admit_or_exit(paths: list[Path], *, warn: bool = True, known: World | None = None) -> Manifests:
     """Load manifests and apply the server's admission rules to them: every problem of every
-    document and exit 1, or the objects as the server stores them (with, when `warn`, a warning for
-    each reference to what the files do not define)."""
+    document (on its field's line) and exit 1, or the objects as the server stores them (with, when
+    `warn`, a warning for each reference to what neither the files nor `known`, what the server
+    said it holds, define)."""
     from finesched.admission import admit_manifests
 
-    manifests, errors = read_manifests(*paths)
+    read, errors = read_manifests(*paths)
     try:
-        manifests, warnings = admit_manifests(manifests)
+        manifests, warnings = admit_manifests(read, known)
     except ValidationError as exc:
-        errors += exc.errors
+        errors += read.with_lines(exc.errors)
     if errors:
         for detail in errors:
             err.print(f"[bold red]error:[/] {escape(str(detail))}", soft_wrap=True)
         raise typer.Exit(1) from None
-    for detail in warnings if warn else ():
-        err.print(f"[yellow]warning:[/] {escape(str(detail))} (these files only; the server checks its own)",
-                  soft_wrap=True)  # fmt: skip
+    scope = "these files and the server's tenants and priority classes" if known else "these files only"
+    for detail in read.with_lines(warnings) if warn else ():
+        err.print(f"[yellow]warning:[/] {escape(str(detail))} ({scope}; the server checks its own)", soft_wrap=True)
     return manifests
 
 
@@ -74,11 +80,33 @@ def version() -> None:
 
 
 @app.command()
-def validate(files: Annotated[list[Path], typer.Argument(help="Manifest files (YAML or JSON).")]) -> None:
-    """Check manifest files by the server's rules; print every problem (exit 1) or a summary of what they hold."""
+def validate(
+    files: Annotated[list[Path], typer.Argument(help="Manifest files (YAML or JSON).")],
+    server: Annotated[
+        str | None,
+        typer.Option("--server", envvar="FINESCHED_SERVER", help="Also know this server's tenants (--token)."),
+    ] = None,
+    token: Annotated[str, typer.Option("--token", envvar="FINESCHED_TOKEN", help="Bearer token (--server).")] = "",
+    ca: Annotated[Path | None, typer.Option("--ca", envvar="FINESCHED_CA", help="Server CA file (--server).")] = None,
+    insecure: Annotated[
+        bool, typer.Option("--insecure", envvar="FINESCHED_INSECURE", help="Token over plain HTTP (--server).")
+    ] = False,
+) -> None:
+    """Check manifest files by the server's rules; print every problem (exit 1) or a summary of what they hold.
+
+    References to tenants and priority classes the files do not define are warnings; with --server
+    and --token (or FINESCHED_SERVER / FINESCHED_TOKEN) those the server holds and the token may see
+    count as defined (a tenant's own namespaces belong to it)."""
     from finesched.commands.tables import simple_table
 
-    manifests = admit_or_exit(files)
+    known = None
+    if server and token:
+        from finesched.commands.client import server_world
+
+        known, problem = server_world(server, token, ca=ca, insecure=insecure)
+        if problem:
+            err.print(f"note: {escape(problem)}; references are checked against these files only", soft_wrap=True)
+    manifests = admit_or_exit(files, known=known)
     rows = [("PriorityClass", c.name, _class_summary(c)) for c in manifests.priority_classes]
     rows += [("Tenant", tenant.name, f"weight {tenant.weight:g}") for tenant in manifests.tenants]
     rows += [("Node", node.name, _node_summary(node)) for node in manifests.nodes]
@@ -269,6 +297,21 @@ def _add_k8s() -> None:
 
 
 _add_k8s()
+
+
+def _one_line_summaries(group: typer.Typer) -> None:
+    """Each command's summary in its group's list: its help's first paragraph as one line, so it
+    wraps to the terminal (typer keeps a docstring's own line breaks there, ragged at 80 columns)."""
+    for info in group.registered_commands:
+        doc = inspect.getdoc(info.callback) if info.callback is not None else None
+        if info.short_help is None and info.help is None and doc:
+            info.short_help = " ".join(doc.split("\n\n")[0].split())
+    for sub in group.registered_groups:
+        if sub.typer_instance is not None:
+            _one_line_summaries(sub.typer_instance)
+
+
+_one_line_summaries(app)
 
 
 def main() -> None:

@@ -137,7 +137,8 @@ def test_invalid_manifest_shows_the_field_path(admin: Console) -> None:
     page.click("#plan-run")
     error = page.locator('#plan-errors [data-path="spec.requests.cpu"]')
     error.wait_for()
-    assert "document 2" in error.inner_text() and "lots" in error.inner_text()
+    line = 1 + text.splitlines().index("    cpu: lots")  # the field's own line, not its document's first
+    assert f"document 2, line {line}:" in error.inner_text() and "lots" in error.inner_text()
 
 
 def test_what_if_answer_is_what_the_scheduler_then_does(admin: Console, cluster: Api) -> None:
@@ -205,6 +206,7 @@ def test_workload_page_tails_its_output_from_the_node_agent(browser: Any, tmp_pa
 
 def test_job_page_shows_regions_groups_and_slots(admin: Console, cluster: Api) -> None:
     job = yaml.safe_load((Path(__file__).resolve().parents[2] / "examples" / "jobs" / "two-regions.yaml").read_text())
+    job["metadata"]["namespace"] = "demo"  # the example's job, in a tenant's namespace
     create_tenants(cluster.admin, ("demo",))  # the tenant that owns the job's namespace
     assert cluster.admin.post("/v1/jobs", json=job).status_code == 201
     page = admin.open("/ui/jobs/demo/clicks")

@@ -100,6 +100,7 @@ def test_submit_with_a_bad_token_is_refused(control_plane: tuple[str, str]) -> N
     url, _ = control_plane
     result = runner.invoke(app, ["job", "submit", str(JOBS / "gpu-inference.yaml"), "--server", url, "--token", "nope"])
     assert result.exit_code == 1 and "refused the job (401)" in result.stderr
+    assert "finesched token create" in result.stderr  # how to get a token
 
 
 def test_get_describe_and_delete_job_from_the_cli(control_plane: tuple[str, str]) -> None:
@@ -108,16 +109,16 @@ def test_get_describe_and_delete_job_from_the_cli(control_plane: tuple[str, str]
     assert runner.invoke(app, ["job", "submit", str(JOBS / "two-regions.yaml"), *auth]).exit_code == 0
     listed = runner.invoke(app, ["get", "jobs", *auth])
     assert listed.exit_code == 0 and "clicks" in listed.stdout and "3: 3 Bound" in listed.stdout
-    as_json = json.loads(runner.invoke(app, ["get", "jobs", "-n", "demo", "-o", "json", *auth]).stdout)
+    as_json = json.loads(runner.invoke(app, ["get", "jobs", "-n", "default", "-o", "json", *auth]).stdout)
     assert [j["status"]["phase"] for j in as_json] == ["Pending"]  # bound, no agent runs them yet
     slots = runner.invoke(app, ["get", "workloads", "--job", "clicks", "-o", "json", *auth])
     assert len(json.loads(slots.stdout)) == 3
-    described = runner.invoke(app, ["describe", "job", "clicks", "-n", "demo", *auth])
+    described = runner.invoke(app, ["describe", "job", "clicks", *auth])
     assert described.exit_code == 0, described.output
     assert "clicks-source, clicks-count" in described.stdout and "Restarts: 0 of 3" in described.stdout
-    deleted = runner.invoke(app, ["delete", "job", "demo/clicks", *auth])
+    deleted = runner.invoke(app, ["delete", "job", "default/clicks", *auth])
     assert deleted.exit_code == 0 and "3 slot(s), 3 released" in deleted.stdout
-    gone = runner.invoke(app, ["describe", "job", "demo/clicks", *auth])
+    gone = runner.invoke(app, ["describe", "job", "default/clicks", *auth])
     assert gone.exit_code == 1 and "not found" in gone.output
 
 

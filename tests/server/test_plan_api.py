@@ -84,6 +84,7 @@ def test_plan_refuses_bad_input_with_field_paths(api: Api) -> None:
     assert refused.status_code == 422
     (detail,) = refused.json()["detail"]
     assert detail["loc"] == ["body", 1, "spec", "requests", "cpu"] and "lots" in detail["msg"], detail
+    assert text.splitlines()[detail["line"] - 1].strip() == "cpu: lots"  # the field's own line in the body
     single = api.admin.post("/v1/plan", json=workload("bad", cpu="lots"))
     assert single.status_code == 422 and single.json()["detail"][0]["loc"] == ["body", "spec", "requests", "cpu"]
     broken = api.admin.post("/v1/plan", content="kind: [unclosed", headers={"Content-Type": "application/yaml"})
@@ -141,7 +142,7 @@ def test_cli_plan_against_the_server(api: Api, tmp_path: Path) -> None:
     by_name = {r["workload"]: r for r in json.loads(done.stdout)["results"]}
     assert by_name["team-a/what-if-infer"]["node"] and by_name["team-a/what-if-infer"]["cpuset"]
     assert (
-        by_name["team-b/what-if-huge"]["node"] is None and "insufficient cpu" in by_name["team-b/what-if-huge"]["error"]
+        by_name["team-a/what-if-huge"]["node"] is None and "insufficient cpu" in by_name["team-a/what-if-huge"]["error"]
     )
     table = subprocess.run([*FINESCHED, "plan", str(EXAMPLES / "what-if.yaml"), *common], capture_output=True,
                            text=True, timeout=60, env={**os.environ, "COLUMNS": "80"})  # fmt: skip

@@ -188,3 +188,35 @@ def test_a_killed_control_plane_is_restarted_and_a_killed_up_takes_its_server_al
         for pid in _sleeping(first) + _sleeping(second):
             os.kill(pid, signal.SIGKILL)
         output.close()
+
+
+def test_up_serves_its_agents_logs_on_the_port_asked_for(tmp_path: Path, work_root: Path) -> None:
+    """`up --logs-port P`, as `agent --logs-port P`: the agent serves workload output on P (reported
+    to the server); a port in use, or the server's own, is refused before anything starts."""
+    data, port, logs_port = tmp_path / "data", free_port(), free_port()
+    started = datetime.now(UTC)
+    process = up(data, port, work_root, "--logs-port", str(logs_port))
+    assert process.stdout is not None
+    try:
+        for line in process.stdout:
+            if line.startswith("admin token:"):
+                break
+        token = (data / "admin.token").read_text().strip()
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {token}"}) as admin:
+            wait_until(lambda: _reported_since(admin, started), timeout=60, what="the agent to report")
+            (item,) = admin.get("/v1/nodes").json()["items"]
+        assert item["status"]["report"]["discovery"]["logs"]["url"].endswith(f":{logs_port}")
+        with socket.create_connection(("127.0.0.1", logs_port), timeout=5):
+            pass  # the agent listens there
+    finally:
+        process.send_signal(signal.SIGINT)
+        process.communicate(timeout=60)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        for asked in (busy, port):
+            args = ["up", "--data", str(tmp_path / "other"), "--port", str(port), "--logs-port", str(asked)]
+            refused = subprocess.run([*FINESCHED, *args], capture_output=True, text=True, timeout=60)
+            assert refused.returncode == 1 and f"--logs-port {asked}" in refused.stderr, refused.stderr
+            assert not (tmp_path / "other").exists()

@@ -353,16 +353,18 @@ def admit_job(
 
 
 # Files ----------------------------------------------------------------------------------------------
-def admit_manifests(manifests: Manifests) -> tuple[Manifests, list[ErrorDetail]]:
+def admit_manifests(manifests: Manifests, known: World | None = None) -> tuple[Manifests, list[ErrorDetail]]:
     """Admit everything loaded from manifest files (`finesched validate`, `submit`): the objects as
-    the server would store them, and warnings for references to what the files do not define;
-    ValidationError listing every problem of every file otherwise."""
+    the server would store them, and warnings for references to what neither the files nor `known`
+    (what a server said it holds: its tenants and PriorityClasses) define; ValidationError listing
+    every problem of every file otherwise."""
+    known = known or World()
     world = World(
-        {t.name: t for t in manifests.tenants},
-        frozenset(d.type for n in manifests.nodes for d in n.devices),
-        {}, strict=False,
+        {**known.tenants, **{t.name: t for t in manifests.tenants}},
+        frozenset(d.type for n in manifests.nodes for d in n.devices) | known.device_types,
+        dict(known.priority_classes), strict=False,
     )  # fmt: skip
-    out = Manifests(origins=manifests.origins)
+    out = Manifests(origins=manifests.origins, yaml_nodes=manifests.yaml_nodes)
     errors: list[ErrorDetail] = []
     for cls in manifests.priority_classes:  # each against those before it: a second default is the error
         try:

@@ -37,7 +37,10 @@ from finesched.private import private_dir, private_file, write_private
 out = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
 
-DataOption = Annotated[Path | None, typer.Option("--data", help="State directory (default: ~/.local/share/finesched).")]
+DataOption = Annotated[
+    Path | None,
+    typer.Option("--data", help="State directory (default: finesched in the XDG data directory, ~/.local/share)."),
+]
 FakeGpusOption = Annotated[
     str | None,
     typer.Option(
@@ -68,8 +71,8 @@ WorkRootOption = Annotated[
     Path | None,
     typer.Option(
         "--work-root",
-        help="Where workloads' working directories go (default: /var/lib/finesched/work as root, "
-        "else <data>/work). Every parent must let others through (o+x).",
+        help="Where workloads' working directories go (default as root: finesched/work in /var/lib; else "
+        "work in --data). Every parent must let others through (o+x).",
     ),
 ]
 SandboxOption = Annotated[
@@ -88,6 +91,10 @@ SharingOption = Annotated[
         help="Let several tenants' workloads share this node although the agent is not root (they run as "
         "the agent's user and can reach each other); without it the scheduler places one tenant at a time.",
     ),
+]
+LogsPortOption = Annotated[
+    int,
+    typer.Option("--logs-port", min=0, max=65535, help="Port the control plane reads workload logs on (0: any)."),
 ]
 FAKE_GPU_MEMORY = "16Gi"
 MAX_FAKE_GPUS = 64
@@ -163,10 +170,7 @@ def agent_cmd(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only warnings and errors.")] = False,
     ca: CaOption = None,
     insecure: InsecureOption = False,
-    logs_port: Annotated[
-        int,
-        typer.Option("--logs-port", min=0, max=65535, help="Port the control plane reads workload logs on (0: any)."),
-    ] = 0,
+    logs_port: LogsPortOption = 0,
     logs_address: Annotated[
         str | None,
         typer.Option(
@@ -358,6 +362,7 @@ def up_cmd(
     work_root: WorkRootOption = None,
     sandbox: SandboxOption = "none",
     allow_tenant_sharing: SharingOption = False,
+    logs_port: LogsPortOption = 0,
 ) -> None:
     """Start a one-machine cluster: control plane + this machine's agent; print the URL and an admin token.
 
@@ -387,6 +392,9 @@ def up_cmd(
     busy = check_port(host, port)
     if busy is not None:  # before anything is written or started
         raise _fail(f"{busy}; is finesched (or something else) already running there? Stop it or pass --port")
+    busy = check_port("127.0.0.1", logs_port) if logs_port else None
+    if busy is not None or logs_port == port:
+        raise _fail(f"--logs-port {logs_port}: {busy or 'is the server port'}; pass another --logs-port (0: any)")
     name = node_name or socket.gethostname().lower()  # as kubelet names a node after its host
     if subdomain_problems(name):
         raise _fail(f"node name {name!r}: {subdomain_problems(name)[0]}; pass --node-name", 2)
@@ -430,7 +438,7 @@ def up_cmd(
         )
         # the local agent serves logs to the local server: on the loopback interface only
         config = AgentConfig(url, agent_token, data / "agent", name, interval, stop_workloads_on_exit=True,
-                             logs_port=0, logs_host="127.0.0.1", tls_cert=tls_cert, tls_key=tls_key,
+                             logs_port=logs_port, logs_host="127.0.0.1", tls_cert=tls_cert, tls_key=tls_key,
                              fake_gpus=simulated, tenant_uids=uids, work_root=work_root, sandbox=sandbox,
                              allow_tenant_sharing=allow_tenant_sharing, hide=(data,))  # fmt: skip
         client = AgentClient(url, agent_token, verify=verify)  # with TLS: exactly the server's own certificate

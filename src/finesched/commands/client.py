@@ -23,6 +23,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from finesched.commands.node_view import render_node
+from finesched.commands.priority_views import NAMES as PRIORITY_CLASS_NAMES
 from finesched.commands.tables import TABLE_OUTPUTS, Columns, col, event_time, print_table, simple_table
 from finesched.model.manifest import load_manifests, to_manifest
 from finesched.model.resources import human_amount, human_amounts
@@ -44,8 +45,18 @@ InsecureOption = Annotated[
     typer.Option("--insecure", envvar="FINESCHED_INSECURE", help="Allow the token over plain HTTP to another host."),
 ]
 OutputOption = Annotated[str, typer.Option("-o", "--output", help="table, wide, json or yaml.")]
-NamespaceOption = Annotated[str, typer.Option("-n", "--namespace", help="Workload namespace.")]
+NamespaceOption = Annotated[
+    str | None,
+    typer.Option("-n", "--namespace", help="Namespace (default: a tenant token's own, else default).",
+                 show_default=False),
+]  # fmt: skip
 DEFAULT_SERVER = "http://127.0.0.1:8080"
+DEFAULT_NAMESPACE = "default"
+#: What a 401 adds: how to get a token and how to pass it.
+TOKEN_HINT = (
+    "an admin makes a token with `finesched token create --db DB --role tenant --tenant T` (or `--role admin`; "
+    "`finesched up` writes its admin token to <data>/admin.token); pass it with --token or FINESCHED_TOKEN"
+)
 OUTPUTS = ("table", "wide", "json", "yaml")
 
 
@@ -62,6 +73,9 @@ class Client:
             _fail(str(exc), code=2)
         self.http = httpx.Client(base_url=server.rstrip("/"), headers={"Authorization": f"Bearer {token}"},
                                  timeout=timeout, **options)  # fmt: skip
+        self._whoami: dict[str, Any] | None = None
+        #: What a refused namespace's answer suggests ({ns}: the first namespace the token may use).
+        self.advice = "pass -n {ns} (or {ns}/NAME)"
 
     def call(self, method: str, path: str, **kwargs: Any) -> Any:
         try:
@@ -69,8 +83,26 @@ class Client:
         except httpx.HTTPError as exc:
             _fail(f"cannot reach {self.http.base_url}: {exc}")
         if response.status_code >= 400:
-            _fail_response(response)
+            _fail_response(response, self)
         return response.json()
+
+    def whoami(self) -> dict[str, Any]:
+        """Who the token is (GET /v1/whoami: role, tenant, node, namespaces), asked once."""
+        if self._whoami is None:
+            self._whoami = self.call("GET", "/v1/whoami")
+        return self._whoami
+
+    def namespace(self, given: str | None) -> str:
+        """The namespace a command acts in, as kubectl's context gives one: `-n` when given, else a
+        tenant token's own namespace (the first it may use), else `default`."""
+        if given:
+            return given
+        mine = self.whoami().get("namespaces")
+        return mine[0] if mine else DEFAULT_NAMESPACE
+
+    def key(self, name: str, given: str | None) -> tuple[str, str]:
+        """(namespace, name) of "NAME" (in `namespace(given)`) or "NAMESPACE/NAME"."""
+        return _workload_key(name, given) if "/" in name else (self.namespace(given), name)
 
     def list_all(self, path: str, params: dict[str, Any] | None = None, chunk_size: int = 500) -> list[Any]:
         """Every item of a list endpoint, following its pages (`limit`, `metadata.continue`) to the end,
@@ -91,11 +123,16 @@ def _fail(message: str, code: int = 1) -> NoReturn:
     raise typer.Exit(code)
 
 
-def _fail_response(response: httpx.Response) -> NoReturn:
+def _fail_response(response: httpx.Response, client: Client | None = None) -> NoReturn:
+    """Print the server's refusal (every problem with its field path) and exit 1; a 401 says how to
+    get a token, a 403 for a namespace which namespaces the token may use (asked with `client`)."""
     try:
         detail = response.json().get("detail")
     except (ValueError, AttributeError):
         detail = response.text
+    hint = refusal_hint(response.status_code, detail, client)
+    if hint:
+        detail = f"{detail}; {hint}"
     if isinstance(detail, list):
         for item in detail:
             loc = ".".join(str(p) for p in item.get("loc", []))
@@ -108,13 +145,70 @@ def _fail_response(response: httpx.Response) -> NoReturn:
     raise typer.Exit(1)
 
 
-def _workload_key(name: str, namespace: str) -> tuple[str, str]:
+def server_world(server: str, token: str, *, ca: Path | None = None, insecure: bool = False) -> tuple[Any, str]:
+    """(admission World of the tenants and priority classes the server holds that the token may see,
+    "") or (None, why they could not be read): `validate` then checks against its files only."""
+    from finesched.admission import World
+    from finesched.model.manifest import API_VERSION, parse_manifest
+    from finesched.model.tenant import Tenant
+
+    try:
+        http = httpx.Client(base_url=server.rstrip("/"), headers={"Authorization": f"Bearer {token}"}, timeout=30,
+                            **client_options(server, ca, insecure))  # fmt: skip
+    except TransportError as exc:
+        return None, str(exc)
+    found: dict[str, dict[str, Any]] = {"tenants": {}, "priorityclasses": {}}
+    with http:
+        try:
+            who = http.get("/v1/whoami")
+            if who.status_code != 200:
+                return None, f"the server refused the token ({who.status_code})"
+            for kind, objects in found.items():
+                answer = http.get(f"/v1/{kind}", params={"limit": 5000})
+                for item in answer.json().get("items", []) if answer.status_code == 200 else ():
+                    objects[item["metadata"]["name"]] = item
+        except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            return None, f"cannot ask {server}: {exc}"
+    parsed: dict[str, dict[str, Any]] = {"tenants": {}, "priorityclasses": {}}
+    for (kind, objects), name_of in zip(found.items(), ("Tenant", "PriorityClass"), strict=True):
+        for name, item in objects.items():
+            doc = {"apiVersion": API_VERSION, "kind": name_of, "metadata": {"name": name}, "spec": item.get("spec")}
+            try:
+                parsed[kind][name] = parse_manifest(doc)
+            except ValueError:
+                continue  # set aside by the server too
+    mine = who.json()
+    tenants = parsed["tenants"]
+    if mine.get("role") == "tenant" and mine.get("tenant") and mine["tenant"] not in tenants:
+        tenants[mine["tenant"]] = Tenant(name=mine["tenant"], namespaces=mine.get("namespaces") or [])
+    return World(tenants, priority_classes=parsed["priorityclasses"]), ""
+
+
+def refusal_hint(status: int, detail: Any, client: Client | None) -> str:
+    """What to do about a 401 (how to get a token) or a 403 naming a namespace (which namespaces the
+    token may use, and `-n`); "" otherwise."""
+    if status == 401:
+        return TOKEN_HINT
+    if status != 403 or not isinstance(detail, str) or not detail.startswith("namespace ") or client is None:
+        return ""
+    try:
+        answer = client.http.get("/v1/whoami")
+        mine = answer.json().get("namespaces") if answer.status_code == 200 else None
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return "pass -n NAMESPACE (or NAMESPACE/NAME) for a namespace of your tenant"
+    if not mine:
+        return "this token may use no namespace"
+    listed = ", ".join(mine)
+    return f"this token may use namespace{'s' if len(mine) > 1 else ''} {listed}: {client.advice.format(ns=mine[0])}"
+
+
+def _workload_key(name: str, namespace: str | None) -> tuple[str, str]:
     """(namespace, name) of "NAME" or "NAMESPACE/NAME" (a namespace has no "/"; a name stored by an
     older version may have one)."""
     if "/" in name:
         found, rest = name.split("/", 1)
         return found, rest
-    return namespace, name
+    return namespace or DEFAULT_NAMESPACE, name
 
 
 def _check_output(output: str) -> None:
@@ -148,6 +242,7 @@ def submit(
     admit_or_exit(file, warn=False)  # exits 1 naming every problem; references are the server's to check
     manifests = load_manifests(*file)  # sent as written: the server resolves what the files leave out
     client = Client(server, token, ca=ca, insecure=insecure)
+    client.advice = "set metadata.namespace: {ns} in the manifests"
     results: list[dict[str, Any]] = []
     for cls in manifests.priority_classes:  # first: the workloads below may name them
         client.call("PUT", f"/v1/priorityclasses/{cls.name}", json=to_manifest(cls))
@@ -183,12 +278,13 @@ ChunkOption = Annotated[
 
 def get(
     what: Annotated[str, typer.Argument(help="workloads, jobs, nodes, tenants, priorityclasses or events")],
+    name: Annotated[str | None, typer.Argument(help="Only this one: NAME (or NAMESPACE/NAME)")] = None,
     server: ServerOption = DEFAULT_SERVER,
     token: TokenOption = "",
     ca: CaOption = None,
     insecure: InsecureOption = False,
     output: OutputOption = "table",
-    namespace: Annotated[str | None, typer.Option("-n", "--namespace")] = None,
+    namespace: NamespaceOption = None,
     tenant: Annotated[str | None, typer.Option("--tenant")] = None,
     phase: Annotated[str | None, typer.Option("--phase")] = None,
     node: Annotated[str | None, typer.Option("--node")] = None,
@@ -197,18 +293,24 @@ def get(
     obj: Annotated[str | None, typer.Option("--object", help="Events: of this object (e.g. NS/NAME).")] = None,
     chunk_size: ChunkOption = 500,
 ) -> None:
-    """List workloads (filters: namespace, tenant, phase, node, job), jobs (namespace), nodes, tenants
+    """List workloads (filters: namespace, tenant, phase, node, job), jobs (namespace), nodes, tenants,
     priority classes or events (kind, object); every page of the answer is read, --chunk-size items at
-    a time."""
-    from finesched.commands.priority_views import NAMES
-
+    a time. With NAME, that one object (`get workload web`, `get nodes n1`: singular or plural, as
+    kubectl takes them; short names `no`, `ev`, `pc`)."""
     _check_output(output)
-    kinds = {"workloads": "workloads", "workload": "workloads", "nodes": "nodes", "node": "nodes",
-             "tenants": "tenants", "tenant": "tenants", "jobs": "jobs", "job": "jobs", "events": "events",
-             "event": "events", **dict.fromkeys(NAMES, "priorityclasses")}  # fmt: skip
-    if what not in kinds:
+    kind = kind_of(what)
+    if kind is None:
         _fail(f"get {what!r}: use workloads, jobs, nodes, tenants, priorityclasses or events", code=2)
-    kind = kinds[what]
+    if name is not None:
+        given = {"--tenant": tenant, "--phase": phase, "--node": node, "--job": job, "--kind": kind_filter,
+                 "--object": obj}  # fmt: skip
+        filters_given = [flag for flag, value in given.items() if value]
+        if filters_given:
+            _fail(f"get {what} NAME takes no filter ({', '.join(filters_given)}): give a NAME or filters", code=2)
+        if kind == "events":
+            _fail("get events takes no NAME: use --object NAMESPACE/NAME (or --kind)", code=2)
+        _get_one(kind, name, Client(server, token, ca=ca, insecure=insecure), namespace, output)
+        return
     filters = {"namespace": namespace, "tenant": tenant, "phase": phase, "node": node, "job": job}
     params = {k: v for k, v in filters.items() if v} if kind == "workloads" else None
     if kind == "jobs" and namespace:
@@ -220,6 +322,37 @@ def get(
         _dump(items, output)
         return
     print_table(out, _TABLES[kind](items, output == "wide"), wide=output == "wide")
+
+
+#: The kinds `get`, `describe` and `delete` take, by every name they take them: singular, plural
+#: and kubectl's short names (nodes `no`, events `ev`, priority classes `pc`).
+KIND_NAMES: dict[str, tuple[str, ...]] = {
+    "workloads": ("workload", "workloads"),
+    "jobs": ("job", "jobs"),
+    "nodes": ("node", "nodes", "no"),
+    "tenants": ("tenant", "tenants"),
+    "priorityclasses": PRIORITY_CLASS_NAMES,
+    "events": ("event", "events", "ev"),
+}
+#: The kinds whose objects live in a namespace (NAME, NAMESPACE/NAME or -n).
+NAMESPACED = ("workloads", "jobs")
+
+
+def kind_of(word: str) -> str | None:
+    """The kind (its plural, as the API's path names it) `word` names, or None."""
+    return next((kind for kind, names in KIND_NAMES.items() if word in names), None)
+
+
+def _get_one(kind: str, name: str, client: Client, namespace: str | None, output: str) -> None:
+    """`get KIND NAME`: the object (json, yaml: the object itself, as kubectl prints it) or its row."""
+    path = f"/v1/{kind}/{'/'.join(client.key(name, namespace))}" if kind in NAMESPACED else f"/v1/{kind}/{name}"
+    item = client.call("GET", path)
+    if kind == "jobs":  # the list's row: the job's view without the events `describe job` shows
+        item = {k: v for k, v in item.items() if k != "events"}
+    if output not in TABLE_OUTPUTS:
+        _dump(item, output)
+        return
+    print_table(out, _TABLES[kind]([item], output == "wide"), wide=output == "wide")
 
 
 WORKLOAD_COLUMNS = Columns(
@@ -322,7 +455,7 @@ def describe(
     token: TokenOption = "",
     ca: CaOption = None,
     insecure: InsecureOption = False,
-    namespace: NamespaceOption = "default",
+    namespace: NamespaceOption = None,
     output: OutputOption = "table",
 ) -> None:
     """A workload's status, binding (node, cpuset, devices, NUMA), what its agent applied, and events;
@@ -330,12 +463,11 @@ def describe(
     agent applies them, cgroup enforcement, and events; a tenant's spec and events; a priority
     class's value, policy and events; for nodes and tenants their conditions first (SetAside: why
     the scheduler leaves one out)."""
-    from finesched.commands.priority_views import NAMES
-
     _check_output(output)
-    if what not in ("workload", "workloads", "job", "jobs", "node", "nodes", "tenant", "tenants", *NAMES):
+    kind = kind_of(what)
+    if kind is None or kind == "events":
         _fail(f"describe {what!r}: use workload, job, node, tenant or priorityclass", code=2)
-    if what in ("node", "nodes"):
+    if kind == "nodes":
         client = Client(server, token, ca=ca, insecure=insecure)
         node = client.call("GET", f"/v1/nodes/{name}")
         node_events = client.call("GET", "/v1/events", params={"kind": "Node", "object": name})["items"]
@@ -346,14 +478,14 @@ def describe(
             render_node(out, node, node_events, output == "wide")
         return
     client = Client(server, token, ca=ca, insecure=insecure)
-    if what in ("tenant", "tenants"):
+    if kind == "tenants":
         _describe_tenant(name, client, output)
         return
-    if what in NAMES:
+    if kind == "priorityclasses":
         _describe_class(name, client, output)
         return
-    namespace, name = _workload_key(name, namespace)
-    if what in ("job", "jobs"):
+    namespace, name = client.key(name, namespace)
+    if kind == "jobs":
         _describe_job(f"/v1/jobs/{namespace}/{name}", client, output)
         return
     item = client.call("GET", f"/v1/workloads/{namespace}/{name}")
@@ -440,7 +572,7 @@ def delete(
     token: TokenOption = "",
     ca: CaOption = None,
     insecure: InsecureOption = False,
-    namespace: NamespaceOption = "default",
+    namespace: NamespaceOption = None,
     every: Annotated[bool, typer.Option("--all", help="Workloads: every workload of the namespace.")] = False,
     selector: Annotated[
         str | None, typer.Option("-l", "--selector", help="Workloads: those whose labels match, e.g. app=web,tier!=db.")
@@ -451,42 +583,42 @@ def delete(
     refer to it) or a priority class (workloads admitted under it keep their priority).
     `delete workloads -n NS --all` or `-l SELECTOR` deletes many workloads at once (a job's slots go
     with their job)."""
-    from finesched.commands.priority_views import NAMES
-
+    kind = kind_of(what)
     many = every or selector is not None
-    if many and (what not in ("workload", "workloads") or name is not None):
+    if many and (kind != "workloads" or name is not None):
         _fail("--all and -l delete workloads by namespace: `delete workloads -n NS --all` (no NAME)", code=2)
     if not many and name is None:
-        hint = " (or --all, or -l SELECTOR)" if what.startswith("workload") else ""
+        hint = " (or --all, or -l SELECTOR)" if kind == "workloads" else ""
         _fail(f"delete {what}: give a NAME{hint}", code=2)
+    if kind is None or kind == "events":
+        _fail(f"delete {what!r}: use workload, job, node, tenant or priorityclass", code=2)
     client = Client(server, token, ca=ca, insecure=insecure)
     if many:
+        namespace = client.namespace(namespace)
         params = {"namespace": namespace, **({"labelSelector": selector} if selector else {})}
         answer = client.call("DELETE", "/v1/workloads", params=params, timeout=None)
         out.print(f"{answer['deleted']} workload(s) deleted in namespace {escape(namespace)}, "
                   f"{answer['released']} released")  # fmt: skip
         return
     assert name is not None
-    if what in ("job", "jobs"):
-        namespace, name = _workload_key(name, namespace)
+    if kind == "jobs":
+        namespace, name = client.key(name, namespace)
         answer = client.call("DELETE", f"/v1/jobs/{namespace}/{name}")
         out.print(f"job {escape(namespace)}/{escape(name)} deleted: {len(answer['slots'])} slot(s), "
                   f"{answer['released']} released")  # fmt: skip
-    elif what in ("workload", "workloads"):
-        namespace, name = _workload_key(name, namespace)
+    elif kind == "workloads":
+        namespace, name = client.key(name, namespace)
         client.call("DELETE", f"/v1/workloads/{namespace}/{name}")
         out.print(f"workload {escape(namespace)}/{escape(name)} deleted")
-    elif what in ("node", "nodes"):
+    elif kind == "nodes":
         answer = client.call("DELETE", f"/v1/nodes/{name}")
         out.print(f"node {escape(name)} deleted; requeued {len(answer['requeued'])} workload(s)")
-    elif what in ("tenant", "tenants"):
+    elif kind == "tenants":
         client.call("DELETE", f"/v1/tenants/{name}")
         out.print(f"tenant {escape(name)} deleted")
-    elif what in NAMES:
+    else:
         client.call("DELETE", f"/v1/priorityclasses/{name}")
         out.print(f"priorityclass {escape(name)} deleted")
-    else:
-        _fail(f"delete {what!r}: use workload, job, node, tenant or priorityclass", code=2)
 
 
 def cordon(
@@ -520,7 +652,7 @@ def watch(
         with client.http.stream("GET", "/v1/events/watch", params=params) as response:
             if response.status_code >= 400:
                 response.read()
-                _fail_response(response)
+                _fail_response(response, client)
             for line in response.iter_lines():
                 if not line.startswith("data: "):
                     continue

@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from finesched.commands.client import CaOption, InsecureOption
+from finesched.commands.client import TOKEN_HINT, CaOption, InsecureOption
 from finesched.commands.devices import format_grants
 from finesched.commands.tables import Columns, col, print_table
 from finesched.dataflow import CompiledJob, compile_job, gang_workloads
@@ -274,7 +274,8 @@ def submit_cmd(
     except httpx.HTTPError as exc:
         raise _exit_with(f"cannot reach {url}: {exc}") from None
     if response.status_code >= 400:
-        raise _exit_with(f"{url} refused the job ({response.status_code}): {_error_text(response)}")
+        hint = f"; {TOKEN_HINT}" if response.status_code == 401 else ""
+        raise _exit_with(f"{url} refused the job ({response.status_code}): {_error_text(response)}{hint}")
     try:
         answer = response.json()
         slots = answer["slots"]

@@ -24,17 +24,14 @@ from finesched.commands.client import (
     ServerOption,
     TokenOption,
     _fail,
+    _workload_key,
 )
 from finesched.commands.client import _fail_response as fail_response
 
 
-def _key(name: str, namespace: str) -> str:
-    return name if "/" in name else f"{namespace}/{name}"
-
-
 def logs_cmd(
     name: Annotated[str, typer.Argument(help="Workload NAME or NAMESPACE/NAME.")],
-    namespace: NamespaceOption = "default",
+    namespace: NamespaceOption = None,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing until the process ends.")] = False,
     tail: Annotated[int | None, typer.Option("--tail", min=0, help="Only the last N lines.")] = None,
     server: ServerOption = DEFAULT_SERVER,
@@ -47,20 +44,20 @@ def logs_cmd(
     ] = None,
 ) -> None:
     """Print a workload's output (stdout and stderr), fetched by the server from its node's agent."""
-    key = _key(name, namespace)
-    if data is not None:
-        _local(key, data, tail)
+    if data is not None:  # no server to ask a tenant token's namespace: -n, or default
+        _local("/".join(_workload_key(name, namespace)), data, tail)
         return
     params: dict[str, str | int] = {"follow": "true"} if follow else {}
     if tail is not None:
         params["tail"] = tail
     client = Client(server, token, timeout=None, ca=ca, insecure=insecure)
+    key = "/".join(client.key(name, namespace))
     out = sys.stdout.buffer
     try:
         with client.http.stream("GET", f"/v1/workloads/{key}/logs", params=params) as response:
             if response.status_code >= 400:
                 response.read()
-                fail_response(response)
+                fail_response(response, client)
             for chunk in response.iter_raw():
                 out.write(chunk)
                 out.flush()

@@ -15,7 +15,14 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 DEFAULT_DB = f"sqlite:///{Path.home() / '.local/share/finesched/finesched.db'}"
 
 DbOption = Annotated[
-    str, typer.Option("--db", envvar="FINESCHED_DB", help="sqlite:///PATH or postgresql+psycopg://...")
+    str,
+    typer.Option(
+        "--db",
+        envvar="FINESCHED_DB",
+        show_default=False,
+        help="Database URL: sqlite:/// then a path, or postgresql+psycopg:// then USER@HOST/DB (default: "
+        "finesched.db in the XDG data directory, ~/.local/share).",
+    ),
 ]
 
 TlsCertOption = Annotated[
@@ -55,7 +62,7 @@ def serve(
         Path | None,
         typer.Option(
             help="This replica's state directory (its identity); default: the SQLite file's directory, "
-            "else ~/.local/share/finesched."
+            "else finesched in the XDG data directory (~/.local/share)."
         ),
     ] = None,
     replica_id: Annotated[

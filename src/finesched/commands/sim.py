@@ -469,22 +469,11 @@ def replay(
     if output == "json":
         out.print_json(json.dumps({"results": records, "summary": summary}))
         return
-    table = Table(title=f"Replay (time scale {time_scale:g}; {wall:.1f} s)")
-    columns = (
-        "policy",
-        "seeds",
-        "GPU alloc mean %",
-        "peak %",
-        "queue peak",
-        "waited",
-        "delay mean s",
-        "max s",
-        "unplaced",
-    )
-    for column in columns:
-        table.add_column(column, justify="right" if column != "policy" else "left")
+    wide = output == "wide"
+    table = REPLAY_COLUMNS.table(f"Replay (time scale {time_scale:g}; {wall:.1f} s)", wide=wide)
     for p, s in summary.items():
-        table.add_row(
+        REPLAY_COLUMNS.add_row(
+            table,
             p,
             str(s["seeds"]),
             f"{s['alloc_mean']:.2f}",
@@ -494,11 +483,20 @@ def replay(
             f"{s['delay_mean_s']:.3f}",
             f"{s['delay_max_s']:.1f}",
             f"{s['unplaced']:.0f}",
+            wide=wide,
         )
     print_table(out, table, wide=output == "wide")
     _reasons_table(records, "unplaced_reasons", "Why pods were never placed: pods per reason (mean over seeds)")
     if mix:
         _replay_priority_table(records)
+
+
+#: `sim replay`'s table: the policy's name never shortened; in 80 columns the peaks are `-o wide`'s.
+REPLAY_COLUMNS = Columns(
+    col("policy", keep=True), col("seeds", right=True), col("GPU alloc mean %", right=True),
+    col("peak %", right=True, wide=True), col("queue peak", right=True, wide=True), col("waited", right=True),
+    col("delay mean s", right=True), col("max s", right=True), col("unplaced", right=True),
+)  # fmt: skip
 
 
 def _replay_priority_table(records: list[dict[str, Any]]) -> None:

@@ -2,8 +2,10 @@
 
 Rules (what `kubectl get` users expect):
 
-* a cell wraps between words, never inside one; a word too long for its column is shortened
-  with an ellipsis ("…"), never broken in two;
+* a cell wraps between words, never inside one;
+* a word too wide for its column (a workload's, a slot's, a node's name, a path) is shortened in its
+  middle (``clicks-r…on-0-3``, `Cell`), so names that differ only at their end (a job's slots)
+  stay apart;
 * columns marked `wide` (details a narrow terminal has no room for) appear only with `-o wide`;
 * `-o wide` prints every column at its natural width, nothing shortened, however long the lines
   get (for wide terminals, files and `less -S`).
@@ -18,13 +20,15 @@ Every table of the command line is built here, so the rules hold everywhere::
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
 from rich.cells import cell_len
-from rich.console import Console, RenderableType
+from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
@@ -53,6 +57,70 @@ def col(header: str, *, right: bool = False, wide: bool = False, keep: bool = Fa
     return Col(header, "right" if right else "left", wide, keep)
 
 
+def shorten_middle(text: str, width: int) -> str:
+    """`text` in at most `width` cells: whole when it fits, else its start and its end around "…",
+    the end kept one longer (where a job's slots and numbered names differ)."""
+    head, tail = _middle_cut(text, width)
+    return text if head + tail == len(text) else f"{text[:head]}…{text[len(text) - tail :]}"
+
+
+def _middle_cut(word: str, width: int) -> tuple[int, int]:
+    """How many characters of `word` `shorten_middle` keeps at its start and at its end."""
+    if cell_len(word) <= width:
+        return len(word), 0
+    room = max(width - 1, 0)
+    head, tail = 0, 0
+    while head < len(word) and cell_len(word[: head + 1]) <= room // 2:
+        head += 1
+    while tail < len(word) - head and cell_len(word[len(word) - tail - 1 :]) <= room - cell_len(word[:head]):
+        tail += 1
+    return head, tail
+
+
+def shorten_words(text: Text, width: int) -> Text:
+    """`text` with every word wider than `width` shortened in its middle (styles kept): a cell then
+    wraps between words and never breaks or cuts one at its end."""
+    plain = text.plain
+    long = [m for m in re.finditer(r"\S+", plain) if cell_len(m.group()) > width]
+    if not long or width < 1:
+        return text
+    out = text.blank_copy()
+    position = 0
+    for match in long:
+        head, tail = _middle_cut(match.group(), width)
+        out.append_text(text[position : match.start() + head])
+        out.append("…")
+        position = match.end() - tail
+    out.append_text(text[position:])
+    return out
+
+
+class Cell:
+    """A table cell's text (console markup): measured as rich measures text (at least its longest
+    word, so columns wrap before they shorten), rendered to its column's width with every word too
+    wide for it shortened in its middle (`shorten_words`), then wrapped between words."""
+
+    def __init__(self, markup: str, *, wrap: bool = True):
+        self.text = Text.from_markup(markup)
+        self.wrap = wrap
+
+    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
+        return Measurement.get(console, options, self.text)
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        text = shorten_words(self.text, options.max_width)
+        text.no_wrap = not self.wrap
+        text.overflow = "ellipsis"
+        if not self.wrap:  # one line: the whole cell, shortened in its middle when too wide
+            head, tail = _middle_cut(text.plain, options.max_width)
+            if head + tail < len(text.plain):
+                text = Text.assemble(text[:head], "…", text[len(text.plain) - tail :])
+        yield text
+
+    def __str__(self) -> str:
+        return self.text.plain
+
+
 class Columns:
     """A table's columns; builds the table and its rows for the narrow (default) or wide output."""
 
@@ -75,8 +143,16 @@ class Columns:
         """Add one row given a value for every column; wide-only values are dropped unless `wide`."""
         if len(values) != len(self.columns):
             raise ValueError(f"{len(values)} values for {len(self.columns)} columns")
-        shown = [v for c, v in zip(self.columns, values, strict=True) if wide or not c.wide]
+        shown = [_cell(c, v, wide) for c, v in zip(self.columns, values, strict=True) if wide or not c.wide]
         table.add_row(*shown, **options)
+
+
+def _cell(column: Col, value: RenderableType | None, wide: bool) -> RenderableType | None:
+    """A cell's text (markup, as every cell is given) as a `Cell`; other renderables as given. With
+    `wide` nothing is shortened (the table is printed at its natural width)."""
+    if isinstance(value, str) and not wide:
+        return Cell(value, wrap=not column.keep)
+    return value
 
 
 def simple_table(title: str | None, headers: Sequence[Col | str], rows: Sequence[Sequence[Any]]) -> Table:

@@ -57,6 +57,8 @@ class Manifests:
     priority_classes: list[PriorityClass] = field(default_factory=list)
     #: Where each object was read ("file doc N"), by (kind, key); filled by `load_manifests`.
     origins: dict[tuple[str, str], str] = field(default_factory=dict, repr=False, compare=False)
+    #: The YAML node of each document read, by where ("file doc N"): the line of a field (`with_lines`).
+    yaml_nodes: dict[str, yaml.Node] = field(default_factory=dict, repr=False, compare=False)
 
     def add(self, obj: Object, where: str = "") -> None:
         by_kind = {Node: self.nodes, Workload: self.workloads, Tenant: self.tenants, Job: self.jobs,
@@ -68,6 +70,11 @@ class Manifests:
     def where(self, obj: Object) -> str:
         """The file and document `obj` was read from ("" when it was not read from a file)."""
         return self.origins.get((type(obj).__name__, object_key(obj)), "")
+
+    def with_lines(self, details: Iterable[ErrorDetail]) -> list[ErrorDetail]:
+        """`details` each placed on the line of its field in its document ("file doc 2, line 14"),
+        where the document was read here and the field (or the nearest field above it) is in it."""
+        return [_with_line(d, self.yaml_nodes.get(d.where)) for d in details]
 
     def __iter__(self) -> typing.Iterator[Object]:
         yield from self.priority_classes
@@ -252,6 +259,12 @@ def _syntax_problem(exc: Exception) -> str:
 
 def read_documents(path: str | Path) -> list[object]:
     """The documents of one YAML (multi-document) or JSON (object or array) file; repeated keys are errors."""
+    return [doc for doc, _ in read_document_nodes(path)]
+
+
+def read_document_nodes(path: str | Path) -> list[tuple[object, yaml.Node | None]]:
+    """`read_documents`, each document with its YAML node (None where it cannot be had): the lines
+    of its fields."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -260,19 +273,98 @@ def read_documents(path: str | Path) -> list[object]:
     except UnicodeDecodeError as exc:
         message = f"is not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start})"
         raise ValidationError([ErrorDetail("", message, where=str(path))]) from None
-    return parse_documents(text, "JSON" if path.suffix.lower() == ".json" else "YAML", where=str(path))
+    return parse_document_nodes(text, "JSON" if path.suffix.lower() == ".json" else "YAML", where=str(path))
 
 
 def parse_documents(text: str, kind: str = "YAML", *, where: str = "") -> list[object]:
     """The documents of YAML (multi-document) or JSON (object or array) text; repeated keys are errors."""
+    return [doc for doc, _ in parse_document_nodes(text, kind, where=where)]
+
+
+def parse_document_nodes(text: str, kind: str = "YAML", *, where: str = "") -> list[tuple[object, yaml.Node | None]]:
+    """`parse_documents`, each document with its YAML node (composed in the same pass; for JSON,
+    composed again as YAML, which JSON nearly always is, else None)."""
     try:
         if kind == "JSON":
             data = json.loads(text, object_pairs_hook=_unique_json_object)
-            return list(data) if isinstance(data, list) else [data]
-        return [doc for doc in yaml.load_all(text, Loader=_UniqueKeyLoader) if doc is not None]
+            docs = list(data) if isinstance(data, list) else [data]
+            nodes = _json_nodes(text, isinstance(data, list))
+            return list(zip(docs, nodes if len(nodes) == len(docs) else [None] * len(docs), strict=True))
+        loader = _UniqueKeyLoader(text)
+        found: list[tuple[object, yaml.Node | None]] = []
+        try:
+            while loader.check_node():
+                node = loader.get_node()
+                doc = loader.construct_document(node)
+                if doc is not None:
+                    found.append((doc, node))
+        finally:
+            loader.dispose()
+        return found
     except (yaml.YAMLError, ValueError) as exc:  # JSONDecodeError is a ValueError
         message = f"is not valid {kind}: {_syntax_problem(exc)}"
         raise ValidationError([ErrorDetail("", message, where=where)]) from None
+
+
+def _json_nodes(text: str, listed: bool) -> list[yaml.Node | None]:
+    """The YAML nodes of a JSON file's documents (the array's items, or the one object); [] when
+    YAML cannot read it (lines are then left out)."""
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return []
+    if listed:
+        return list(node.value) if isinstance(node, yaml.SequenceNode) else []
+    return [node]
+
+
+def field_line(node: yaml.Node | None, path: str) -> int | None:
+    """The 1-based line of the field at `path` ("spec.requests.cpu", "spec.tasks[2].id") in a
+    document's node: the line of its key (a list item's own line), or of the nearest field above
+    it that the document has (a missing field: where its parent is). Keys may hold dots
+    ("koordinator.sh/gpu-core"): the longest key that matches the path's next part is taken."""
+    if node is None:
+        return None
+    line = node.start_mark.line + 1
+    rest = path
+    while rest and node is not None:
+        if isinstance(node, yaml.MappingNode):
+            match = _matching_key(node, rest)
+            if match is None:
+                break
+            key, node = match
+            line = key.start_mark.line + 1
+            rest = rest[len(key.value) :].removeprefix(".")
+        elif isinstance(node, yaml.SequenceNode) and rest.startswith("["):
+            index, _, rest = rest[1:].partition("]")
+            rest = rest.removeprefix(".")
+            if not index.isdigit() or int(index) >= len(node.value):
+                break
+            node = node.value[int(index)]
+            line = node.start_mark.line + 1
+        else:
+            break
+    return line
+
+
+def _matching_key(node: yaml.MappingNode, rest: str) -> tuple[yaml.Node, yaml.Node] | None:
+    """The (key, value) of `node` whose key begins `rest` as a whole path part (the longest one)."""
+    best: tuple[yaml.Node, yaml.Node] | None = None
+    for key, value in node.value:
+        name = key.value if isinstance(key, yaml.ScalarNode) else None
+        whole = isinstance(name, str) and rest.startswith(name) and rest[len(name) : len(name) + 1] in ("", ".", "[")
+        if not whole:
+            continue
+        if best is None or len(name) > len(best[0].value):
+            best = (key, value)
+    return best
+
+
+def _with_line(detail: ErrorDetail, node: yaml.Node | None) -> ErrorDetail:
+    line = field_line(node, detail.path)
+    if line is None or not detail.where:
+        return detail
+    return ErrorDetail(detail.path, detail.message, detail.value, f"{detail.where}, line {line}")
 
 
 def load_manifests(*paths: str | Path) -> Manifests:
@@ -291,21 +383,24 @@ def read_manifests(*paths: str | Path) -> tuple[Manifests, list[ErrorDetail]]:
     seen: dict[tuple[str, str], str] = {}
     for path in paths:
         try:
-            documents = read_documents(path)
+            documents = read_document_nodes(path)
         except ValidationError as exc:
             errors += exc.errors
             continue
-        for number, doc in enumerate(documents, start=1):
+        for number, (doc, node) in enumerate(documents, start=1):
             where = f"{path} doc {number}"
+            if node is not None:
+                manifests.yaml_nodes[where] = node
             try:
                 obj: Object | None = parse_manifest(doc, where=where)
             except ValidationError as exc:
-                errors += exc.errors
+                errors += manifests.with_lines(exc.errors)
                 obj = None
             # Every document claims its name, an invalid one too, so a duplicate is reported either way.
             key = _document_key(doc) if obj is None else (type(obj).__name__, object_key(obj))
             if key is not None and key in seen:
-                errors.append(ErrorDetail("metadata.name", f"duplicate {key[0]} (first in {seen[key]})", key[1], where))
+                duplicate = ErrorDetail("metadata.name", f"duplicate {key[0]} (first in {seen[key]})", key[1], where)
+                errors += manifests.with_lines([duplicate])
                 continue
             if key is not None:
                 seen[key] = where

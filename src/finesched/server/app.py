@@ -41,6 +41,7 @@ from finesched.server import (
     routes_priority,
     routes_tenants,
     routes_tokens,
+    routes_whoami,
     routes_workloads,
 )
 from finesched.server.auth import TokenCache
@@ -303,7 +304,7 @@ def create_app(
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
 
     for module in (routes_nodes, routes_workloads, routes_tenants, routes_priority, offers, jobs, logs, routes_plan,
-                   routes_tokens, console):  # fmt: skip
+                   routes_tokens, routes_whoami, console):  # fmt: skip
         app.include_router(module.router)
     for module in (routes_nodes, routes_workloads, routes_tenants):  # last: old names with "/" (views.LegacyName)
         app.include_router(module.legacy)

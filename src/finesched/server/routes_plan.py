@@ -21,7 +21,7 @@ from fastapi import APIRouter, HTTPException, Request
 from starlette.concurrency import run_in_threadpool
 
 from finesched.errors import ValidationError
-from finesched.model.manifest import parse_documents
+from finesched.model.manifest import field_line, parse_document_nodes
 from finesched.server.auth import ADMIN, TENANT, Identity
 from finesched.server.authz import check_namespaces, deferred_problem, raise_deferred, sent_json
 from finesched.server.context import Caller, Ctx, ServerContext
@@ -57,7 +57,7 @@ WAIT_S = 20.0
             (409, "a workload of that name exists already"),
             (413, "too many workloads or too large a body"),
             (415, "a body that is neither JSON nor YAML"),
-            (422, "invalid manifests: every problem with its field path"),
+            (422, "invalid manifests: every problem with its field path (a YAML body's also with its `line`)"),
             (429, "another dry run is still running, or too many failed authentications from this address; retry"),
             (503, "this replica is not the scheduling leader"),
         )
@@ -105,13 +105,36 @@ def _documents(body: bytes, content_type: str) -> Any:
         except ValueError as exc:
             raise InputError([{"loc": ["body"], "msg": f"is not valid JSON: {exc}"}]) from None
     try:
-        return parse_documents(text, "YAML")
+        return YamlDocuments(parse_document_nodes(text, "YAML"))
     except ValidationError as exc:
         raise InputError([{"loc": ["body"], "msg": e.message} for e in exc.errors]) from None
 
 
+class YamlDocuments(list):  # type: ignore[type-arg]
+    """The documents of a YAML body, with the YAML node of each: the line of a refused field."""
+
+    def __init__(self, found: list[tuple[object, Any]]):
+        super().__init__(doc for doc, _ in found)
+        self.nodes = [node for _, node in found]
+
+    def place(self, exc: InputError) -> InputError:
+        """`exc` with a `line` (1-based, in the body) on each problem of a document: the line of its
+        field, or of the nearest field above it (`"loc": ["body", 1, "spec", ...]`)."""
+        for detail in exc.details:
+            loc = detail.get("loc") or []
+            if len(loc) >= 2 and loc[0] == "body" and isinstance(loc[1], int) and 0 <= loc[1] < len(self.nodes):
+                path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc[2:]).removeprefix(".")
+                line = field_line(self.nodes[loc[1]], path)
+                if line is not None:
+                    detail["line"] = line
+        return exc
+
+
 def _plan(request: Request, ctx: ServerContext, caller: Identity, docs: Any) -> dict[str, Any]:
-    workloads = parse_workloads(docs, caller, ctx, ctx.world())
+    try:
+        workloads = parse_workloads(docs, caller, ctx, ctx.world())
+    except InputError as exc:
+        raise (docs.place(exc) if isinstance(docs, YamlDocuments) else exc) from None
     taken = ctx.store.existing_workloads([w.key for w in workloads])
     if taken:
         raise HTTPException(409, f"workload {taken[0]} already exists: a dry run plans new workloads")

@@ -1,6 +1,6 @@
 // What if? Paste Workload manifests (YAML, several documents) and see where each would go now:
 // POST /v1/plan plans them on a copy of the live state (nothing is stored). Invalid manifests come
-// back with every problem's field path, shown per document with the line the document starts on.
+// back with every problem's field path, shown per document with the line of the field itself.
 
 import { api } from "./api.js";
 import { colorFor, errorLines, grantText, h, nodeLink, resourceAmounts, section, table } from "./dom.js";
@@ -84,7 +84,7 @@ function placement(r) {
   return parts.length ? parts : "no cpuset or devices (shared pool)";
 }
 
-// Errors with their field paths, grouped by document ("document 2 (line 7): spec.requests.cpu: ...").
+// Errors with their field paths, grouped by document ("document 2, line 14: spec.requests.cpu: ...").
 function drawErrors(error, text) {
   const detail = error.detail;
   if (!Array.isArray(detail)) return h("div", { class: "error", role: "alert", id: "plan-errors" }, errorLines(error).map((l) => h("div", {}, l)));
@@ -92,7 +92,9 @@ function drawErrors(error, text) {
   const lines = detail.map((d) => {
     const loc = (d.loc || []).slice(d.loc && d.loc[0] === "body" ? 1 : 0);
     const doc = typeof loc[0] === "number" ? loc.shift() : null;
-    const where = doc === null ? "" : `document ${doc + 1}${starts[doc] ? ` (line ${starts[doc]})` : ""}: `;
+    // the field's own line when the server found it (YAML), else the line its document starts on
+    const line = d.line ? `, line ${d.line}` : starts[doc] ? ` (from line ${starts[doc]})` : "";
+    const where = doc === null ? "" : `document ${doc + 1}${line}: `;
     const value = d.input !== undefined ? ` ${JSON.stringify(d.input)}` : "";
     return h("div", { class: "field-error", "data-path": loc.join(".") }, where, h("code", {}, loc.join(".") || "(document)"), `:${value} ${d.msg}`);
   });
