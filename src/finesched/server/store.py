@@ -702,14 +702,15 @@ class Store:
         with self.write() as conn:
             for key, reason in reasons.items():
                 namespace, name = key.split("/", 1)
-                result = conn.execute(
+                uid = conn.execute(
                     update(t.workloads)
                     .where(t.workloads.c.namespace == namespace, t.workloads.c.name == name,
                            t.workloads.c.phase == PENDING)
                     .values(reason=reason)
-                )  # fmt: skip
-                if result.rowcount:
-                    events.append(Event("Workload", key, "Waiting", reason))
+                    .returning(t.workloads.c.uid)
+                ).scalar()  # fmt: skip
+                if uid is not None:  # the uid read here: the events need no lookup (a flood explains many)
+                    events.append(Event("Workload", key, "Waiting", reason, uid))
             return self.log(conn, events)
 
     def note(self, events: Iterable[Event]) -> list[int]:
