@@ -38,13 +38,15 @@ class RecordingServer:
         self.calls: list[tuple[Any, ...]] = []
         self.fail_status = 0
 
-    def ack(self, workload: str) -> None:
+    def ack(self, workload: str, object_uid: str = "") -> None:
         self.calls.append(("ack", workload))
 
-    def reject(self, workload: str, reason: str) -> None:
+    def reject(self, workload: str, reason: str, object_uid: str = "") -> None:
         self.calls.append(("reject", workload, reason))
 
-    def status(self, workload: str, phase: str, reason: str, exit_code: int | None, info: dict[str, Any]) -> None:
+    def status(
+        self, workload: str, phase: str, reason: str, exit_code: int | None, info: dict[str, Any], object_uid: str = ""
+    ) -> None:
         if self.fail_status:
             raise ServerError(self.fail_status, "down")
         self.calls.append(("status", workload, phase, exit_code, info, reason))

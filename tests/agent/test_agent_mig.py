@@ -102,9 +102,9 @@ class Server:
     def __init__(self) -> None:
         self.rejects: list[str] = []
 
-    def ack(self, workload: str) -> None: ...
+    def ack(self, workload: str, object_uid: str = "") -> None: ...
 
-    def reject(self, workload: str, reason: str) -> None:
+    def reject(self, workload: str, reason: str, object_uid: str = "") -> None:
         self.rejects.append(reason)
 
     def status(self, *args: Any) -> None: ...

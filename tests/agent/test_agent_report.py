@@ -101,17 +101,19 @@ class FakeServer:
         self._check()
         return list(self.items)
 
-    def ack(self, workload: str) -> None:
+    def ack(self, workload: str, object_uid: str = "") -> None:
         self.calls.append(("ack", workload))
         for item in self.items:
             if item["workload"] == workload:
                 item["acked"] = True
 
-    def reject(self, workload: str, reason: str) -> None:
+    def reject(self, workload: str, reason: str, object_uid: str = "") -> None:
         self.calls.append(("reject", workload, reason))
         self.items = [i for i in self.items if i["workload"] != workload]
 
-    def status(self, workload: str, phase: str, reason: str, exit_code: int | None, info: dict[str, Any]) -> None:
+    def status(
+        self, workload: str, phase: str, reason: str, exit_code: int | None, info: dict[str, Any], object_uid: str = ""
+    ) -> None:
         self.calls.append(("status", workload, phase, exit_code))
         if phase in ("Succeeded", "Failed"):
             self.items = [i for i in self.items if i["workload"] != workload]

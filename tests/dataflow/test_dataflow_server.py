@@ -110,7 +110,7 @@ def test_get_describe_and_delete_job_from_the_cli(control_plane: tuple[str, str]
     listed = runner.invoke(app, ["get", "jobs", *auth])
     assert listed.exit_code == 0 and "clicks" in listed.stdout and "3: 3 Bound" in listed.stdout
     as_json = json.loads(runner.invoke(app, ["get", "jobs", "-n", "default", "-o", "json", *auth]).stdout)
-    assert [j["status"]["phase"] for j in as_json] == ["Pending"]  # bound, no agent runs them yet
+    assert [j["status"]["phase"] for j in as_json] == ["Starting"]  # bound, no agent runs them yet
     slots = runner.invoke(app, ["get", "workloads", "--job", "clicks", "-o", "json", *auth])
     assert len(json.loads(slots.stdout)) == 3
     described = runner.invoke(app, ["describe", "job", "clicks", *auth])

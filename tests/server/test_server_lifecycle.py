@@ -171,7 +171,7 @@ def test_slots_lost_with_their_node_fail_their_regions_and_are_placed_again_toge
 
         wait_until(placed_while_reporting, what="the slots placed again")
         job = api.admin.get("/v1/jobs/team-a/clicks").json()["status"]
-        assert [r["restarts"] for r in job["regions"]] == [1, 1] and job["phase"] == "Pending"
+        assert [r["restarts"] for r in job["regions"]] == [1, 1] and job["phase"] == "Starting"
 
 
 def test_a_job_too_large_to_place_is_refused_before_compiling_its_slots(fast: Api) -> None:

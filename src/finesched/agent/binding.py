@@ -1,6 +1,6 @@
 """A binding as the agent receives it (GET /v1/bindings?node=): parsed once, checked, then immutable.
 
-The server sends ``{"workload": "ns/name", "node", "cpuset": "0-3", "devices": {type: [{"minor",
+The server sends ``{"workload": "ns/name", "uid", "node", "cpuset": "0-3", "devices": {type: [{"minor",
 "resources"}]}, "numa": [...], "qos", "cpuExclusivePolicy", "annotations", "version", "acked",
 "workloadSpec": {...}, "tenant", "runAs": {"uid", "gid", "allowRoot"} | null}``; a MIG instance is
 a gpu grant with ``"mig": {"profile", "start", "uuid"?}`` (kept in `AgentBinding.mig`). `raw` keeps
@@ -10,11 +10,14 @@ cpu or memory request or limit is BE). An LS workload bound to NUMA shared pools
 (ConstrainedBurst) names them in its resource-status annotation. `tenant` and
 `run_as` say whose user the workload runs as (agent/identity.py); a server that sends no tenant
 is an older one, and the namespace stands for it (a tenant owns the namespace of its name).
+`uid` is the workload object's (`object_uid`): the agent keys its directories and log by it, so a
+workload created with the name of a deleted one starts clean; an older server sends none ("").
 """
 
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,6 +63,8 @@ class AgentBinding:
     mig: tuple[MIGUse, ...] = ()
     tenant: str = ""
     run_as: RunAs | None = None
+    #: The workload object's uid ("" from a server that gives none).
+    object_uid: str = ""
 
     @property
     def namespace(self) -> str:
@@ -104,6 +109,11 @@ def parse_binding(item: Mapping[str, Any]) -> AgentBinding:
     workload = item.get("workload")
     if not isinstance(workload, str) or workload.count("/") != 1:
         raise BindingError(f'workload: {workload!r} is not "namespace/name"')
+    object_uid = item.get("uid") or ""
+    try:
+        object_uid = str(uuid.UUID(object_uid)) if object_uid else ""
+    except (TypeError, ValueError, AttributeError):
+        raise BindingError(f"uid: {object_uid!r} is not a UUID") from None
     try:
         cpuset = CPUSet(item.get("cpuset") or "")
     except ValueError as exc:
@@ -153,6 +163,7 @@ def parse_binding(item: Mapping[str, Any]) -> AgentBinding:
         mig=tuple(mig),
         tenant=tenant,
         run_as=run_as,
+        object_uid=object_uid,
     )
 
 

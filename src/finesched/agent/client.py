@@ -82,17 +82,27 @@ class AgentClient:
     def bindings(self, node: str) -> list[dict[str, Any]]:
         return list((self._call("GET", "/v1/bindings", params={"node": node}) or {}).get("items", []))
 
-    def ack(self, workload: str) -> None:
-        self._call("POST", f"/v1/bindings/{workload}/ack")
+    # `object_uid` (the binding's uid, "" when the server gave none) goes as the query parameter
+    # `uid`: the server refuses (409) a report about another object than the one of that name now,
+    # and an older server ignores it.
+    def ack(self, workload: str, object_uid: str = "") -> None:
+        self._call("POST", f"/v1/bindings/{workload}/ack", params=_uid(object_uid))
 
-    def reject(self, workload: str, reason: str) -> None:
-        self._call("POST", f"/v1/bindings/{workload}/reject", json={"reason": reason})
+    def reject(self, workload: str, reason: str, object_uid: str = "") -> None:
+        self._call("POST", f"/v1/bindings/{workload}/reject", json={"reason": reason}, params=_uid(object_uid))
 
-    def status(self, workload: str, phase: str, reason: str, exit_code: int | None, info: dict[str, Any]) -> None:
+    def status(
+        self, workload: str, phase: str, reason: str, exit_code: int | None, info: dict[str, Any], object_uid: str = ""
+    ) -> None:
         body = {"phase": phase, "reason": reason, "exitCode": exit_code, "info": info}
-        self._call("POST", f"/v1/workloads/{workload}/status", json=body)
+        self._call("POST", f"/v1/workloads/{workload}/status", json=body, params=_uid(object_uid))
 
     def verify_log_grant(self, grant: str) -> dict[str, Any]:
         """What a log request's grant allows (workload, tail, follow); ServerError 403 when the server
         did not issue it for this node, or it was used or expired (agent/logs.py)."""
         return dict(self._call("POST", "/v1/log-grants/verify", json={"grant": grant}) or {})
+
+
+def _uid(object_uid: str) -> dict[str, str]:
+    """The query parameters naming the object a report is about (none when the server gave no uid)."""
+    return {"uid": object_uid} if object_uid else {}

@@ -22,8 +22,12 @@ Each `sync` compares the server's bindings for this node with the processes the 
 4. An acked binding the agent has no record of (its state was lost, or it was bound while the
    agent was replaced) is rejected with a reason, never silently kept.
 
-A workload forgotten (its binding gone) loses its working directory; its log stays in the agent's
-private directory for `finesched logs`.
+A workload forgotten (its binding gone) while it ran loses its working directory at once; one whose
+process had ended keeps it for the retention time (`--keep-finished`), and its log, in the agent's
+private directory for `finesched logs`, for `--keep-logs` (agent/retention.py). Both are named by
+the workload's uid when the server gives one, so a workload created with the name of a deleted one
+starts with a directory and a log of its own; a binding of another object of a recorded name
+replaces the record as a new placement would.
 
 `poll` notices ended processes (exit code 0 -> Succeeded, else Failed; OOMKilled when the kernel
 killed it for its memory limit) and gives their CPUs back to the pools; `report` sends every
@@ -36,6 +40,8 @@ goes on.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import os
 import time
@@ -44,6 +50,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
+from finesched.agent import retention
 from finesched.agent.aside import SetAside
 from finesched.agent.binding import AgentBinding, MIGUse
 from finesched.agent.cgroup import CgroupSupport
@@ -81,15 +88,42 @@ class ServerError(Exception):
 class ServerPort(Protocol):
     """What the executor needs from the control plane (client.py implements it over HTTP)."""
 
-    def ack(self, workload: str) -> None: ...
-    def reject(self, workload: str, reason: str) -> None: ...
-    def status(self, workload: str, phase: str, reason: str, exit_code: int | None, info: dict[str, Any]) -> None: ...
+    def ack(self, workload: str, object_uid: str = "") -> None: ...
+    def reject(self, workload: str, reason: str, object_uid: str = "") -> None: ...
+    def status(
+        self, workload: str, phase: str, reason: str, exit_code: int | None, info: dict[str, Any], object_uid: str = ""
+    ) -> None: ...
 
 
-def rundir_of(data: Path, workload: str) -> Path:
-    """The agent's private directory of a workload, where its log and exit file live:
-    ``<data>/workloads/<safe name>`` (agent/names.py), 0700 like the data directory."""
-    return data / "workloads" / safe_name(workload)
+def rundir_of(data: Path, workload: str, object_uid: str = "") -> Path:
+    """The agent's private directory of a workload (the object `object_uid`), where its log and exit
+    file live: ``<data>/workloads/<safe name>`` (agent/names.py), 0700 like the data directory."""
+    return data / "workloads" / safe_name(workload, object_uid)
+
+
+OBJECT_FILE = "object.json"
+
+
+def write_object(rundir: Path, workload: str, object_uid: str) -> None:
+    """Say in `rundir` whose it is (`finesched logs --data` finds a workload's logs by it)."""
+    path = rundir / OBJECT_FILE
+    path.write_text(json.dumps({"workload": workload, "uid": object_uid}), encoding="utf-8")
+    os.chmod(path, 0o600)
+
+
+def rundirs_of(data: Path, workload: str) -> list[Path]:
+    """Every log directory of objects named `workload` under `data`, the newest output first (the
+    current object's, then deleted ones' still kept): read without a server (`logs --data`)."""
+    found = [rundir_of(data, workload)] if (rundir_of(data, workload) / "output.log").is_file() else []
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(data / "workloads"):
+            try:
+                named = json.loads(Path(entry.path, OBJECT_FILE).read_text(encoding="utf-8")).get("workload")
+            except (OSError, ValueError, AttributeError):
+                continue
+            if named == workload and Path(entry.path, "output.log").is_file():
+                found.append(Path(entry.path))
+    return sorted(set(found), key=lambda p: (p / "output.log").stat().st_mtime, reverse=True)
 
 
 class Executor:
@@ -103,10 +137,14 @@ class Executor:
         users: Users | None = None,
         work_root: Path | None = None,
         sandbox: Sandbox | None = None,
+        keep_finished_s: float = 3600.0,
+        keep_logs_s: float = 7 * 86400.0,
     ):
         """`users`: who workloads run as (default: this process's policy, agent/identity.py);
         `work_root`: where their working directories go (agent/workdirs.py); `sandbox`: none or
-        bwrap (agent/sandbox.py). ValueError for a state file or work root that cannot serve."""
+        bwrap (agent/sandbox.py); `keep_finished_s`, `keep_logs_s`: how long a finished workload's
+        working directory and log are kept (agent/retention.py). ValueError for a state file or
+        work root that cannot serve."""
         self.data = private_dir(data)
         private_dir(data / "workloads")
         self.server = server
@@ -126,6 +164,8 @@ class Executor:
         self.keeper = PoolKeeper()
         self.discovery: Discovery | None = None  # the latest, from sync
         self.aside = SetAside(self._send_reject)
+        self.keep_finished_s, self.keep_logs_s = keep_finished_s, keep_logs_s
+        self._retention_swept = 0.0
         self._swept = time.monotonic()
         self._guard = self.aside.guard
 
@@ -164,6 +204,8 @@ class Executor:
             b = current.get(key)
             if b is None:
                 self._guard(key, lambda rec=rec: self._forget(rec, "binding gone"))
+            elif rec.object_uid and b.object_uid != rec.object_uid:
+                self._guard(key, lambda rec=rec: self._forget(rec, "binding of another object of this name"))
             elif b.placement != rec.placement or (rec.acked and not b.acked):
                 self._guard(key, lambda rec=rec: self._forget(rec, "binding replaced by a new placement"))
         self.aside.prune(current)
@@ -289,8 +331,9 @@ class Executor:
         try:
             if b.mig:
                 b, created = self._mig_instances(b, discovery)
-            rundir = private_dir(rundir_of(self.data, b.workload))
-            workdir = self.workdirs.make(b.workload, identity.uid, identity.gid)
+            rundir = private_dir(rundir_of(self.data, b.workload, b.object_uid))
+            write_object(rundir, b.workload, b.object_uid)
+            workdir = self.workdirs.make(b.workload, identity.uid, identity.gid, b.object_uid)
             done = launch(b, discovery.node, where.cpus, rundir, workdir, group, identity, self.sandbox)
         except Exception as exc:
             self._destroy(created)
@@ -316,6 +359,7 @@ class Executor:
             exit_file=str(done.exit_file), cpuset=where.cpus.format(), info=done.info, exclusive=b.exclusive,
             cgroup=group.to_record() if group is not None else None, qos=b.qos, shared_numa=list(b.shared_numa),
             pool=where.pool, tenant=b.tenant, uid=identity.uid, gid=identity.gid, workdir=str(workdir),
+            object_uid=b.object_uid,
         )  # fmt: skip
         try:
             self.state.records[b.workload] = rec
@@ -334,7 +378,7 @@ class Executor:
 
     def _ack(self, rec: Record) -> None:
         try:
-            self.server.ack(rec.workload)
+            self.server.ack(rec.workload, rec.object_uid)
         except ServerError as exc:
             if exc.status in (404, 409):  # released or rebound meanwhile: the next sync forgets it
                 log.warning("ack of %s refused (%s)", rec.workload, exc)
@@ -344,14 +388,17 @@ class Executor:
 
     def _reject(self, b: AgentBinding, reason: str) -> bool:
         log.warning("rejecting %s: %s", b.workload, reason)
-        return self._send_reject(b.workload, reason)
+        return self._send_reject(b.workload, reason, b.object_uid)
 
-    def _send_reject(self, workload: str, reason: str) -> bool:
+    def _send_reject(self, workload: str, reason: str, object_uid: str = "") -> bool:
         if len(reason) > MAX_REASON:  # the server caps reasons; say how much was cut
             reason = reason[: MAX_REASON - 40] + f" ... ({len(reason) - MAX_REASON + 40} more characters)"
         try:
-            self.server.reject(workload, reason)
+            self.server.reject(workload, reason, object_uid)
         except ServerError as exc:
+            if exc.status in (404, 409):  # that object is gone or no longer bound: nothing to reject
+                log.info("reject of %s not needed (%s)", workload, exc)
+                return True
             log.warning("reject of %s failed (%s); retried next sync", workload, exc)
             return False
         return True
@@ -367,8 +414,8 @@ class Executor:
         if group is not None:
             group.remove()
         self._destroy(rec.info.pop("migCreated", None) or [])
-        if rec.workdir:
-            self.workdirs.remove(rec.workdir)
+        if rec.workdir and (rec.phase == "Running" or self.keep_finished_s <= 0):
+            self.workdirs.remove(rec.workdir)  # stopped while it ran: nothing finished there
         self.procs.pop(rec.workload, None)
         del self.state.records[rec.workload]
         self.state.save()
@@ -391,6 +438,25 @@ class Executor:
             self._guard("(pools)", lambda: self._keep_pools([]))
         if time.monotonic() - self._swept >= SWEEP_S:
             self._guard("(cgroups)", self.sweep)
+        self._guard("(retention)", self.sweep_finished)
+
+    def sweep_finished(self, force: bool = False) -> list[Path]:
+        """Remove finished workloads' working directories and logs past their retention
+        (agent/retention.py); at most every `retention.sweep_every` seconds unless `force`."""
+        due = min(retention.sweep_every(self.keep_finished_s), retention.sweep_every(self.keep_logs_s))
+        if not force and time.monotonic() - self._retention_swept < due:
+            return []
+        self._retention_swept = time.monotonic()
+        records = list(self.state.records.values())
+        workdirs = [Path(r.workdir) for r in records if r.workdir]
+        removed = retention.sweep(self.workdirs.scope, self.keep_finished_s, workdirs)
+        rundirs = [Path(r.log).parent for r in records if r.log]
+        removed += retention.sweep(self.data / "workloads", self.keep_logs_s, rundirs)
+        if removed:
+            log.info("removed past their retention: %s", ", ".join(p.name for p in removed))
+            with contextlib.suppress(OSError):  # the last one: the scope goes too (not if others remain)
+                self.workdirs.scope.rmdir()
+        return removed
 
     def _poll_one(self, rec: Record) -> None:
         proc = self.procs.get(rec.workload)
@@ -404,6 +470,9 @@ class Executor:
 
     def _ended(self, rec: Record, code: int | None, why: str) -> None:
         rec.exit_code = code
+        for path in (rec.workdir, Path(rec.log).parent if rec.log else ""):
+            if path:
+                retention.retire(path)  # their retention counts from now
         group = Group.from_record(rec.cgroup)
         oom = group.oom_kills() if group is not None else None
         if code == 0:
@@ -439,7 +508,7 @@ class Executor:
     def _report_one(self, rec: Record) -> None:
         info = {**rec.info, "log": rec.log}
         try:
-            self.server.status(rec.workload, rec.phase, rec.reason, rec.exit_code, info)
+            self.server.status(rec.workload, rec.phase, rec.reason, rec.exit_code, info, rec.object_uid)
         except ServerError as exc:
             if exc.status not in (404, 409):
                 log.warning("status %s of %s not sent (%s); retried", rec.phase, rec.workload, exc)

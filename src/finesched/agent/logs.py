@@ -3,7 +3,8 @@
 `GET /logs` with ``Authorization: Bearer GRANT``: the agent asks the server what the grant allows
 (`AgentClient.verify_log_grant`, over the agent's own token; a grant works once, see
 server/logs.py), then streams ``<data>/workloads/<safe name>/output.log`` (agent/executor.py
-`rundir_of`): the last `tail` lines, or all of it, and with `follow` what the process writes next
+`rundir_of`) of the workload object the grant names (its uid: a deleted workload's log is never
+served for a new one of its name): the last `tail` lines, or all of it, and with `follow` what the process writes next
 until it ends. The URL the server reaches this port at goes into every report as
 ``discovery.logs.url``.
 
@@ -104,13 +105,17 @@ class LogServer:
         port: int = 0,
         bind: str | None = None,
         tls: dict[str, Any] | None = None,
+        unnamed: Callable[[str], bool] | None = None,
     ):
-        """`verify(grant)` asks the server; `running(workload)` says whether its process still runs.
+        """`verify(grant)` asks the server; `running(workload)` says whether its process still runs;
+        `unnamed(workload)`: whether the agent runs it from a binding without a uid (started before
+        the server gave uids: its log has the name without one).
         Listens on `bind` (default `host`) at `port` (0: any free port) and is reached at `host`;
         speaks HTTPS with `tls` (uvicorn's certificate arguments, from `tls.server_tls`)."""
         self.data = data
         self.verify = verify
         self.running = running
+        self.unnamed = unnamed or (lambda workload: False)
         self.sock = socket.socket(socket.AF_INET6 if ":" in (bind or host) else socket.AF_INET)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind((bind or host, port))
@@ -136,7 +141,7 @@ class LogServer:
                 refused = exc.status in (401, 403, 404, 422)
                 raise HTTPException(403 if refused else 502, f"grant not accepted: {exc}") from None
             workload = str(granted.get("workload", ""))
-            path = self._log_path(workload)
+            path = self._log_path(workload, str(granted.get("uid") or ""))
             if path is None or not path.is_file():
                 raise HTTPException(404, f"no output of {workload} on this node")
             tail = granted.get("tail")
@@ -146,12 +151,15 @@ class LogServer:
 
         return app
 
-    def _log_path(self, workload: str) -> Path | None:
-        """The workload's log, or None for a name that would lead out of the workloads directory."""
+    def _log_path(self, workload: str, object_uid: str = "") -> Path | None:
+        """The log of the workload object `object_uid` ("": an older server's grant, by name only),
+        or None for a name or uid that would lead out of the workloads directory."""
         if workload.count("/") != 1:
             return None
         base = (self.data / "workloads").resolve()
-        path = (rundir_of(self.data, workload) / "output.log").resolve()
+        path = (rundir_of(self.data, workload, object_uid) / "output.log").resolve()
+        if object_uid and not path.is_file() and self.unnamed(workload):
+            path = (rundir_of(self.data, workload) / "output.log").resolve()
         return path if path.is_relative_to(base) else None
 
     def start(self) -> None:

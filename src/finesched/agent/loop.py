@@ -73,6 +73,9 @@ class AgentConfig:
     allow_tenant_sharing: bool = False
     #: More directories the sandbox hides besides the data directory and the work root (`up`'s own).
     hide: tuple[Path, ...] = ()
+    #: How long a finished workload's working directory and its log are kept (agent/retention.py).
+    keep_finished_s: float = 3600.0
+    keep_logs_s: float = 7 * 86400.0
 
 
 def default_discovery(
@@ -116,7 +119,8 @@ class Agent:
         work_root = config.work_root or default_work_root(config.data)
         self.sandbox = Sandbox.resolve(config.sandbox, (config.data, work_root, *config.hide))
         self.executor = Executor(config.data, self.client, self.cgroups, mig=MIGControl(nvml) if nvml else None,
-                                 users=users, work_root=work_root, sandbox=self.sandbox)  # fmt: skip
+                                 users=users, work_root=work_root, sandbox=self.sandbox,
+                                 keep_finished_s=config.keep_finished_s, keep_logs_s=config.keep_logs_s)  # fmt: skip
         self.isolation = users.report(self.sandbox.kind)
         self.isolation_label = isolation_label(users.root, users.allow_sharing)
         self.logs: LogServer | None = None
@@ -184,7 +188,8 @@ class Agent:
         # threads): it verifies the server as the user said (--ca, --insecure, up's pinned certificate).
         try:
             self.logs = LogServer(config.data, self.client.verify_log_grant, self._runs, host, config.logs_port,
-                                  config.logs_bind, server_tls(config.tls_cert, config.tls_key))  # fmt: skip
+                                  config.logs_bind, server_tls(config.tls_cert, config.tls_key),
+                                  unnamed=self._unnamed)  # fmt: skip
         except (OSError, TransportError) as exc:
             log.error("cannot serve logs on %s:%s (%s): `finesched logs` will not reach this node", host,
                       config.logs_port, exc)  # fmt: skip
@@ -194,6 +199,10 @@ class Agent:
     def _runs(self, workload: str) -> bool:
         record = self.executor.state.records.get(workload)
         return record is not None and record.phase == "Running"
+
+    def _unnamed(self, workload: str) -> bool:
+        record = self.executor.state.records.get(workload)
+        return record is not None and not record.object_uid
 
     def close(self) -> None:
         """Stop serving logs (the workloads are left as they are)."""

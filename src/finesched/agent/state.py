@@ -50,6 +50,9 @@ class Record:
     uid: int = -1
     gid: int = -1
     workdir: str = ""
+    #: The workload object's uid, from its binding ("" from older agents or servers): a binding of
+    #: another object of the same name replaces this record.
+    object_uid: str = ""
 
     @property
     def qos_class(self) -> str:

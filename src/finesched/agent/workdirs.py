@@ -82,15 +82,15 @@ class WorkDirs:
             if mode & 0o022 or (mode & 0o044 and self.switch):
                 log.warning("%s was mode %o; set to %o (no one else may write or list it)", path, mode, self.mode)
 
-    def path(self, workload: str) -> Path:
-        return self.scope / safe_name(workload)
+    def path(self, workload: str, object_uid: str = "") -> Path:
+        return self.scope / safe_name(workload, object_uid)
 
-    def make(self, workload: str, uid: int, gid: int) -> Path:
-        """A fresh empty working directory for `workload`, 0700 and owned by uid:gid."""
+    def make(self, workload: str, uid: int, gid: int, object_uid: str = "") -> Path:
+        """A fresh empty working directory for `workload` (the object `object_uid`), 0700 and owned by uid:gid."""
         self.root.mkdir(mode=self.mode, exist_ok=True)  # removed by hand meanwhile: made again
         if not self.scope.is_dir():
             self._own_dir(self.scope)
-        path = self.path(workload)
+        path = self.path(workload, object_uid)
         self._remove(path)
         path.mkdir(mode=0o700)
         os.chmod(path, 0o700)

@@ -96,6 +96,24 @@ LogsPortOption = Annotated[
     int,
     typer.Option("--logs-port", min=0, max=65535, help="Port the control plane reads workload logs on (0: any)."),
 ]
+KeepFinishedOption = Annotated[
+    str,
+    typer.Option(
+        "--keep-finished",
+        metavar="DURATION",
+        help="How long a finished workload's working directory (under --work-root) is kept after its process "
+        "ended: 0, 30s, 15m, 1h, 7d (0: removed at once).",
+    ),
+]
+KeepLogsOption = Annotated[
+    str,
+    typer.Option(
+        "--keep-logs",
+        metavar="DURATION",
+        help="How long a finished workload's output.log (in the agent's data directory) is kept for "
+        "`finesched logs` after its process ended: 0, 30s, 15m, 1h, 7d.",
+    ),
+]
 FAKE_GPU_MEMORY = "16Gi"
 MAX_FAKE_GPUS = 64
 
@@ -116,6 +134,16 @@ def parse_fake_gpus(text: str | None) -> tuple[int, int] | None:
     if size <= 0:
         raise _fail(f"--fake-gpus {text!r}: MEMORY must be more than 0", 2)
     return int(count), size
+
+
+def parse_retention(keep_finished: str, keep_logs: str) -> tuple[float, float]:
+    """``--keep-finished``, ``--keep-logs`` -> seconds; a usage error (exit 2) naming the option otherwise."""
+    from finesched.agent.retention import parse_duration
+
+    try:
+        return parse_duration(keep_finished, "--keep-finished"), parse_duration(keep_logs, "--keep-logs")
+    except ValueError as exc:
+        raise _fail(str(exc), 2) from None
 
 
 def parse_tenant_uids(text: str) -> range:
@@ -188,6 +216,8 @@ def agent_cmd(
     work_root: WorkRootOption = None,
     sandbox: SandboxOption = "none",
     allow_tenant_sharing: SharingOption = False,
+    keep_finished: KeepFinishedOption = "1h",
+    keep_logs: KeepLogsOption = "7d",
 ) -> None:
     """Run this machine's node agent: register, report resources, run bound workloads pinned, each as
     its tenant's user (as root; see --tenant-uids, --sandbox)."""
@@ -209,12 +239,14 @@ def agent_cmd(
     if mig_mode not in ("static", "dynamic"):
         raise _fail(f"--mig-mode must be static or dynamic, got {mig_mode!r}", 2)
     uids = parse_tenant_uids(tenant_uids)
+    keep_finished_s, keep_logs_s = parse_retention(keep_finished, keep_logs)
     check_sandbox(sandbox)
     _logging(not quiet)
     config = AgentConfig(server, token, data or default_data(), node_name, interval, watch, labels,
                          logs_port=logs_port, logs_host=logs_address, tls_cert=tls_cert, tls_key=tls_key,
                          fake_gpus=simulated, mig_mode=mig_mode, tenant_uids=uids, work_root=work_root,
-                         sandbox=sandbox, allow_tenant_sharing=allow_tenant_sharing)  # fmt: skip
+                         sandbox=sandbox, allow_tenant_sharing=allow_tenant_sharing,
+                         keep_finished_s=keep_finished_s, keep_logs_s=keep_logs_s)  # fmt: skip
     try:
         client = AgentClient(server, token, ca=ca, insecure=insecure)
     except TransportError as exc:  # a URL the token must not be sent to, an unreadable CA file
@@ -363,6 +395,8 @@ def up_cmd(
     sandbox: SandboxOption = "none",
     allow_tenant_sharing: SharingOption = False,
     logs_port: LogsPortOption = 0,
+    keep_finished: KeepFinishedOption = "1h",
+    keep_logs: KeepLogsOption = "7d",
 ) -> None:
     """Start a one-machine cluster: control plane + this machine's agent; print the URL and an admin token.
 
@@ -388,6 +422,7 @@ def up_cmd(
     verify = pinned_context(tls_cert) if tls and tls_cert is not None else None
     simulated = parse_fake_gpus(fake_gpus)
     uids = parse_tenant_uids(tenant_uids)
+    keep_finished_s, keep_logs_s = parse_retention(keep_finished, keep_logs)
     check_sandbox(sandbox)
     busy = check_port(host, port)
     if busy is not None:  # before anything is written or started
@@ -440,7 +475,8 @@ def up_cmd(
         config = AgentConfig(url, agent_token, data / "agent", name, interval, stop_workloads_on_exit=True,
                              logs_port=logs_port, logs_host="127.0.0.1", tls_cert=tls_cert, tls_key=tls_key,
                              fake_gpus=simulated, tenant_uids=uids, work_root=work_root, sandbox=sandbox,
-                             allow_tenant_sharing=allow_tenant_sharing, hide=(data,))  # fmt: skip
+                             allow_tenant_sharing=allow_tenant_sharing, hide=(data,),
+                             keep_finished_s=keep_finished_s, keep_logs_s=keep_logs_s)  # fmt: skip
         client = AgentClient(url, agent_token, verify=verify)  # with TLS: exactly the server's own certificate
         try:
             agent = Agent(config, client)

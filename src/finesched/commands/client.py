@@ -470,7 +470,7 @@ def describe(
     if kind == "nodes":
         client = Client(server, token, ca=ca, insecure=insecure)
         node = client.call("GET", f"/v1/nodes/{name}")
-        node_events = client.call("GET", "/v1/events", params={"kind": "Node", "object": name})["items"]
+        node_events = _object_events(client, "Node", name, node)
         if output not in TABLE_OUTPUTS:
             _dump({**node, "events": node_events}, output)
         else:
@@ -489,13 +489,14 @@ def describe(
         _describe_job(f"/v1/jobs/{namespace}/{name}", client, output)
         return
     item = client.call("GET", f"/v1/workloads/{namespace}/{name}")
-    events = client.call("GET", "/v1/events", params={"kind": "Workload", "object": f"{namespace}/{name}"})["items"]
+    events = _object_events(client, "Workload", f"{namespace}/{name}", item)
     if output not in TABLE_OUTPUTS:
         _dump({**item, "events": events}, output)
         return
     status = item["status"]
     out.print(f"[bold]Workload[/] {escape(namespace)}/{escape(name)}  tenant {escape(status['tenant'])}")
     out.print(f"Phase:    {status['phase']}" + (f" ({escape(status['reason'])})" if status.get("reason") else ""))
+    out.print(f"UID:      {item['metadata'].get('uid') or '-'}")
     binding = status.get("binding")
     if binding:
         out.print(f"Node:     {escape(binding['node'])}   acked: {binding.get('acked', False)}")
@@ -508,6 +509,16 @@ def describe(
     if info:
         out.print("Applied:  " + escape(", ".join(f"{k}={v}" for k, v in info.items())))
     _print_events(events, output)
+
+
+def _object_events(client: Client, kind: str, obj: str, item: dict[str, Any]) -> list[dict[str, Any]]:
+    """The events of `item` (read as kind `kind`, name `obj`): of this object only, by its uid, not
+    of an earlier object of its name (as `kubectl describe`; a server that gives no uid: by name)."""
+    params = {"kind": kind, "object": obj}
+    uid = (item.get("metadata") or {}).get("uid")
+    if uid:
+        params["uid"] = uid
+    return client.call("GET", "/v1/events", params=params)["items"]  # type: ignore[no-any-return]
 
 
 def _print_events(events: list[dict[str, Any]], output: str) -> None:
@@ -547,11 +558,12 @@ def _describe_with_events(
 ) -> None:
     """The object at `path` and its events: dumped whole (json, yaml), or `show`n, then the events."""
     item = client.call("GET", path)
-    events = client.call("GET", "/v1/events", params={"kind": kind, "object": name})["items"]
+    events = _object_events(client, kind, name, item)
     if output not in TABLE_OUTPUTS:
         _dump({**item, "events": events}, output)
         return
     show(item)
+    out.print(f"UID:      {item['metadata'].get('uid') or '-'}")
     _print_events(events, output)
 
 

@@ -51,6 +51,7 @@ def print_job(out: Console, item: dict[str, Any], wide: bool = False) -> None:
     out.print(f"[bold]Job[/] {escape(meta['namespace'])}/{escape(meta['name'])}  tenant {escape(status['tenant'])}")
     reason = f" ({escape(status['reason'])})" if status.get("reason") else ""
     out.print(f"Phase:    {status['phase']}{reason}")
+    out.print(f"UID:      {meta.get('uid') or '-'}")
     out.print(f"Mode:     {item['spec'].get('mode', 'streaming')}   slots: {status['slots']['total']} "
               f"({_counts(status['slots'])})")  # fmt: skip
     out.print(f"Restarts: {status['failures']} of {status['backoffLimit']} (restartPolicy {status['restartPolicy']})")

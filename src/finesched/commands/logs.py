@@ -68,12 +68,13 @@ def logs_cmd(
 
 
 def _local(key: str, data: Path, tail: int | None) -> None:
-    from finesched.agent.executor import rundir_of
+    from finesched.agent.executor import rundirs_of
     from finesched.agent.logs import tail_offset
 
     for root in (data, data / "agent"):
-        path = rundir_of(root, key) / "output.log"
-        if path.is_file():
+        found = rundirs_of(root, key)  # the newest object of that name (deleted ones' logs may remain)
+        path = found[0] / "output.log" if found else None
+        if path is not None:
             with path.open("rb") as f:
                 f.seek(tail_offset(f, tail) if tail is not None else 0)
                 sys.stdout.buffer.write(f.read())

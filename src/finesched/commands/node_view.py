@@ -33,6 +33,7 @@ def render_node(out: Console, item: dict[str, Any], events: list[dict[str, Any]]
     report = status.get("report") or {}
     discovery = report.get("discovery") or {}
     out.print(f"[bold]Node[/] {escape(meta['name'])}")
+    out.print(f"UID:         {meta.get('uid') or '-'}")
     state = ("Ready" if status["ready"] else "NotReady") + (", cordoned" if status["cordoned"] else "")
     out.print(f"State:       {state}   heartbeat: {status.get('heartbeat') or '-'}")
     labels = ", ".join(f"{k}={v}" for k, v in (meta.get("labels") or {}).items())

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import types
 import typing
+import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +37,9 @@ KINDS: dict[str, type[Object]] = {
     "Job": Job,
     "PriorityClass": PriorityClass,
 }
+#: Metadata the server sets on every kind and a manifest may carry back (as read with `get -o yaml`):
+#: accepted, checked for its form, and not part of the object itself (`manifest_uid` reads it).
+SERVER_METADATA = ("uid",)
 #: Which model fields live under `metadata` for each kind; all others live under `spec`.
 METADATA_FIELDS: dict[str, tuple[str, ...]] = {
     "Node": ("name", "labels"),
@@ -150,16 +154,36 @@ def _envelope_problems(doc: Mapping[str, Any]) -> list[tuple[str, str, Any]]:
     elif not isinstance(metadata, Mapping) or not metadata.get("name"):
         problems.append(("metadata.name", "is required", metadata.get("name") if metadata else None))
     else:
-        allowed_meta = METADATA_FIELDS[kind]
+        allowed_meta = (*METADATA_FIELDS[kind], *SERVER_METADATA)
         problems += [
             (f"metadata.{k}", f"unknown field; allowed for {kind}: {list(allowed_meta)}", metadata[k])
             for k in metadata
             if k not in allowed_meta
         ]
+        if "uid" in metadata and uid_problem(metadata["uid"]):
+            problems.append(("metadata.uid", uid_problem(metadata["uid"]), metadata["uid"]))
     spec = doc.get("spec")
     if spec is not None and not isinstance(spec, Mapping):
         problems.append(("spec", "must be a mapping", spec))
     return problems
+
+
+def uid_problem(value: object) -> str:
+    """What is wrong with `value` as an object's uid ("" when nothing): a UUID in its text form."""
+    if not isinstance(value, str):
+        return "must be a string (the UUID the server gave the object)"
+    try:
+        uuid.UUID(value)
+    except ValueError:
+        return "must be a UUID such as 0f8fad5b-d9cb-469f-a165-70867728950e (the one the server gave the object)"
+    return ""
+
+
+def manifest_uid(doc: object) -> str | None:
+    """The `metadata.uid` a (valid) manifest document carries, in canonical form; None when none."""
+    metadata = doc.get("metadata") if isinstance(doc, Mapping) else None
+    uid = metadata.get("uid") if isinstance(metadata, Mapping) else None
+    return str(uuid.UUID(uid)) if isinstance(uid, str) and not uid_problem(uid) else None
 
 
 def _detail(model: type[pydantic.BaseModel], kind: str, error: Mapping[str, Any], where: str) -> ErrorDetail:

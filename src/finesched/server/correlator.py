@@ -1,6 +1,6 @@
 """Repeated events are counted, not repeated (Kubernetes' event correlator, client-go `events_cache.go`).
 
-An event identical to a recent one (same kind, object, reason and message) does not add a row:
+An event identical to a recent one (same kind, object, uid, reason and message) does not add a row:
 the earlier row is replaced by one that carries `count` + 1 and the first occurrence's time. The
 replacement is a new row rather than an update because the event table is also the change feed: a
 new id is what tells a following replica that the object changed again.
@@ -34,7 +34,7 @@ from finesched.server import schema as t
 MAX_ENTRIES = 4096
 #: The reason of the event that ends an object's history (every kind's delete writes it).
 DELETED = "Deleted"
-Key = tuple[str, str, str, str]
+Key = tuple[str, str, str | None, str, str]  # kind, object, uid, reason, message
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,11 +55,11 @@ class EventCorrelator:
         self._lock = threading.Lock()
 
     def write(self, conn: Connection, events: Sequence[Any], stamp: datetime) -> list[int]:
-        """Insert `events` (objects with kind, object, reason, message) in the caller's transaction,
+        """Insert `events` (objects with kind, object, uid, reason, message) in the caller's transaction,
         folding each into its earlier occurrence; the ids of the rows written, in order."""
         merged: dict[Key, int] = {}  # the same event twice in one call is one row
         for e in events:
-            key = (e.kind, e.object, e.reason, e.message)
+            key = (e.kind, e.object, e.uid, e.reason, e.message)
             merged[key] = merged.get(key, 0) + 1
         with self._lock:
             earlier = {key: self._seen[key] for key in merged if key in self._seen}
@@ -74,14 +74,14 @@ class EventCorrelator:
             still_there = seen is not None and seen.id in replaced  # gone: rolled back or pruned
             count = seen.count + times if still_there and seen is not None else times
             first = seen.first_time if still_there and seen is not None else stamp
-            kind, obj, reason, message = key
-            rows.append({"time": stamp, "kind": kind, "object": obj, "reason": reason, "message": message,
-                         "count": count, "first_time": first})  # fmt: skip
+            kind, obj, uid, reason, message = key
+            rows.append({"time": stamp, "kind": kind, "object": obj, "uid": uid, "reason": reason,
+                         "message": message, "count": count, "first_time": first})  # fmt: skip
         ids = [r[0] for r in conn.execute(insert(t.events).returning(t.events.c.id), rows)]
-        ended = {(kind, obj) for kind, obj, reason, _ in merged if reason == DELETED}
+        ended = {(kind, obj) for kind, obj, _, reason, _ in merged if reason == DELETED}
         with self._lock:
             for row, new_id in zip(rows, ids, strict=True):
-                key = (row["kind"], row["object"], row["reason"], row["message"])
+                key = (row["kind"], row["object"], row["uid"], row["reason"], row["message"])
                 if (key[0], key[1]) in ended:
                     continue
                 self._seen[key] = Seen(new_id, row["count"], row["first_time"])
@@ -99,7 +99,7 @@ class EventCorrelator:
     def objects(self) -> set[tuple[str, str]]:
         """The (kind, object) pairs it remembers events of."""
         with self._lock:
-            return {(kind, obj) for kind, obj, _, _ in self._seen}
+            return {(kind, obj) for kind, obj, _, _, _ in self._seen}
 
 
 _by_engine: weakref.WeakKeyDictionary[Engine, EventCorrelator] = weakref.WeakKeyDictionary()

@@ -1,7 +1,9 @@
 """A job as the API shows it: its phase, aggregated from its slots, and what each failover region does.
 
 Phase: Succeeded or Failed once the job has ended (stored on the job); otherwise Restarting while
-a region waits out its backoff, Running while a slot runs, else Pending (no slot has started).
+a region waits out its backoff, Running while a slot runs, Starting when slots are placed (Bound)
+but none runs yet (their node agents are starting them: Kubernetes' ContainerCreating, Flink's
+DEPLOYING), else Pending (no slot is placed: the job waits for room).
 """
 
 from __future__ import annotations
@@ -12,19 +14,24 @@ from typing import Any
 
 from finesched.model.workload import DEFAULT_BACKOFF_LIMIT
 from finesched.server import job_store
-from finesched.server.store import PENDING, RUNNING
+from finesched.server.store import BOUND, PENDING, RUNNING
 from finesched.server.views import event_view
 
-PENDING_JOB, RUNNING_JOB, RESTARTING = PENDING, RUNNING, "Restarting"
+PENDING_JOB, STARTING, RUNNING_JOB, RESTARTING = PENDING, "Starting", RUNNING, "Restarting"
+#: Every phase a job shows (`GET /v1/jobs`), in the order a job goes through them.
+JOB_PHASES = (PENDING_JOB, STARTING, RUNNING_JOB, RESTARTING, job_store.SUCCEEDED, job_store.FAILED)
 
 
 def job_phase(job: Mapping[str, Any], slots: Sequence[Mapping[str, Any]]) -> str:
+    """The job's phase (module docstring), from its stored phase and its slots' phases."""
     if job["phase"] in (job_store.SUCCEEDED, job_store.FAILED):
         return str(job["phase"])
-    if any(slot["not_before"] is not None for slot in slots):
+    if any(slot["restart_at"] is not None for slot in slots):
         return RESTARTING
     if any(slot["phase"] == RUNNING for slot in slots):
         return RUNNING_JOB
+    if any(slot["phase"] == BOUND for slot in slots):
+        return STARTING
     return PENDING_JOB
 
 
@@ -33,7 +40,7 @@ def _slot_view(slot: Mapping[str, Any]) -> dict[str, Any]:
         "workload": f"{slot['namespace']}/{slot['name']}",
         "phase": slot["phase"],
         "node": slot.get("node"),
-        "restarting": slot["not_before"] is not None,
+        "restarting": slot["restart_at"] is not None,
         "reason": slot["reason"],
     }
 
@@ -56,11 +63,16 @@ def job_view(
                 "slots": [_slot_view(slot) for slot in members],
                 "phases": dict(Counter(slot["phase"] for slot in members)),
                 "restarts": region.get("restarts", 0),
-                "restarting": any(slot["not_before"] is not None for slot in members),
+                "restarting": any(slot["restart_at"] is not None for slot in members),
             }
         )
     view: dict[str, Any] = {
-        "metadata": {**doc.get("metadata", {}), "namespace": job["namespace"], "name": job["name"]},
+        "metadata": {
+            **doc.get("metadata", {}),
+            "namespace": job["namespace"],
+            "name": job["name"],
+            "uid": job.get("uid"),
+        },
         "spec": spec,
         "status": {
             "phase": job_phase(job, slots),

@@ -129,18 +129,24 @@ def delete_job(store: Store, namespace: str, name: str, tenant: str | None = Non
             conn.execute(delete(t.workloads).where(t.workloads.c.id.in_(ids)))
         conn.execute(delete(t.jobs).where(t.jobs.c.id == job["id"]))
         released = sum(1 for slot in slots if slot["bound"])
-        events = [Event("Workload", f"{s['namespace']}/{s['name']}", "Deleted", f"job {key} deleted") for s in slots]
-        events.append(Event("Job", key, "Deleted", f"{len(slots)} slot(s) deleted, {released} released"))
+        events = [Event("Workload", f"{s['namespace']}/{s['name']}", "Deleted", f"job {key} deleted", s["uid"])
+                  for s in slots]  # fmt: skip
+        events.append(Event("Job", key, "Deleted", f"{len(slots)} slot(s) deleted, {released} released", job["uid"]))
         Store.log(conn, events)
         return job, slots
 
 
-def events_of(store: Store, job_key: str, slot_keys: Sequence[str], limit: int) -> list[dict[str, Any]]:
-    """The latest `limit` events of the job and its slots, oldest first."""
+def events_of(
+    store: Store, job_key: str, slot_keys: Sequence[str], limit: int, uids: Sequence[str] | None = None
+) -> list[dict[str, Any]]:
+    """The latest `limit` events of the job and its slots, oldest first; with `uids` (the job's and
+    its slots'), only those of these objects, not of earlier ones of their names."""
     condition = or_(
         and_(t.events.c.kind == "Job", t.events.c.object == job_key),
         and_(t.events.c.kind == "Workload", t.events.c.object.in_(list(slot_keys))),
     )
+    if uids is not None:
+        condition = and_(condition, t.events.c.uid.in_(list(uids)))
     query = select(t.events).where(condition).order_by(t.events.c.id.desc()).limit(limit)
     with store.read() as conn:
         rows = [as_dict(r) for r in conn.execute(query)]

@@ -166,7 +166,8 @@ def get_job(namespace: str, name: str, ctx: Ctx, caller: Caller) -> dict[str, An
     key = f"{namespace}/{name}"
     slots = job_store.slots_by_job(ctx.store, [key])[key]
     slot_keys = [f"{s['namespace']}/{s['name']}" for s in slots]
-    events = job_store.events_of(ctx.store, key, slot_keys, MAX_JOB_EVENTS)
+    uids = [row["uid"], *(s["uid"] for s in slots)]
+    events = job_store.events_of(ctx.store, key, slot_keys, MAX_JOB_EVENTS, uids)
     return job_view(row, slots, events)
 
 

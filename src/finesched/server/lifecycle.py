@@ -12,11 +12,16 @@
 * A node agent **rejects** a binding: the workload is requeued and not placed again before a
   backoff, so a node that refuses it is not asked every second.
 
-Restarting in place, in the store: the workload keeps its binding, is Bound with ``not_before`` set;
+Restarting in place, in the store: the workload keeps its binding, is Bound with ``restart_at`` set;
 when that time comes (`start_due_restarts`, on the leader, once a second) the binding is marked
 unacknowledged, and the node agent, which runs an acked binding as it is, stops what it ran for it
 and starts it afresh. Every decision is one transaction; nothing is remembered in memory, so a
 killed server carries on where it stopped.
+
+Two times, never one for both: ``not_before`` only delays placing a Pending workload (after a
+rejection, or a region restart of a slot that had ended), ``restart_at`` marks a restart after a
+failure. A workload rejected, then placed again, is never taken for one to restart (no
+"Restarting" event for a workload that never ran, whatever its restart policy).
 
 Backoff (`Backoff`): ``initial × 2^(n-1)`` seconds for the n-th attempt, at most ``maximum``.
 """
@@ -109,7 +114,7 @@ def _workload_exited(
             delay = loop.config.backoff.delay(attempt)
             why = f"back-off {_seconds(delay)} restarting failed process (restart {attempt} of {limit}): {reason}"
             _set(conn, row["id"], phase=BOUND, reason=why, info=dict(info), restarts=attempt,
-                 not_before=now() + timedelta(seconds=delay))  # fmt: skip
+                 restart_at=now() + timedelta(seconds=delay))  # fmt: skip
             Store.log(conn, [Event("Workload", key, "BackOff", f"back-off restarting failed process: {reason}")])
             return "Restarting"
         reason = f"{reason} (backoff limit {limit} reached)"
@@ -128,7 +133,7 @@ def _slot_exited(
         Store.release_in(conn, key, phase, reason, info)
         released.append(key)
         return phase
-    if row["not_before"] is not None:  # its region restarts anyway: keep the slot for that
+    if row["restart_at"] is not None:  # its region restarts anyway: keep the slot for that
         _set(conn, row["id"], info=dict(info))
         return "Restarting"
     if phase == SUCCEEDED:
@@ -169,9 +174,9 @@ def fail_slot(
             continue
         other_key = f"{other['namespace']}/{other['name']}"
         if other["bound"]:
-            _set(conn, other["id"], phase=BOUND, reason=reason, not_before=at)
-        elif other["phase"] != PENDING:  # it had ended: it is placed again
-            _set(conn, other["id"], phase=PENDING, node=None, reason=reason, not_before=at)
+            _set(conn, other["id"], phase=BOUND, reason=reason, restart_at=at)
+        elif other["phase"] != PENDING:  # it had ended: it is placed again, not before its restart
+            _set(conn, other["id"], phase=PENDING, node=None, reason=reason, not_before=at, restart_at=at)
             released.append(other_key)
     job_store.set_job(conn, job["id"], failures=failures, regions=regions)
     Store.log(conn, [Event("Job", job_key, "RegionRestart", reason)])
@@ -191,9 +196,9 @@ def _fail_job(conn: Connection, job: dict[str, Any], reason: str, released: list
     for slot in job_store.slots_of(conn, job_key):
         key = f"{slot['namespace']}/{slot['name']}"
         if slot["bound"]:
-            Store.release_in(conn, key, FAILED, f"job failed: {reason}", not_before=None)
+            Store.release_in(conn, key, FAILED, f"job failed: {reason}", not_before=None, restart_at=None)
         elif slot["phase"] == PENDING:
-            _set(conn, slot["id"], phase=FAILED, reason=f"job failed: {reason}", not_before=None)
+            _set(conn, slot["id"], phase=FAILED, reason=f"job failed: {reason}", not_before=None, restart_at=None)
         else:
             continue
         released.append(key)
@@ -250,7 +255,7 @@ def start_due_restarts(store: Store) -> list[str]:
     query = (
         select(t.workloads.c.id, t.workloads.c.namespace, t.workloads.c.name)
         .join(t.bindings, t.bindings.c.workload_id == t.workloads.c.id)
-        .where(t.workloads.c.not_before.is_not(None), t.workloads.c.not_before <= stamp,
+        .where(t.workloads.c.restart_at.is_not(None), t.workloads.c.restart_at <= stamp,
                t.workloads.c.phase.in_(HOLDING))
     )  # fmt: skip
     with store.read() as conn:  # most seconds nothing is due: no write lock for that
@@ -266,7 +271,7 @@ def start_due_restarts(store: Store) -> list[str]:
         conn.execute(
             update(t.workloads)
             .where(t.workloads.c.id.in_(ids))
-            .values(not_before=None, reason="restarting", version=t.workloads.c.version + 1, updated=stamp)
+            .values(restart_at=None, reason="restarting", version=t.workloads.c.version + 1, updated=stamp)
         )
         keys = [f"{r.namespace}/{r.name}" for r in due]
         Store.log(conn, [Event("Workload", key, "Restarting", "the node agent starts it again") for key in keys])

@@ -1,6 +1,7 @@
 """Logs from anywhere: `GET /v1/workloads/{ns}/{name}/logs`, fetched from the node agent that ran it.
 
-The output of a workload stays on its node (``<agent data>/workloads/NS/NAME/output.log``). The
+The output of a workload stays on its node (``<agent data>/workloads/<NS.NAME>-<uid>/output.log``,
+one per workload object: a workload created with the name of a deleted one has its own). The
 server reaches it the way the Kubernetes API server reaches a kubelet's logs: the agent serves them
 on a port of its own, whose URL it sends in its reports (``discovery.logs.url``), and the server
 asks it and streams the answer to the client. The client needs only the server, with the same
@@ -164,7 +165,7 @@ def _grant(
     with ctx.store.write() as conn:
         conn.execute(delete(t.log_grants).where(t.log_grants.c.expires < stamp))
         conn.execute(insert(t.log_grants), {"digest": digest(grant), "workload": f"{namespace}/{name}", "node": node,
-                                            "tail": tail, "follow": follow,
+                                            "uid": row["uid"], "tail": tail, "follow": follow,
                                             "expires": stamp + timedelta(seconds=GRANT_TTL_S)})  # fmt: skip
     return node, url, grant
 
@@ -217,4 +218,4 @@ def verify_grant(body: GrantBody, ctx: Ctx, caller: AgentCaller) -> dict[str, An
         row = as_dict(conn.execute(gone).first())
     if row is None or row["expires"] < now() or row["node"] != caller.node:
         raise HTTPException(403, "unknown, used or expired log grant, or one for another node")
-    return {"workload": row["workload"], "tail": row["tail"], "follow": bool(row["follow"])}
+    return {"workload": row["workload"], "uid": row["uid"], "tail": row["tail"], "follow": bool(row["follow"])}

@@ -48,6 +48,9 @@ DESCRIPTIONS = {
 #: Statuses beyond the common ones (401, 403, 422, 429, 503; 404 with a path parameter; 413 with a body).
 EXTRA: dict[tuple[str, str], tuple[int, ...]] = {
     ("post", "/v1/nodes"): (409,),
+    ("put", "/v1/nodes/{name}"): (409,),  # metadata.uid names another node of that name
+    ("post", "/v1/bindings/{namespace}/{name}/ack"): (409,),  # ?uid= names another workload of that name
+    ("post", "/v1/bindings/{namespace}/{name}/reject"): (409,),
     ("post", "/v1/nodes/{name}/report"): (409,),
     ("post", "/v1/workloads"): (409,),
     ("post", "/v1/workloads/{namespace}/{name}/status"): (409,),
@@ -77,6 +80,10 @@ MANIFEST_BODIES: dict[tuple[str, str], tuple[str, bool]] = {
     ("post", "/v1/priorityclasses"): ("PriorityClass", False),
     ("put", "/v1/priorityclasses/{name}"): ("PriorityClass", False),
 }
+#: `metadata.uid`: set by the server; a manifest may carry it back (ignored on create, 409 on a replace
+#: when it names another object than the stored one of that name).
+UID = {"type": "string", "format": "uuid",
+       "description": "The object's uid, given by the server at creation; read-only"}  # fmt: skip
 QUANTITY_PATTERN = r"^\+?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+|[numkMGTPE]|[KMGTPE]i)?$"
 QUANTITY = {
     "anyOf": [{"type": "string", "pattern": QUANTITY_PATTERN}, {"type": "number", "minimum": 0}],
@@ -185,7 +192,9 @@ def _manifest_schemas() -> dict[str, Any]:
                 {
                     "apiVersion": {"type": "string", "enum": [API_VERSION]},
                     "kind": {"type": "string", "enum": [kind]},
-                    "metadata": _object({n: properties[n] for n in meta}, [n for n in meta if n in required]),
+                    "metadata": _object(
+                        {**{n: properties[n] for n in meta}, "uid": UID}, [n for n in meta if n in required]
+                    ),
                     # null reads as {} (no fields): allowed only where the spec requires none
                     "spec": {"$ref": f"{REF}{kind}Spec"}
                     if spec_schema.get("required")

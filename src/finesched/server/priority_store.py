@@ -17,7 +17,7 @@ from sqlalchemy import Connection, delete, insert, select, text, update
 from finesched.model.manifest import parse_manifest
 from finesched.model.priority_class import PriorityClass
 from finesched.server import schema as t
-from finesched.server.store import Conflict, Event, NotFound, Store, as_dict, now
+from finesched.server.store import Conflict, Event, NotFound, Store, as_dict, check_uid, now
 
 KIND = "PriorityClass"
 
@@ -35,9 +35,12 @@ def describe(cls: PriorityClass) -> str:
     return f"value {cls.value}, {cls.preemption_policy}{default}"
 
 
-def put_priority_class(store: Store, cls: PriorityClass, spec: Mapping[str, Any], *, create_only: bool) -> bool:
-    """Create or replace a class; True when created. Conflict when the name is taken (`create_only`)
-    or another class became the global default meanwhile."""
+def put_priority_class(
+    store: Store, cls: PriorityClass, spec: Mapping[str, Any], *, create_only: bool, uid: str | None = None
+) -> bool:
+    """Create or replace a class; True when created. Conflict when the name is taken (`create_only`),
+    another class became the global default meanwhile, or `uid` (the manifest's) is not the stored
+    class's (`check_uid`)."""
     with store.write() as conn:
         if cls.global_default:
             _lock(conn)
@@ -47,10 +50,12 @@ def put_priority_class(store: Store, cls: PriorityClass, spec: Mapping[str, Any]
             if taken:
                 raise Conflict(f"PriorityClass {taken[0]} is already the global default; at most one class may be")
         before = conn.execute(
-            select(t.priority_classes.c.value).where(t.priority_classes.c.name == cls.name)
+            select(t.priority_classes.c.value, t.priority_classes.c.uid).where(t.priority_classes.c.name == cls.name)
         ).first()  # fmt: skip
         if before is not None and create_only:
             raise Conflict(f"PriorityClass {cls.name} already exists")
+        if before is not None:
+            check_uid(KIND, cls.name, before.uid, uid)
         if before is None:
             conn.execute(insert(t.priority_classes), {"name": cls.name, "value": cls.value, "spec": dict(spec),
                                                       "version": 1, "created": now()})  # fmt: skip
@@ -90,6 +95,8 @@ def delete_priority_class(store: Store, name: str) -> None:
     """Delete a class (NotFound when absent). Workloads admitted under it keep their priority, and a
     tenant that lists it keeps the name (a class created again under it is usable again)."""
     with store.write() as conn:
-        if conn.execute(delete(t.priority_classes).where(t.priority_classes.c.name == name)).rowcount == 0:
+        table = t.priority_classes
+        uid = conn.execute(delete(table).where(table.c.name == name).returning(table.c.uid)).scalar()
+        if uid is None:
             raise NotFound(f"PriorityClass {name} not found")
-        Store.log(conn, [Event(KIND, name, "Deleted")])
+        Store.log(conn, [Event(KIND, name, "Deleted", uid=uid)])

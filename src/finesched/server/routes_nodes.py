@@ -12,6 +12,7 @@ from fastapi import APIRouter, Body, HTTPException
 
 from finesched.admission import World, admit_node
 from finesched.errors import ValidationError
+from finesched.model.manifest import manifest_uid
 from finesched.model.node import Node
 from finesched.server import paging
 from finesched.server.auth import TENANT, Identity
@@ -41,7 +42,8 @@ def _register(ctx: ServerContext, caller: Identity, body: dict[str, Any], *, nam
     except ValidationError as exc:
         raise invalid(exc) from None
     try:
-        row, created = ctx.store.put_node(node.name, canonical(node), create_only=name is None)
+        uid = manifest_uid(body) if name is not None else None  # a create ignores it, as Kubernetes does
+        row, created = ctx.store.put_node(node.name, canonical(node), create_only=name is None, uid=uid)
     except Conflict as exc:
         raise HTTPException(409, str(exc)) from None
     ctx.loop.changed("Node", node.name)

@@ -15,12 +15,13 @@ from fastapi import APIRouter, Body, HTTPException
 
 from finesched.admission import admit_priority_class
 from finesched.errors import ValidationError
+from finesched.model.manifest import manifest_uid
 from finesched.model.priority_class import PriorityClass
 from finesched.server import priority_store
 from finesched.server.authz import AdminCaller
 from finesched.server.context import Caller, Ctx, ServerContext
 from finesched.server.store import Conflict, NotFound
-from finesched.server.views import InputError, canonical, invalid, parse_kind
+from finesched.server.views import InputError, canonical, invalid, parse_kind, with_uid
 
 router = APIRouter(prefix="/v1/priorityclasses", tags=["priorityclasses"])
 
@@ -38,7 +39,8 @@ def _store(ctx: ServerContext, body: Any, *, name: str | None) -> PriorityClass:
     except ValidationError as exc:
         raise invalid(exc) from None
     try:
-        priority_store.put_priority_class(ctx.store, cls, canonical(cls), create_only=name is None)
+        uid = manifest_uid(body) if name is not None else None  # a create ignores it, as Kubernetes does
+        priority_store.put_priority_class(ctx.store, cls, canonical(cls), create_only=name is None, uid=uid)
     except Conflict as exc:
         raise HTTPException(409, str(exc)) from None
     return cls
@@ -48,7 +50,7 @@ def class_view(row: dict[str, Any]) -> dict[str, Any]:
     doc = row["spec"]
     created = row.get("created")
     status = {"version": row["version"], "created": created.isoformat() if created is not None else None}
-    return {"metadata": doc.get("metadata", {}), "spec": doc.get("spec", {}), "status": status}
+    return {"metadata": with_uid(doc, row), "spec": doc.get("spec", {}), "status": status}
 
 
 def _row(ctx: ServerContext, name: str) -> dict[str, Any]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Any
 
@@ -14,6 +15,7 @@ from starlette.concurrency import run_in_threadpool
 
 from finesched.admission import admit_tenant, sound_tenants
 from finesched.errors import ValidationError
+from finesched.model.manifest import manifest_uid, uid_problem
 from finesched.model.tenant import Tenant
 from finesched.sched.queue import demand_of
 from finesched.server import paging
@@ -23,7 +25,7 @@ from finesched.server.authz import AdminCaller
 from finesched.server.cluster_view import tenant_from_row
 from finesched.server.context import Caller, Ctx, ServerContext
 from finesched.server.paging import ContinueQuery, LimitQuery
-from finesched.server.store import Conflict, Event, EventScope, NotFound, Store
+from finesched.server.store import Conflict, Event, EventScope, NotFound, Store, with_uids
 from finesched.server.views import InputError, canonical, event_view, invalid, parse_kind, tenant_view
 from finesched.server.watch_hub import Chunk, TooManyWatches, Watcher, WatchHub
 
@@ -38,7 +40,7 @@ SCOPE_REFRESH_S = 30.0
 MAX_EVENT_ID = 2**63 - 1
 
 
-def _store_tenant(ctx: ServerContext, tenant: Tenant, *, create_only: bool) -> bool:
+def _store_tenant(ctx: ServerContext, tenant: Tenant, *, create_only: bool, uid: str | None = None) -> bool:
     """Admit `tenant` against the stored tenants (parent, cycles, namespaces), then store it.
 
     A namespace taken away from the tenant must be empty first (409): its workloads would
@@ -55,7 +57,8 @@ def _store_tenant(ctx: ServerContext, tenant: Tenant, *, create_only: bool) -> b
         if in_use:
             raise HTTPException(409, f"namespace {in_use[0]} still holds workloads; delete them before ungranting it")
     try:
-        created = ctx.store.put_tenant(tenant.name, tenant.weight, canonical(tenant), create_only=create_only)
+        created = ctx.store.put_tenant(tenant.name, tenant.weight, canonical(tenant), create_only=create_only,
+                                       uid=uid)  # fmt: skip
     except Conflict as exc:
         raise HTTPException(409, str(exc)) from None
     ctx.loop.changed("Tenant", tenant.name)
@@ -74,7 +77,7 @@ def put_tenant(name: str, body: TenantBody, ctx: Ctx, caller: AdminCaller) -> di
     tenant: Tenant = parse_kind(body, "Tenant")
     if tenant.name != name:
         raise InputError([{"loc": ["body", "metadata", "name"], "msg": f"must be {name!r} (the URL's name)"}])
-    _store_tenant(ctx, tenant, create_only=False)
+    _store_tenant(ctx, tenant, create_only=False, uid=manifest_uid(body))
     return _tenant_view(ctx, ctx.store.get_tenant(name))
 
 
@@ -117,9 +120,10 @@ def delete_tenant(name: str, ctx: Ctx, caller: Caller) -> dict[str, Any]:
         ).first()
         if offer is not None:
             raise HTTPException(409, f"tenant {name} holds open offer {offer[0]}; decline it or let it expire")
+        gone = with_uids(conn, [Event("Tenant", name, "Deleted")])  # the uid, read before the row goes
         conn.execute(delete(t.tenants).where(t.tenants.c.name == name))
         revoke_tenant_tokens(conn, name)
-        Store.log(conn, [Event("Tenant", name, "Deleted")])
+        Store.log(conn, gone)
     ctx.loop.changed("Tenant", name)
     return {"deleted": name}
 
@@ -230,14 +234,26 @@ def list_events(
     since: Annotated[int, Query(ge=0, le=MAX_EVENT_ID, description="only events with a larger id")] = 0,
     kind: str | None = None,
     object: str | None = None,
+    uid: Annotated[
+        str | None,
+        Query(
+            description="only the events of the object with this uid (its metadata.uid), not those of "
+            "earlier objects of its name"
+        ),
+    ] = None,
     limit: LimitQuery = None,
     continue_: ContinueQuery = None,
 ) -> dict[str, Any]:
     """Events, oldest first, a page at a time (`limit`, `continue`); what the token may see is decided
     in the query, so every page is full until the last."""
-    page = paging.request("events", {"since": since, "kind": kind, "object": object}, limit, continue_)
+    if uid is not None and uid_problem(uid):
+        raise InputError([{"loc": ["query", "uid"], "msg": uid_problem(uid), "input": uid}])
+    uid = str(uuid.UUID(uid)) if uid is not None else None
+    filters = {"since": since, "kind": kind, "object": object, "uid": uid}
+    page = paging.request("events", filters, limit, continue_)
     after = since if page.after is None else page.after
-    found = ctx.store.event_page(after, page.limit, kind, object, event_scope(ctx, caller))  # type: ignore[arg-type]
+    scope = event_scope(ctx, caller)
+    found = ctx.store.event_page(after, page.limit, kind, object, scope, uid=uid)  # type: ignore[arg-type]
     last = found.rows[-1]["id"] if found.rows else None
     return page.answer([event_view(r) for r in found.rows], last, found.remaining)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import logging
 import time
+import uuid
 from collections.abc import Callable, Iterable, Mapping
 from typing import Annotated, Any, Literal, get_args
 
@@ -13,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from finesched.admission import World, admit_workload
 from finesched.errors import ValidationError
+from finesched.model.manifest import uid_problem
 from finesched.model.selector import parse_selector
 from finesched.model.workload import Workload
 from finesched.server import lifecycle, memory, paging
@@ -21,6 +23,7 @@ from finesched.server.authz import ManifestWriter, check_namespaces
 from finesched.server.context import MAX_ITEMS_PER_REQUEST, Caller, Ctx, ServerContext
 from finesched.server.paging import ContinueQuery, LimitQuery
 from finesched.server.quota import Charge, QuotaExceeded, charge_all
+from finesched.server.schema import new_uid
 from finesched.server.store import FAILED, HOLDING, PENDING, PHASES, RUNNING, SUCCEEDED, Conflict, NotFound
 from finesched.server.views import (
     InputError,
@@ -103,7 +106,8 @@ def submit_workloads(body: ManifestBody, ctx: Ctx, caller: ManifestWriter) -> di
     charges = {tenant: Charge(workloads=n, pending=n) for tenant, n in per_tenant.items()}
     started = time.thread_time()
     try:
-        ids, events = ctx.store.submit(items, check=lambda conn: charge_all(conn, charges))
+        uids = [new_uid() for _ in items]
+        ids, events = ctx.store.submit(items, check=lambda conn: charge_all(conn, charges), uids=uids)
     except Conflict as exc:
         raise HTTPException(409, str(exc)) from None
     except QuotaExceeded as exc:
@@ -111,14 +115,16 @@ def submit_workloads(body: ManifestBody, ctx: Ctx, caller: ManifestWriter) -> di
     ctx.metrics.submit_store_seconds.observe(time.thread_time() - started)
     ctx.loop.submitted(zip(ids, workloads, strict=True), events)
     live = ctx.loop.reasons(w.key for w in workloads)
-    return {"items": [_pending_view(w, i, live.get(w.key)) for w, i in zip(workloads, ids, strict=True)]}
+    items = zip(workloads, ids, uids, strict=True)
+    return {"items": [_pending_view(w, i, u, live.get(w.key)) for w, i, u in items]}
 
 
-def _pending_view(workload: Workload, workload_id: int, live_reason: str | None) -> dict[str, Any]:
+def _pending_view(workload: Workload, workload_id: int, uid: str, live_reason: str | None) -> dict[str, Any]:
     doc = canonical(workload)
     reason = pending_reason("", live_reason)
     status = {"phase": PENDING, "reason": reason, "tenant": workload.tenant, "binding": None, "id": workload_id}
-    return {"metadata": {**doc["metadata"], "namespace": workload.namespace}, "spec": doc["spec"], "status": status}
+    metadata = {**doc["metadata"], "namespace": workload.namespace, "uid": uid}
+    return {"metadata": metadata, "spec": doc["spec"], "status": status}
 
 
 @router.get("/workloads")
@@ -261,12 +267,34 @@ def _agent_workload(namespace: str, name: str, ctx: Ctx, caller: Caller) -> dict
 
 
 AgentWorkload = Annotated[dict[str, Any], Depends(_agent_workload)]
+#: The workload object an agent's report is about (the binding's uid); none from older agents.
+ObjectUid = Annotated[
+    str | None,
+    Query(
+        description="the uid of the workload the agent's binding is for: a report about another object "
+        "(deleted since, its name taken again) is refused with 409; older agents send none"
+    ),
+]
+
+
+def _same_object(row: Mapping[str, Any], uid: str | None) -> None:
+    """Refuse (409) an agent's report about an earlier object of this name (an older agent sends no
+    uid: its report is taken as about the workload of that name now, as before uids)."""
+    if uid is None:
+        return
+    if uid_problem(uid):
+        raise InputError([{"loc": ["query", "uid"], "msg": uid_problem(uid), "input": uid}])
+    if str(uuid.UUID(uid)) != row["uid"]:
+        key = f"{row['namespace']}/{row['name']}"
+        raise HTTPException(409, f"workload {key} is another object now (uid {row['uid']}, not {uid}): the "
+                                 "binding reported on was for a workload deleted since")  # fmt: skip
 
 
 @router.post("/workloads/{namespace}/{name}/status")
 def report_status(namespace: str, name: str, report: StatusReport, ctx: Ctx, caller: Caller,
-                  row: AgentWorkload) -> dict[str, Any]:  # fmt: skip
+                  row: AgentWorkload, uid: ObjectUid = None) -> dict[str, Any]:  # fmt: skip
     """A node agent reports Running, or the exit (Succeeded / Failed), which releases the binding."""
+    _same_object(row, uid)
     if row["binding"] is None or row["phase"] not in HOLDING:
         raise HTTPException(409, f"workload {namespace}/{name} is {row['phase']}, not bound")
     caller.require_node(row["binding"]["node"])
@@ -309,12 +337,13 @@ def get_binding(namespace: str, name: str, ctx: Ctx, caller: Caller) -> dict[str
     row = _visible_workload(ctx, caller, namespace, name)
     if row["binding"] is None:
         raise HTTPException(404, f"workload {namespace}/{name} is not bound")
-    return binding_row_view({**row["binding"], "spec": row["spec"], "phase": row["phase"], "tenant": row["tenant"]},
-                            ctx.store.run_as([row["tenant"]]))  # fmt: skip
+    return binding_row_view({**row["binding"], "spec": row["spec"], "phase": row["phase"], "tenant": row["tenant"],
+                             "uid": row["uid"]}, ctx.store.run_as([row["tenant"]]))  # fmt: skip
 
 
-def _agent_binding(ctx: Ctx, caller: Identity, namespace: str, name: str) -> str:
+def _agent_binding(ctx: Ctx, caller: Identity, namespace: str, name: str, uid: str | None = None) -> str:
     row = _visible_workload(ctx, caller, namespace, name)
+    _same_object(row, uid)
     if row["binding"] is None:
         raise HTTPException(404, f"workload {namespace}/{name} is not bound")
     caller.require_node(row["binding"]["node"])
@@ -322,8 +351,8 @@ def _agent_binding(ctx: Ctx, caller: Identity, namespace: str, name: str) -> str
 
 
 @router.post("/bindings/{namespace}/{name}/ack")
-def ack_binding(namespace: str, name: str, ctx: Ctx, caller: Caller) -> dict[str, Any]:
-    key = _agent_binding(ctx, caller, namespace, name)
+def ack_binding(namespace: str, name: str, ctx: Ctx, caller: Caller, uid: ObjectUid = None) -> dict[str, Any]:
+    key = _agent_binding(ctx, caller, namespace, name, uid)
     try:
         ctx.store.ack(key)
     except NotFound as exc:
@@ -332,10 +361,12 @@ def ack_binding(namespace: str, name: str, ctx: Ctx, caller: Caller) -> dict[str
 
 
 @router.post("/bindings/{namespace}/{name}/reject", dependencies=[Depends(_agent_workload)])
-def reject_binding(namespace: str, name: str, report: RejectReport, ctx: Ctx, caller: Caller) -> dict[str, Any]:
+def reject_binding(
+    namespace: str, name: str, report: RejectReport, ctx: Ctx, caller: Caller, uid: ObjectUid = None
+) -> dict[str, Any]:
     """The agent cannot apply the binding: it is released and the workload requeued with the reason,
     placed again after a backoff that grows with each rejection in a row (server/lifecycle.py)."""
-    key = _agent_binding(ctx, caller, namespace, name)
+    key = _agent_binding(ctx, caller, namespace, name, uid)
     try:
         lifecycle.rejected(ctx.loop, key, report.reason)
     except NotFound as exc:

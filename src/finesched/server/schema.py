@@ -5,9 +5,16 @@ Every row that can be changed by two writers carries a `version` column; writers
 `events` doubles as the change feed: each state change writes an event naming the object it
 touched, in the same transaction, so a scheduling replica that did not make the change itself
 reloads that object from here.
+
+Every object stored by name (nodes, workloads, tenants, jobs, priority classes) also has a `uid`,
+a UUID the server gives it when it is created (as Kubernetes' ``metadata.uid``): a new object of
+an old name is another object. Events name the uid of the object they are about, so what a
+deleted object went through is never shown as the history of a new one of its name.
 """
 
 from __future__ import annotations
+
+import uuid
 
 from sqlalchemy import (
     JSON,
@@ -28,6 +35,17 @@ from sqlalchemy import (
 
 metadata = MetaData()
 
+
+def new_uid() -> str:
+    """A new object's uid: a random UUID in its canonical text form (36 characters)."""
+    return str(uuid.uuid4())
+
+
+def UidColumn() -> Column[str]:
+    """The `uid` of a stored object: set once on insert, never changed, unique."""
+    return Column("uid", String(36), nullable=False, default=new_uid, index=True, unique=True)
+
+
 #: An integer primary key that autoincrements on SQLite (INTEGER) and PostgreSQL (BIGSERIAL).
 IdColumn = BigInteger().with_variant(Integer(), "sqlite")
 
@@ -42,6 +60,7 @@ nodes = Table(
     Column("report", JSON, nullable=True),  # the last accepted agent report
     Column("version", Integer, nullable=False, default=1),
     Column("created", DateTime(timezone=True), nullable=False),
+    UidColumn(),
 )
 
 workloads = Table(
@@ -61,16 +80,21 @@ workloads = Table(
     Column("created", DateTime(timezone=True), nullable=False),
     Column("updated", DateTime(timezone=True), nullable=False),
     # Lifecycle (server/lifecycle.py): restarts after failures so far, node agents' rejections in a
-    # row, and `not_before`: a Pending workload is not placed before it, a bound one whose process
-    # ended is started again in place at it (backoff).
+    # row, `not_before`: a Pending workload is not placed before it (the backoff after a rejection
+    # or a failure), and `restart_at`: the workload's process failed and is started again then (in
+    # place when it holds its binding; a job slot that had ended is placed again). Two fields, so a
+    # placement backoff is never mistaken for a restart.
     Column("restarts", Integer, nullable=False, default=0, server_default="0"),
     Column("rejections", Integer, nullable=False, default=0, server_default="0"),
     Column("not_before", DateTime(timezone=True), nullable=True),
+    Column("restart_at", DateTime(timezone=True), nullable=True),
+    UidColumn(),
     UniqueConstraint("namespace", "name", name="uq_workload_key"),
     Index("ix_workloads_phase", "phase"),
     Index("ix_workloads_tenant", "tenant"),
     Index("ix_workloads_job", "job"),
-    Index("ix_workloads_not_before", "not_before"),  # the leader looks for due restarts every second
+    Index("ix_workloads_not_before", "not_before"),
+    Index("ix_workloads_restart_at", "restart_at"),  # the leader looks for due restarts every second
 )
 
 bindings = Table(
@@ -93,6 +117,7 @@ tenants = Table(
     Column("weight", Float, nullable=False, default=1.0),
     Column("spec", JSON, nullable=False),  # the Tenant manifest
     Column("version", Integer, nullable=False, default=1),
+    UidColumn(),
 )
 
 tokens = Table(
@@ -118,6 +143,7 @@ priority_classes = Table(
     Column("spec", JSON, nullable=False),  # the PriorityClass manifest
     Column("version", Integer, nullable=False, default=1),
     Column("created", DateTime(timezone=True), nullable=False),
+    UidColumn(),
 )
 
 events = Table(
@@ -133,6 +159,9 @@ events = Table(
     # times it happened and when first; `time` is the last time.
     Column("count", Integer, nullable=False, default=1, server_default="1"),
     Column("first_time", DateTime(timezone=True), nullable=True),
+    # The uid of the object the event is about (null: an object without one, such as an offer, or
+    # an event older than uids whose object could not be told).
+    Column("uid", String(36), nullable=True),
     Index("ix_events_object", "kind", "object"),
     Index("ix_events_time", "time"),  # events older than the retention time are pruned by it
 )
@@ -152,6 +181,7 @@ jobs = Table(
     Column("version", Integer, nullable=False, default=1),
     Column("created", DateTime(timezone=True), nullable=False),
     Column("updated", DateTime(timezone=True), nullable=False),
+    UidColumn(),
     UniqueConstraint("namespace", "name", name="uq_job_key"),
     Index("ix_jobs_tenant", "tenant"),  # a tenant's object quota counts its jobs
 )
@@ -161,6 +191,7 @@ log_grants = Table(
     metadata,
     Column("digest", String(64), primary_key=True),  # sha256 of the one-time grant; never the grant
     Column("workload", String(510), nullable=False),
+    Column("uid", String(36), nullable=True),  # the workload's: its node agent serves that object's log only
     Column("node", String(253), nullable=False),
     Column("tail", Integer, nullable=True),
     Column("follow", Boolean, nullable=False, default=False),

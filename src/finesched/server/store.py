@@ -65,10 +65,72 @@ def aware(value: datetime | None) -> datetime | None:
 
 @dataclass(frozen=True)
 class Event:
+    """One event about an object; `uid` is the object's (filled in by `Store.log` when not given,
+    from the object of that kind and name that exists in the writer's transaction)."""
+
     kind: str
     object: str
     reason: str
     message: str = ""
+    uid: str | None = None
+
+
+#: The tables of the objects events are about, by kind, and how an event names one of them.
+UID_TABLES: dict[str, tuple[Table, tuple[str, ...]]] = {
+    "Node": (t.nodes, ("name",)),
+    "Workload": (t.workloads, ("namespace", "name")),
+    "Tenant": (t.tenants, ("name",)),
+    "Job": (t.jobs, ("namespace", "name")),
+    "PriorityClass": (t.priority_classes, ("name",)),
+}
+
+
+def uids_of(conn: Connection, kind: str, names: Collection[str]) -> dict[str, str]:
+    """Name (``namespace/name`` or name) -> uid of the objects of `kind` among `names` that exist."""
+    table, columns = UID_TABLES[kind]
+    found: dict[str, str] = {}
+    wanted = sorted(set(names))
+    for part in chunks(wanted):
+        if len(columns) == 1:
+            query = select(table.c.name, table.c.uid).where(table.c.name.in_(part))
+            found.update((name, uid) for name, uid in conn.execute(query))
+            continue
+        pairs = [key.split("/", 1) for key in part if "/" in key]
+        query = select(table.c.namespace, table.c.name, table.c.uid).where(
+            table.c.namespace.in_({p[0] for p in pairs}), table.c.name.in_({p[1] for p in pairs})
+        )
+        keys = set(part)
+        found.update((f"{ns}/{n}", uid) for ns, n, uid in conn.execute(query) if f"{ns}/{n}" in keys)
+    return found
+
+
+def with_uids(conn: Connection, events: Sequence[Event]) -> list[Event]:
+    """`events`, each without a uid given the uid of its object as it exists in `conn` (one query
+    per kind; an object that does not exist, or a kind without uids, leaves it None)."""
+    missing: dict[str, set[str]] = {}
+    for e in events:
+        if e.uid is None and e.kind in UID_TABLES:
+            missing.setdefault(e.kind, set()).add(e.object)
+    if not missing:
+        return list(events)
+    found = {kind: uids_of(conn, kind, names) for kind, names in missing.items()}
+    return [
+        Event(e.kind, e.object, e.reason, e.message, found[e.kind].get(e.object)) if e.uid is None and e.kind in found
+        else e
+        for e in events
+    ]  # fmt: skip
+
+
+def check_uid(kind: str, name: str, stored: str, given: str | None) -> None:
+    """Refuse to replace object `name` when the manifest names another object (its `metadata.uid`
+    is not the stored one's): it was deleted and created again since the manifest was read. As
+    Kubernetes answers such an update: Conflict (409). No uid given: nothing to check."""
+    if given is not None and given != stored:
+        raise Conflict(
+            f"{kind} {name} is another object than the manifest's: its uid is {stored}, the manifest's "
+            f"metadata.uid is {given} (deleted and created again since it was read); leave metadata.uid "
+            "out to replace whatever object has the name"
+        )
 
 
 def as_dict(row: Row[Any] | None) -> dict[str, Any] | None:
@@ -194,19 +256,25 @@ class Store:
         events = list(events)
         if not events:
             return []
-        return correlator_for(conn.engine).write(conn, events, now())
+        return correlator_for(conn.engine).write(conn, with_uids(conn, events), now())
 
     # Nodes -----------------------------------------------------------------------------------------
-    def put_node(self, name: str, spec: Mapping[str, Any], *, create_only: bool) -> tuple[dict[str, Any], bool]:
-        """Create the node, or replace its spec (unless `create_only`); (row, created)."""
+    def put_node(
+        self, name: str, spec: Mapping[str, Any], *, create_only: bool, uid: str | None = None
+    ) -> tuple[dict[str, Any], bool]:
+        """Create the node, or replace its spec (unless `create_only`; Conflict when `uid`, the
+        manifest's, is not the stored node's: `check_uid`); (row, created)."""
         with self.write() as conn:
             existing = conn.execute(select(t.nodes).where(t.nodes.c.name == name)).first()
             if existing is not None and create_only:
                 raise Conflict(f"node {name} already exists")
+            if existing is not None:
+                check_uid("Node", name, existing.uid, uid)
             stamp = now()
             if existing is None:
                 values = {"name": name, "spec": dict(spec), "cordoned": False, "ready": True,
-                          "heartbeat": None, "report": None, "version": 1, "created": stamp}  # fmt: skip
+                          "heartbeat": None, "report": None, "version": 1, "created": stamp,
+                          "uid": t.new_uid()}  # fmt: skip
                 conn.execute(insert(t.nodes), values)
                 self.log(conn, [Event("Node", name, "Registered")])
                 return values, True
@@ -292,10 +360,11 @@ class Store:
     def delete_node(self, name: str) -> list[str]:
         """Delete a node; its workloads go back to Pending (requeued). Their keys."""
         with self.write() as conn:
-            if conn.execute(delete(t.nodes).where(t.nodes.c.name == name)).rowcount == 0:
+            uid = conn.execute(delete(t.nodes).where(t.nodes.c.name == name).returning(t.nodes.c.uid)).scalar()
+            if uid is None:
                 raise NotFound(f"node {name} not found")
             keys = self._requeue_node(conn, name, f"node {name} was deleted")
-            self.log(conn, [Event("Node", name, "Deleted")])
+            self.log(conn, [Event("Node", name, "Deleted", uid=uid)])
             return keys
 
     def requeue_node(self, name: str, reason: str) -> list[str]:
@@ -322,18 +391,19 @@ class Store:
     # Workloads ---------------------------------------------------------------------------------------
     def submit(
         self, items: Sequence[tuple[str, str, str, Mapping[str, Any]]], job: str | None = None,
-        check: Callable[[Connection], None] | None = None,
+        check: Callable[[Connection], None] | None = None, uids: Sequence[str] | None = None,
     ) -> tuple[list[int], list[int]]:  # fmt: skip
         """Insert workloads (namespace, name, tenant, manifest) as Pending, all or none; their ids and
         the ids of the events announcing them. `check(conn)` runs first in the same transaction and
-        may refuse the whole write by raising (the tenants' object quotas, server/quota.py).
+        may refuse the whole write by raising (the tenants' object quotas, server/quota.py). `uids`:
+        the new objects' uids, one per item (None: new ones).
 
         Raises Conflict naming the first key that already exists."""
         try:
             with self.write() as conn:
                 if check is not None:
                     check(conn)
-                return self.insert_pending(conn, items, job)
+                return self.insert_pending(conn, items, job, uids)
         except IntegrityError:
             keys = [f"{ns}/{name}" for ns, name, _, _ in items]
             taken = self.existing_workloads(keys)
@@ -341,19 +411,22 @@ class Store:
 
     @classmethod
     def insert_pending(
-        cls, conn: Connection, items: Sequence[tuple[str, str, str, Mapping[str, Any]]], job: str | None = None
-    ) -> tuple[list[int], list[int]]:
+        cls, conn: Connection, items: Sequence[tuple[str, str, str, Mapping[str, Any]]], job: str | None = None,
+        uids: Sequence[str] | None = None,
+    ) -> tuple[list[int], list[int]]:  # fmt: skip
         """`submit` in the caller's transaction (IntegrityError when a key is taken)."""
         stamp = now()
+        uids = uids if uids is not None else [t.new_uid() for _ in items]
         rows = [
             {"namespace": ns, "name": name, "tenant": tenant, "spec": dict(spec), "phase": PENDING, "reason": "",
-             "job": job, "version": 1, "created": stamp, "updated": stamp}
-            for ns, name, tenant, spec in items
+             "job": job, "version": 1, "created": stamp, "updated": stamp, "uid": uid}
+            for (ns, name, tenant, spec), uid in zip(items, uids, strict=True)
         ]  # fmt: skip
         inserted = insert(t.workloads).returning(t.workloads.c.id, sort_by_parameter_order=True)
         result = conn.execute(inserted, rows)
         ids = [r[0] for r in result]
-        events = cls.log(conn, [Event("Workload", f"{ns}/{name}", "Submitted") for ns, name, _, _ in items])
+        events = cls.log(conn, [Event("Workload", f"{r['namespace']}/{r['name']}", "Submitted", uid=r["uid"])
+                                for r in rows])  # fmt: skip
         return ids, events
 
     def existing_workloads(self, keys: Sequence[str]) -> list[str]:
@@ -428,7 +501,7 @@ class Store:
         after = 0
         while True:
             with self.write() as conn:
-                columns = [t.workloads.c.id, t.workloads.c.namespace, t.workloads.c.name,
+                columns = [t.workloads.c.id, t.workloads.c.namespace, t.workloads.c.name, t.workloads.c.uid,
                            t.bindings.c.workload_id.label("bound")]  # fmt: skip
                 if matches is not None:
                     columns.append(t.workloads.c.spec)
@@ -455,7 +528,11 @@ class Store:
                 bound = [f"{r.namespace}/{r.name}" for r in rows if r.bound is not None]
                 conn.execute(delete(t.bindings).where(t.bindings.c.workload_id.in_(ids)))
                 conn.execute(delete(t.workloads).where(t.workloads.c.id.in_(ids)))
-                event_ids = self.log(conn, [Event("Workload", key, "Deleted", "deleted with others") for key in keys])
+                gone = [
+                    Event("Workload", k, "Deleted", "deleted with others", r.uid)
+                    for k, r in zip(keys, rows, strict=True)
+                ]
+                event_ids = self.log(conn, gone)
             yield keys, bound, event_ids
 
     def pending(self, after_id: int = 0) -> list[dict[str, Any]]:
@@ -473,7 +550,7 @@ class Store:
                 raise NotFound(f"workload {namespace}/{name} not found")
             conn.execute(delete(t.bindings).where(t.bindings.c.workload_id == row["id"]))
             conn.execute(delete(t.workloads).where(t.workloads.c.id == row["id"]))
-            self.log(conn, [Event("Workload", f"{namespace}/{name}", "Deleted", "released")])
+            self.log(conn, [Event("Workload", f"{namespace}/{name}", "Deleted", "released", row["uid"])])
             return row
 
     # Bindings ----------------------------------------------------------------------------------------
@@ -503,7 +580,14 @@ class Store:
                 conn.execute(
                     update(t.workloads)
                     .where(t.workloads.c.id.in_([d[0] for d in part]))
-                    .values(phase=BOUND, node=nodes, reason="", version=t.workloads.c.version + 1, updated=stamp)
+                    .values(
+                        phase=BOUND,
+                        node=nodes,
+                        reason="",
+                        restart_at=None,
+                        version=t.workloads.c.version + 1,
+                        updated=stamp,
+                    )  # a job slot placed again after its region's restart: done
                 )
             events, rows = [], []
             for workload_id, _, key, node, data in chosen:
@@ -550,9 +634,8 @@ class Store:
 
     def binding_page(self, node: str | None, after: int | None, limit: int | None) -> Page:
         """Bindings (with their workload's spec, phase and tenant), optionally of one node, by workload id."""
-        query = select(t.bindings, t.workloads.c.spec, t.workloads.c.phase, t.workloads.c.tenant).join(
-            t.workloads, t.workloads.c.id == t.bindings.c.workload_id
-        )
+        w = t.workloads.c
+        query = select(t.bindings, w.spec, w.phase, w.tenant, w.uid).join(t.workloads, w.id == t.bindings.c.workload_id)
         conditions = [t.bindings.c.node == node] if node is not None else []
         with self.read() as conn:
             return keyset_page(conn, query, t.bindings, "workload_id", conditions, after, limit)
@@ -619,14 +702,15 @@ class Store:
         with self.write() as conn:
             for key, reason in reasons.items():
                 namespace, name = key.split("/", 1)
-                result = conn.execute(
+                uid = conn.execute(
                     update(t.workloads)
                     .where(t.workloads.c.namespace == namespace, t.workloads.c.name == name,
                            t.workloads.c.phase == PENDING)
                     .values(reason=reason)
-                )  # fmt: skip
-                if result.rowcount:
-                    events.append(Event("Workload", key, "Waiting", reason))
+                    .returning(t.workloads.c.uid)
+                ).scalar()  # fmt: skip
+                if uid is not None:  # the uid read here: the events need no lookup (a flood explains many)
+                    events.append(Event("Workload", key, "Waiting", reason, uid))
             return self.log(conn, events)
 
     def note(self, events: Iterable[Event]) -> list[int]:
@@ -658,15 +742,17 @@ class Store:
 
     def event_page(
         self, after: int, limit: int | None, kind: str | None = None, obj: str | None = None,
-        scope: EventScope | None = None, up_to: int | None = None,
+        scope: EventScope | None = None, up_to: int | None = None, uid: str | None = None,
     ) -> Page:  # fmt: skip
-        """Events by id after `after` (and up to `up_to`), of one kind / object, within `scope` (None:
-        all of them)."""
+        """Events by id after `after` (and up to `up_to`), of one kind / object / object uid, within
+        `scope` (None: all of them)."""
         conditions = [t.events.c.id <= up_to] if up_to is not None else []
         if kind:
             conditions.append(t.events.c.kind == kind)
         if obj:
             conditions.append(t.events.c.object == obj)
+        if uid:
+            conditions.append(t.events.c.uid == uid)
         if scope is not None:
             conditions.append(scope.condition())
         with self.read() as conn:
@@ -703,12 +789,18 @@ class Store:
             return [(name, bool(ready), aware(beat)) for name, ready, beat in conn.execute(query)]  # type: ignore[misc]
 
     # Tenants -----------------------------------------------------------------------------------------
-    def put_tenant(self, name: str, weight: float, spec: Mapping[str, Any], *, create_only: bool) -> bool:
-        """Create or replace a tenant; True when created."""
+    def put_tenant(
+        self, name: str, weight: float, spec: Mapping[str, Any], *, create_only: bool, uid: str | None = None
+    ) -> bool:
+        """Create or replace a tenant; True when created (Conflict when `uid`, the manifest's, is
+        not the stored tenant's: `check_uid`)."""
         with self.write() as conn:
-            exists = conn.execute(select(t.tenants.c.name).where(t.tenants.c.name == name)).first() is not None
+            stored = conn.execute(select(t.tenants.c.uid).where(t.tenants.c.name == name)).scalar()
+            exists = stored is not None
             if exists and create_only:
                 raise Conflict(f"tenant {name} already exists")
+            if exists:
+                check_uid("Tenant", name, stored, uid)
             if exists:
                 conn.execute(
                     update(t.tenants)

@@ -131,7 +131,12 @@ def workload_view(row: Mapping[str, Any], live_reason: str | None = None) -> dic
     if binding is not None and row.get("binding"):
         binding["acked"] = bool(row["binding"]["acked"])
     return {
-        "metadata": {**doc.get("metadata", {}), "namespace": row["namespace"], "name": row["name"]},
+        "metadata": {
+            **doc.get("metadata", {}),
+            "namespace": row["namespace"],
+            "name": row["name"],
+            "uid": row.get("uid"),
+        },
         "spec": doc.get("spec", {}),
         "status": {
             "phase": row["phase"],
@@ -188,19 +193,25 @@ def node_view(
     }
     if usage is not None:
         status["allocation"] = usage
-    return {"metadata": doc.get("metadata", {}), "spec": doc.get("spec", {}), "status": status}
+    return {"metadata": with_uid(doc, row), "spec": doc.get("spec", {}), "status": status}
+
+
+def with_uid(doc: Mapping[str, Any], row: Mapping[str, Any]) -> dict[str, Any]:
+    """A stored manifest's metadata with the object's uid (the server's, never stored in the manifest)."""
+    return {**doc.get("metadata", {}), "uid": row.get("uid")}
 
 
 def binding_row_view(
     row: Mapping[str, Any], run_as: Mapping[str, Mapping[str, Any] | None] | None = None
 ) -> dict[str, Any]:
-    """A binding as a node agent reads it: the placement, the workload spec it runs, its tenant
-    and the tenant's ``runAs`` (`run_as`: tenant -> stored runAs; null when it has none), which the
+    """A binding as a node agent reads it: the placement, the workload's uid and the spec it runs,
+    its tenant and the tenant's ``runAs`` (`run_as`: tenant -> stored runAs; null when it has none), which the
     agent runs it as (agent/identity.py)."""
     view = binding_view(Binding.model_validate(row["data"]))
     tenant = row.get("tenant") or ""
     return {
         "workload": row["workload"],
+        "uid": row.get("uid"),
         **view,
         "version": row["version"],
         "acked": bool(row["acked"]),
@@ -214,7 +225,7 @@ def binding_row_view(
 def tenant_view(row: Mapping[str, Any], set_aside: str | None = None) -> dict[str, Any]:
     doc = row["spec"]
     status = {"version": row["version"], "conditions": conditions(set_aside)}
-    return {"metadata": doc.get("metadata", {}), "spec": doc.get("spec", {}), "status": status}
+    return {"metadata": with_uid(doc, row), "spec": doc.get("spec", {}), "status": status}
 
 
 def event_view(row: Mapping[str, Any]) -> dict[str, Any]:
@@ -223,6 +234,7 @@ def event_view(row: Mapping[str, Any]) -> dict[str, Any]:
         "time": _time(row["time"]),
         "kind": row["kind"],
         "object": row["object"],
+        "uid": row.get("uid"),
         "reason": row["reason"],
         "message": row["message"],
         "count": row.get("count") or 1,

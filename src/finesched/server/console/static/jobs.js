@@ -9,7 +9,7 @@ import { devicesText } from "./workloads.js";
 
 const GROUP = "finesched.io/slot-sharing-group";
 const SLOT = "finesched.io/slot-index";
-const PHASES = ["", "Pending", "Running", "Restarting", "Succeeded", "Failed"];
+const PHASES = ["", "Pending", "Starting", "Running", "Restarting", "Succeeded", "Failed"];
 const SLOT_PHASES = ["Pending", "Bound", "Running", "Succeeded", "Failed", "Rejected"];
 
 function counts(slots) {
