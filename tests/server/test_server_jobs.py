@@ -27,6 +27,9 @@ def test_job_gang_waits_then_binds_all_slots_with_quotas(api: Api) -> None:
     assert any(s["quotas"] for s in slots)
     listed = api.admin.get("/v1/workloads", params={"job": "analytics/etl"}).json()["items"]
     assert {i["status"]["phase"] for i in listed} == {"Pending"}  # no partial placement
+    regions = api.admin.get("/v1/jobs/analytics/etl").json()["status"]["regions"]
+    reasons = [slot["reason"] for region in regions for slot in region["slots"]]
+    assert len(reasons) == 4 and all(reasons), reasons  # a Pending slot always says why
     api.admin.post("/v1/nodes", json=node("big", cpu="64", memory="256Gi"))
     wait_until(lambda: {i["status"]["phase"] for i in api.admin.get("/v1/workloads", params={"job": "analytics/etl"})
                         .json()["items"]} == {"Bound"}, what="the whole gang")  # fmt: skip

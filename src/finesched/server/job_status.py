@@ -15,7 +15,7 @@ from typing import Any
 from finesched.model.workload import DEFAULT_BACKOFF_LIMIT
 from finesched.server import job_store
 from finesched.server.store import BOUND, PENDING, RUNNING
-from finesched.server.views import event_view
+from finesched.server.views import event_view, pending_reason
 
 PENDING_JOB, STARTING, RUNNING_JOB, RESTARTING = PENDING, "Starting", RUNNING, "Restarting"
 #: Every phase a job shows (`GET /v1/jobs`), in the order a job goes through them.
@@ -35,21 +35,29 @@ def job_phase(job: Mapping[str, Any], slots: Sequence[Mapping[str, Any]]) -> str
     return PENDING_JOB
 
 
-def _slot_view(slot: Mapping[str, Any]) -> dict[str, Any]:
+def _slot_view(slot: Mapping[str, Any], live_reasons: Mapping[str, str]) -> dict[str, Any]:
+    key = f"{slot['namespace']}/{slot['name']}"
+    reason = slot["reason"]
+    if slot["phase"] == PENDING:  # never empty, the scheduler's reason now first, as a workload's own view
+        reason = pending_reason(reason, live_reasons.get(key))
     return {
-        "workload": f"{slot['namespace']}/{slot['name']}",
+        "workload": key,
         "phase": slot["phase"],
         "node": slot.get("node"),
         "restarting": slot["restart_at"] is not None,
-        "reason": slot["reason"],
+        "reason": reason,
     }
 
 
 def job_view(
-    job: Mapping[str, Any], slots: Sequence[Mapping[str, Any]], events: Iterable[Mapping[str, Any]] | None = None
+    job: Mapping[str, Any],
+    slots: Sequence[Mapping[str, Any]],
+    events: Iterable[Mapping[str, Any]] | None = None,
+    live_reasons: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """{metadata, spec, status: {phase, reason, restartPolicy, backoffLimit, failures, slots (count per
-    phase), regions: [{index, tasks, slots, phases, restarts}]}} (+ events when given)."""
+    phase), regions: [{index, tasks, slots, phases, restarts}]}} (+ events when given); a Pending
+    slot's reason is `pending_reason` of its stored one and `live_reasons` (the scheduler's now)."""
     doc = job["spec"]
     spec = doc.get("spec", {})
     by_name = {slot["name"]: slot for slot in slots}
@@ -60,7 +68,7 @@ def job_view(
             {
                 "index": index,
                 "tasks": region["tasks"],
-                "slots": [_slot_view(slot) for slot in members],
+                "slots": [_slot_view(slot, live_reasons or {}) for slot in members],
                 "phases": dict(Counter(slot["phase"] for slot in members)),
                 "restarts": region.get("restarts", 0),
                 "restarting": any(slot["restart_at"] is not None for slot in members),

@@ -29,7 +29,7 @@ from finesched.server.job_status import job_view
 from finesched.server.paging import ContinueQuery, LimitQuery
 from finesched.server.placement import commit_after_write, insert_bound, leader_write, log_own
 from finesched.server.quota import Charge, QuotaExceeded, charge
-from finesched.server.store import Event, NotFound, Store
+from finesched.server.store import PENDING, Event, NotFound, Store
 from finesched.server.views import InputError, canonical, detail_of, invalid, parse_kind
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
@@ -168,7 +168,8 @@ def get_job(namespace: str, name: str, ctx: Ctx, caller: Caller) -> dict[str, An
     slot_keys = [f"{s['namespace']}/{s['name']}" for s in slots]
     uids = [row["uid"], *(s["uid"] for s in slots)]
     events = job_store.events_of(ctx.store, key, slot_keys, MAX_JOB_EVENTS, uids)
-    return job_view(row, slots, events)
+    live = ctx.loop.reasons(f"{s['namespace']}/{s['name']}" for s in slots if s["phase"] == PENDING)
+    return job_view(row, slots, events, live)
 
 
 @router.delete("/{namespace}/{name}")
