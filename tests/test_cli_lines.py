@@ -120,6 +120,12 @@ def test_help_wraps_cleanly_in_80_columns(path: list[str]) -> None:
     texts = [command.help or "", *(getattr(p, "help", None) or "" for p in shown_params)]
     broken = [w for text in texts for w in text.split() if w not in shown and w.strip("`*") not in shown]
     assert broken == [], broken  # every word of the help text shown whole
+    # the description above the panels: each paragraph wraps to the width, not where its docstring's lines end
+    description = lines[: next((i for i, line in enumerate(lines) if line.startswith("╭─")), len(lines))]
+    for above, below in itertools.pairwise(description):
+        if not above.strip() or not below.strip() or below.startswith("  ") or above.lstrip().startswith("Usage:"):
+            continue  # a paragraph's end, or a line laid out by hand (indented)
+        assert len(above.rstrip()) + 1 + len(below.split()[0]) > 79, (above, below)
     # a group's list of commands: each summary wraps to the width, not where its docstring's lines end
     panel = lines[next((i for i, line in enumerate(lines) if line.startswith("╭─ Commands")), len(lines)) :]
     rows = [BOX.sub(" ", line) for line in panel[1 : next((i for i, ln in enumerate(panel) if ln.startswith("╰")), 0)]]

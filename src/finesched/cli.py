@@ -79,6 +79,14 @@ def version() -> None:
     out.print(__version__)
 
 
+#: How `validate` and `plan` reach a server with --server (the client commands' own options say more).
+ServerTokenOption = Annotated[str, typer.Option("--token", envvar="FINESCHED_TOKEN", help="Bearer token (--server).")]
+ServerCaOption = Annotated[Path | None, typer.Option("--ca", envvar="FINESCHED_CA", help="Server CA file (--server).")]
+ServerInsecureOption = Annotated[
+    bool, typer.Option("--insecure", envvar="FINESCHED_INSECURE", help="Token over plain HTTP (--server).")
+]
+
+
 @app.command()
 def validate(
     files: Annotated[list[Path], typer.Argument(help="Manifest files (YAML or JSON).")],
@@ -86,11 +94,9 @@ def validate(
         str | None,
         typer.Option("--server", envvar="FINESCHED_SERVER", help="Also know this server's tenants (--token)."),
     ] = None,
-    token: Annotated[str, typer.Option("--token", envvar="FINESCHED_TOKEN", help="Bearer token (--server).")] = "",
-    ca: Annotated[Path | None, typer.Option("--ca", envvar="FINESCHED_CA", help="Server CA file (--server).")] = None,
-    insecure: Annotated[
-        bool, typer.Option("--insecure", envvar="FINESCHED_INSECURE", help="Token over plain HTTP (--server).")
-    ] = False,
+    token: ServerTokenOption = "",
+    ca: ServerCaOption = None,
+    insecure: ServerInsecureOption = False,
 ) -> None:
     """Check manifest files by the server's rules; print every problem (exit 1) or a summary of what they hold.
 
@@ -207,11 +213,9 @@ def plan(
     server: Annotated[
         str | None, typer.Option("--server", help="Plan FILES' workloads on this control plane's live state instead.")
     ] = None,
-    token: Annotated[str, typer.Option("--token", envvar="FINESCHED_TOKEN", help="Bearer token (--server).")] = "",
-    ca: Annotated[Path | None, typer.Option("--ca", envvar="FINESCHED_CA", help="Server CA file (--server).")] = None,
-    insecure: Annotated[
-        bool, typer.Option("--insecure", envvar="FINESCHED_INSECURE", help="Token over plain HTTP (--server).")
-    ] = False,
+    token: ServerTokenOption = "",
+    ca: ServerCaOption = None,
+    insecure: ServerInsecureOption = False,
 ) -> None:
     """Schedule the workloads of FILES onto their nodes (queue, priority, DRF) and show every decision.
 
@@ -299,13 +303,24 @@ def _add_k8s() -> None:
 _add_k8s()
 
 
+def _flowing(paragraph: str) -> str:
+    """A help paragraph as one line that wraps to the terminal, unless it is laid out by hand (an
+    indented line: a command example, a list), whose lines are kept."""
+    lines = paragraph.splitlines()
+    if any(line[:1].isspace() or line.lstrip().startswith(("- ", "* ", "$ ")) for line in lines):
+        return paragraph
+    return " ".join(paragraph.split())
+
+
 def _one_line_summaries(group: typer.Typer) -> None:
-    """Each command's summary in its group's list: its help's first paragraph as one line, so it
-    wraps to the terminal (typer keeps a docstring's own line breaks there, ragged at 80 columns)."""
+    """Each command's help with its paragraphs flowing (`_flowing`) and its summary in its group's
+    list as one line: typer keeps a docstring's own line breaks, ragged at 80 columns."""
     for info in group.registered_commands:
         doc = inspect.getdoc(info.callback) if info.callback is not None else None
         if info.short_help is None and info.help is None and doc:
-            info.short_help = " ".join(doc.split("\n\n")[0].split())
+            paragraphs = doc.split("\n\n")
+            info.short_help = " ".join(paragraphs[0].split())
+            info.help = "\n\n".join(_flowing(p) for p in paragraphs)
     for sub in group.registered_groups:
         if sub.typer_instance is not None:
             _one_line_summaries(sub.typer_instance)

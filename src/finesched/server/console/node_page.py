@@ -26,8 +26,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from finesched.codec import CodecError, decode
-from finesched.model.binding import Binding
-from finesched.model.node import Node
 from finesched.plugins.resource_status import node_report
 from finesched.sched.scheduler import Scheduler
 from finesched.server.device_usage import DeviceInput
@@ -40,10 +38,7 @@ from finesched.state.device_types import NodeDevices
 class NodeInput:
     """What the node page reads from the leader's state, captured under the loop's lock."""
 
-    node: Node
-    bindings: list[Binding]
-    devices: dict[str, NodeDevices]
-    foreign: dict[str, dict[str, list[int]]]  # type -> dimension -> per device slot
+    on_devices: DeviceInput  # the node, its bindings and its devices (what describe node reads too)
     pools: NodePools | None
     holders: dict[int, tuple[str, str]]  # cpu -> (workload, qos) holding it exclusively
     report: dict[str, Any]
@@ -62,10 +57,7 @@ class NodeInput:
             holders = {cpu: (key, hold.qos) for key, hold in cpus.held[i].items() for cpu in hold.cpus}
         scalars = {r: (int(state.allocatable[k, i]), int(state.free[k, i])) for k, r in enumerate(state.resources)}
         return cls(
-            node=devices.node,
-            bindings=devices.bindings,
-            devices=devices.devices,
-            foreign=devices.foreign,
+            on_devices=devices,
             pools=pools,
             holders=holders or {},
             report=node_report(state, name),
@@ -79,7 +71,7 @@ def node_page(data: NodeInput, row: Mapping[str, Any], visible: set[str] | None)
     def shown(key: str) -> str | None:
         return key if visible is None or key in visible else None
 
-    node = data.node
+    node = data.on_devices.node
     return {
         "name": node.name,
         "labels": dict(node.labels),
@@ -96,20 +88,20 @@ def node_page(data: NodeInput, row: Mapping[str, Any], visible: set[str] | None)
         "zones": data.report.get("zones", []),
         "unboundUse": data.report.get("unboundUse", {}),
         "numaZones": [{"id": z.id, "memory": z.memory} for z in node.numa_zones] if node.numa_zones else [],
-        "report": _report(row.get("report"), data.devices, shown, private=visible is not None),
+        "report": _report(row.get("report"), data.on_devices.devices, shown, private=visible is not None),
         "workloads": sorted(
-            ({"workload": shown(b.workload), "qos": b.qos, "cpuset": str(b.cpuset)} for b in data.bindings),
+            ({"workload": shown(b.workload), "qos": b.qos, "cpuset": str(b.cpuset)} for b in data.on_devices.bindings),
             key=lambda w: (w["workload"] is None, w["workload"] or ""),
         ),
     }
 
 
 def _devices(data: NodeInput, shown: Any) -> list[dict[str, Any]]:
-    return DeviceInput(data.node, data.bindings, data.devices, data.foreign).usage(shown)
+    return data.on_devices.usage(shown)
 
 
 def _cpus(data: NodeInput, shown: Any) -> list[dict[str, Any]]:
-    topology = data.node.cpu_topology
+    topology = data.on_devices.node.cpu_topology
     if topology is None or data.pools is None:
         return []
     pools = data.pools
@@ -141,7 +133,7 @@ def _pools(data: NodeInput, shown: Any) -> dict[str, Any]:
     """The pools as cpusets, and the workloads that run in the shared pools (LS and BE: no cpuset)."""
     if data.pools is None:
         return {}
-    sharers = [b for b in data.bindings if not b.cpuset]
+    sharers = [b for b in data.on_devices.bindings if not b.cpuset]
     return {
         "shared": str(data.pools.shared),
         "be": str(data.pools.be),
