@@ -60,6 +60,15 @@ def workload(name: str, namespace: str, cpu: str) -> dict[str, Any]:
             "spec": {"requests": {"cpu": cpu, "memory": "64Mi"}}}  # fmt: skip
 
 
+def tenant_tokens(store: Store, names: tuple[str, ...]) -> list[str]:
+    """A token for each tenant of `names`, created first (a tenant's token needs its tenant)."""
+    for name in names:
+        store.put_tenant(
+            name, 1.0, {"apiVersion": API, "kind": "Tenant", "metadata": {"name": name}}, create_only=False
+        )
+    return [create_token(store, "tenant", tenant=name) for name in names]
+
+
 def percentiles(samples: list[float]) -> dict[str, float]:
     if not samples:
         return {"n": 0}
@@ -170,8 +179,7 @@ def main() -> None:
     db = f"sqlite:///{tmp}/flood.db"
     store = Store.open(db)
     admin = create_token(store, "admin")
-    token_b = create_token(store, "tenant", tenant="team-b")
-    token_a = create_token(store, "tenant", tenant="team-a")
+    token_a, token_b = tenant_tokens(store, ("team-a", "team-b"))
     store.close()
     port = free_port()
     base = f"http://127.0.0.1:{port}"
@@ -195,8 +203,6 @@ def main() -> None:
             if time.monotonic() > deadline:
                 raise SystemExit("the server did not start (see its log)")
             time.sleep(0.2)
-        for name in ("team-a", "team-b"):
-            http.put(f"/v1/tenants/{name}", json={"apiVersion": API, "kind": "Tenant", "metadata": {"name": name}})
         node = {"apiVersion": API, "kind": "Node", "metadata": {"name": "b-node"},
                 "spec": {"allocatable": {"cpu": "64", "memory": "256Gi", "pods": 5000}}}  # fmt: skip
         assert http.post("/v1/nodes", json=node).status_code == 201

@@ -25,7 +25,7 @@ from typing import Any
 
 import httpx
 
-from bench_flood import API, _cpu_model, free_port, percentiles, workload
+from bench_flood import API, _cpu_model, free_port, percentiles, tenant_tokens, workload
 from finesched.server.auth import create_token
 from finesched.server.store import Store
 
@@ -51,7 +51,7 @@ def main() -> None:
     tmp = tempfile.mkdtemp(prefix="finesched-own-flood-")
     db = f"sqlite:///{tmp}/flood.db"
     store = Store.open(db)
-    admin, token_a = create_token(store, "admin"), create_token(store, "tenant", tenant="team-a")
+    admin, (token_a,) = create_token(store, "admin"), tenant_tokens(store, ("team-a",))
     store.close()
     port = free_port()
     base = f"http://127.0.0.1:{port}"
@@ -63,7 +63,6 @@ def main() -> None:
     try:
         http = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {admin}"}, timeout=600)
         wait_leader(http)
-        http.put("/v1/tenants/team-a", json={"apiVersion": API, "kind": "Tenant", "metadata": {"name": "team-a"}})
         node = {"apiVersion": API, "kind": "Node", "metadata": {"name": "n1"},
                 "spec": {"allocatable": {"cpu": "64", "memory": "256Gi", "pods": 5000}}}  # fmt: skip
         assert http.post("/v1/nodes", json=node).status_code == 201

@@ -176,3 +176,26 @@ def test_validate_with_a_tenant_token_knows_its_namespaces(api: Api, tmp_path: P
     env = {k: v for k, v in os.environ.items() if not k.startswith("FINESCHED_")}
     offline = subprocess.run([*FINESCHED, "validate", str(path)], capture_output=True, text=True, env=env)
     assert offline.returncode == 0 and "team-a-ci" in offline.stderr  # the files alone do not say
+
+
+@SQLITE
+def test_describe_keeps_the_agents_paths_whole_in_80_columns(api: Api) -> None:
+    """What the node agent applied, a field a line; a path wider than the terminal is never broken
+    inside a word (the terminal folds it; a copy pastes it whole)."""
+    api.admin.post("/v1/nodes", json=node("n1")).raise_for_status()
+    api.admin.post("/v1/workloads", json=workload("w", "team-a")).raise_for_status()
+    api.wait_phase("team-a/w", ("Bound",))
+    agent = api.client(api.token("agent", node="n1"))
+    assert agent.post("/v1/bindings/team-a/w/ack").status_code == 200
+    log = "/var/lib/finesched/agent/workloads/team-a.w-5c558c6b-f20a-4eec-a1b1-bedf79852f35/output.log"
+    cgroup = "/sys/fs/cgroup/memory/finesched/agent-bd6ed8535488/team-a.w-a4559ff8131f8daf"
+    info = {"pid": 42, "log": log, "cgroup": {"paths": [cgroup], "cpu.shares": "819"}, "user": {"uid": 200000}}
+    assert agent.post("/v1/workloads/team-a/w/status", json={"phase": "Running", "info": info}).status_code == 200
+    env = {**os.environ, "COLUMNS": "80", "FINESCHED_SERVER": api.base, "FINESCHED_TOKEN": api.token("admin")}
+    described = subprocess.run([*FINESCHED, "describe", "workload", "team-a/w"], capture_output=True, text=True,
+                               timeout=60, env=env)  # fmt: skip
+    assert described.returncode == 0, described.stderr
+    lines = described.stdout.splitlines()
+    assert f"  log: {log}" in lines and f"      - {cgroup}" in lines and "    cpu.shares: 819" in lines
+    assert "  pid: 42" in lines and "    uid: 200000" in lines
+    assert all(len(line) <= 80 for line in lines if log not in line and cgroup not in line)

@@ -507,8 +507,25 @@ def describe(
         out.print(f"NUMA:     {escape(numa) or '-'}")
     info = status.get("info") or {}
     if info:
-        out.print("Applied:  " + escape(", ".join(f"{k}={v}" for k, v in info.items())))
+        out.print("Applied:")
+        _print_applied(info, "  ")
     _print_events(events, output)
+
+
+def _print_applied(info: dict[str, Any], indent: str) -> None:
+    """What the node agent applied, a field a line: a mapping's fields and a list's items below it,
+    one a line. A line is never wrapped by the console (soft wrap), so a path that is wider than the
+    terminal is not broken inside a word: it stays whole for the terminal to fold and a copy to paste."""
+    for key, value in info.items():
+        if isinstance(value, dict) and value:
+            out.print(f"{indent}{escape(str(key))}:", soft_wrap=True)
+            _print_applied(value, indent + "  ")
+        elif isinstance(value, list) and value:
+            out.print(f"{indent}{escape(str(key))}:", soft_wrap=True)
+            for item in value:
+                out.print(f"{indent}  - {escape(str(item))}", soft_wrap=True)
+        else:
+            out.print(f"{indent}{escape(str(key))}: {escape(str(value))}", soft_wrap=True)
 
 
 def _object_events(client: Client, kind: str, obj: str, item: dict[str, Any]) -> list[dict[str, Any]]:
