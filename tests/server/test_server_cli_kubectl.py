@@ -199,3 +199,15 @@ def test_describe_keeps_the_agents_paths_whole_in_80_columns(api: Api) -> None:
     assert f"  log: {log}" in lines and f"      - {cgroup}" in lines and "    cpu.shares: 819" in lines
     assert "  pid: 42" in lines and "    uid: 200000" in lines
     assert all(len(line) <= 80 for line in lines if log not in line and cgroup not in line)
+
+
+@SQLITE
+def test_get_tenants_shows_every_cap_and_every_namespace_a_tenant_owns(api: Api) -> None:
+    spec = {"quota": {"cpu": "8"}, "max": {"cpu": "4", "memory": "16Gi"}, "namespaces": ["team-a-ci"]}
+    api.admin.put("/v1/tenants/team-a", json={**tenant("team-a"), "spec": spec}).raise_for_status()
+    api.admin.put("/v1/tenants/team-b", json=tenant("team-b")).raise_for_status()
+    done = cli(api, api.token("admin"), "get", "tenants")
+    assert done.returncode == 0, done.stderr
+    table = " ".join(BOX.sub(" ", done.stdout).split())
+    assert "team-a 1.0 quota cpu=8; max cpu=4, team-a, team-a-ci memory=16Gi" in table  # wrapped in its cells
+    assert "team-b 1.0 - team-b" in table  # no cap; its own namespace

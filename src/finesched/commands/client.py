@@ -417,11 +417,12 @@ def _tenants_table(items: list[dict[str, Any]], wide: bool) -> Table:
     rows = []
     for item in items:
         spec = item["spec"] or {}
-        quota = human_amounts(spec.get("quota") or {})
-        namespaces = ", ".join(spec.get("namespaces") or ())
-        rows.append((escape(item["metadata"]["name"]), str(spec.get("weight", 1.0)), escape(quota) or "-",
-                     escape(namespaces) or "-", escape(_conditions_text(item["status"]))))  # fmt: skip
-    headers = ["name", col("weight", right=True), "quota", "namespaces", "conditions"]
+        name = item["metadata"]["name"]
+        caps = "; ".join(f"{cap} {human_amounts(spec[cap])}" for cap in ("quota", "min", "max") if spec.get(cap))
+        namespaces = ", ".join((name, *(spec.get("namespaces") or ())))  # its own name's and those granted
+        rows.append((escape(name), str(spec.get("weight", 1.0)), escape(caps) or "-",
+                     escape(namespaces), escape(_conditions_text(item["status"]))))  # fmt: skip
+    headers = ["name", col("weight", right=True), "quota, min, max", "namespaces", "conditions"]
     return simple_table(f"{len(items)} tenant(s)", headers, rows)
 
 
