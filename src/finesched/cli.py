@@ -269,7 +269,8 @@ def _add_control_plane() -> None:
 
     app.command("serve")(serve)
     app.add_typer(token_app, name="token")
-    for command in (client.submit, client.get, client.describe, client.delete, client.watch, client.cordon):
+    commands = (client.submit, client.get, client.describe, client.delete, client.watch, client.cordon, client.whoami)
+    for command in commands:
         app.command(command.__name__)(command)
 
 

@@ -42,6 +42,12 @@ def test_whoami_says_who_a_token_is_and_where_it_acts(api: Api) -> None:
         "agent": {"role": "agent", "tenant": None, "node": "n1", "namespaces": []},
     }
     assert api.client(None).get("/v1/whoami").status_code == 401
+    told = cli(api, api.token("tenant", tenant="team-a"), "whoami")
+    assert told.returncode == 0 and told.stdout.splitlines() == [
+        "Role:       tenant", "Tenant:     team-a", "Namespaces: team-a, team-a-ci"]  # fmt: skip
+    assert json.loads(cli(api, api.token("admin"), "whoami", "-o", "json").stdout) == answers["admin"]
+    refused = cli(api, "fs_wrong", "whoami")
+    assert refused.returncode == 1 and "finesched token create" in refused.stderr  # how to get a token
     assert api.client("fs_wrong").get("/v1/whoami").status_code == 401
 
 

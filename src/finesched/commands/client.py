@@ -1,4 +1,4 @@
-"""Client commands against a running control plane: submit, get, describe, delete, watch, cordon.
+"""Client commands against a running control plane: submit, get, describe, delete, watch, cordon, whoami.
 
 Every command takes `--server URL` and `--token T` (or FINESCHED_SERVER / FINESCHED_TOKEN), `--ca FILE`
 for an HTTPS server whose certificate the system does not trust (FINESCHED_CA), and `-o
@@ -662,6 +662,30 @@ def cordon(
     """Stop (or, with --undo, resume) placing new work on a node."""
     Client(server, token, ca=ca, insecure=insecure).call("POST", f"/v1/nodes/{node}/{'uncordon' if undo else 'cordon'}")
     out.print(f"node {escape(node)} {'uncordoned' if undo else 'cordoned'}")
+
+
+def whoami(
+    server: ServerOption = DEFAULT_SERVER,
+    token: TokenOption = "",
+    ca: CaOption = None,
+    insecure: InsecureOption = False,
+    output: OutputOption = "table",
+) -> None:
+    """Who this token is to the server: its role, its tenant or node, and the namespaces it may use (as
+    `kubectl auth whoami`; GET /v1/whoami)."""
+    _check_output(output)
+    me = Client(server, token, ca=ca, insecure=insecure).call("GET", "/v1/whoami")
+    if output not in TABLE_OUTPUTS:
+        _dump(me, output)
+        return
+    namespaces = me.get("namespaces")
+    where = "every namespace" if namespaces is None else ", ".join(namespaces) or "none"
+    out.print(f"Role:       {me['role']}")
+    if me.get("tenant"):
+        out.print(f"Tenant:     {escape(me['tenant'])}")
+    if me.get("node"):
+        out.print(f"Node:       {escape(me['node'])}")
+    out.print(f"Namespaces: {escape(where)}")
 
 
 def watch(
