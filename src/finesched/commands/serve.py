@@ -121,6 +121,9 @@ def serve(
     if log_level.lower() not in LOG_LEVELS:
         raise typer.BadParameter(f"{log_level!r}: use one of {', '.join(LOG_LEVELS)}", param_hint="--log-level")
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if log_level.lower() != "debug":  # the server's own reads of agents' log ports: a line per `logs` call
+        for chatty in ("httpx", "httpcore"):
+            logging.getLogger(chatty).setLevel(logging.WARNING)
     resolve_profile(profile)  # a bad profile is reported before anything starts
     tls = server_tls_options(tls_cert, tls_key)
     try:
