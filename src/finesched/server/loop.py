@@ -701,16 +701,21 @@ class SchedulerLoop:
             self.own(self.store.explain_waiting(changed))
 
     # Views for the API -----------------------------------------------------------------------------
-    def reasons(self, keys: Iterable[str]) -> dict[str, str]:
+    def reasons(self, keys: Iterable[str], *, wait: bool = True) -> dict[str, str]:
         """Why each of these Pending workloads waits now, from where it is in the scheduler's queue
         (O(priorities) each: sched/queue.py `reason`); keys the queue does not hold are left out (a
-        follower holds none)."""
-        with self.lock:
+        follower holds none). `wait=False` gives none rather than wait for a decision in progress
+        (a submission's answer: it must not queue behind the decisions it has just woken)."""
+        if not self.lock.acquire(blocking=wait):
+            return {}
+        try:
             scheduler = self.scheduler
             if scheduler is None:
                 return {}
             queue = scheduler.queue
             return {key: reason for key in keys if (reason := queue.reason(key)) is not None}
+        finally:
+            self.lock.release()
 
     def figures(self) -> dict[str, Any] | None:
         """Queue depth, allocation per resource and per-device usage (None when not the leader)."""

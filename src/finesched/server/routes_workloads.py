@@ -114,7 +114,7 @@ def submit_workloads(body: ManifestBody, ctx: Ctx, caller: ManifestWriter) -> di
         raise HTTPException(403, str(exc)) from None
     ctx.metrics.submit_store_seconds.observe(time.thread_time() - started)
     ctx.loop.submitted(zip(ids, workloads, strict=True), events)
-    live = ctx.loop.reasons(w.key for w in workloads)
+    live = ctx.loop.reasons((w.key for w in workloads), wait=False)
     items = zip(workloads, ids, uids, strict=True)
     return {"items": [_pending_view(w, i, u, live.get(w.key)) for w, i, u in items]}
 
