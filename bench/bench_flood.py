@@ -284,9 +284,14 @@ def main() -> None:
         proc.terminate()
         proc.wait(timeout=30)
         log.close()
+    print_figures(figures, args.json)
+
+
+def print_figures(figures: dict[str, Any], path: str | None) -> None:
+    """The figures on stdout as JSON, and into `path` too when given."""
     print(json.dumps(figures, indent=2))
-    if args.json:
-        with open(args.json, "w") as out:
+    if path:
+        with open(path, "w") as out:
             json.dump(figures, out, indent=2)
 
 

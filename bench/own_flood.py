@@ -14,7 +14,6 @@ tried: minutes for 100,000.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import subprocess
@@ -25,7 +24,7 @@ from typing import Any
 
 import httpx
 
-from bench_flood import API, _cpu_model, free_port, percentiles, tenant_tokens, workload
+from bench_flood import API, _cpu_model, free_port, percentiles, print_figures, tenant_tokens, workload
 from finesched.server.auth import create_token
 from finesched.server.store import Store
 
@@ -97,10 +96,7 @@ def main() -> None:
         proc.terminate()
         proc.wait(timeout=30)
         log.close()
-    print(json.dumps(figures, indent=2))
-    if args.json:
-        with open(args.json, "w") as out:
-            json.dump(figures, out, indent=2)
+    print_figures(figures, args.json)
 
 
 if __name__ == "__main__":
