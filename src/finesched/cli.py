@@ -9,7 +9,7 @@ from __future__ import annotations
 import inspect
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -17,8 +17,8 @@ from rich.markup import escape
 
 from finesched import __version__
 from finesched.codec import MAX_BITS, CodecError, decode, encode
+from finesched.commands.common import admit_or_exit, err, fail, load_or_exit
 from finesched.errors import ValidationError
-from finesched.model.manifest import Manifests, load_manifests, read_manifests
 from finesched.model.resources import human_amounts
 
 app = typer.Typer(
@@ -29,48 +29,6 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 out = Console(highlight=False)
-err = Console(stderr=True, highlight=False)
-
-
-def fail(message: str, code: int = 1) -> typer.Exit:
-    err.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
-    return typer.Exit(code)
-
-
-if TYPE_CHECKING:
-    from finesched.admission import World
-
-
-def load_or_exit(paths: list[Path]) -> Manifests:
-    """Load manifests, or print every problem and exit 1."""
-    try:
-        return load_manifests(*paths)
-    except ValidationError as exc:
-        for detail in exc.errors:
-            err.print(f"[bold red]error:[/] {escape(str(detail))}", soft_wrap=True)
-        raise typer.Exit(1) from None
-
-
-def admit_or_exit(paths: list[Path], *, warn: bool = True, known: World | None = None) -> Manifests:
-    """Load manifests and apply the server's admission rules to them: every problem of every
-    document (on its field's line) and exit 1, or the objects as the server stores them (with, when
-    `warn`, a warning for each reference to what neither the files nor `known`, what the server
-    said it holds, define)."""
-    from finesched.admission import admit_manifests
-
-    read, errors = read_manifests(*paths)
-    try:
-        manifests, warnings = admit_manifests(read, known)
-    except ValidationError as exc:
-        errors += read.with_lines(exc.errors)
-    if errors:
-        for detail in errors:
-            err.print(f"[bold red]error:[/] {escape(str(detail))}", soft_wrap=True)
-        raise typer.Exit(1) from None
-    scope = "these files and the server's tenants and priority classes" if known else "these files only"
-    for detail in read.with_lines(warnings) if warn else ():
-        err.print(f"[yellow]warning:[/] {escape(str(detail))} ({scope}; the server checks its own)", soft_wrap=True)
-    return manifests
 
 
 @app.command()

@@ -17,7 +17,6 @@ whole data directory (database, tokens, server log) from workloads.
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import subprocess
 import sys
@@ -30,6 +29,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from finesched.commands.client import CaOption, InsecureOption
+from finesched.commands.common import default_data
 from finesched.commands.serve import AgentCaOption, InsecureAgentLogsOption, TlsCertOption, TlsKeyOption
 from finesched.commands.supervise import SupervisedServer
 from finesched.private import private_dir, private_file, write_private
@@ -163,11 +163,6 @@ def check_sandbox(kind: str) -> None:
 
     if kind not in SANDBOXES:
         raise _fail(f"--sandbox {kind!r}: must be one of {', '.join(SANDBOXES)}", 2)
-
-
-def default_data() -> Path:
-    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
-    return Path(base) / "finesched"
 
 
 def _fail(message: str, code: int = 1) -> typer.Exit:

@@ -236,7 +236,7 @@ def submit(
 ) -> None:
     """Send manifests to the server (checked here first by the server's own rules, as `finesched
     validate` does): priority classes, tenants, nodes, then workloads, then jobs."""
-    from finesched.cli import admit_or_exit
+    from finesched.commands.common import admit_or_exit
 
     _check_output(output)
     admit_or_exit(file, warn=False)  # exits 1 naming every problem; references are the server's to check

@@ -50,7 +50,7 @@ def k8s_extender(
     signed by that CA are answered."""
     import uvicorn
 
-    from finesched.cli import fail, load_or_exit
+    from finesched.commands.common import fail, load_or_exit
     from finesched.k8s.app import create_app
     from finesched.k8s.setup import build_extender
 

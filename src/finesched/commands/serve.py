@@ -165,7 +165,7 @@ def server_tls_options(cert: Path | None, key: Path | None, client_ca: Path | No
 
 def _identity(db: str, data: Path | None, replica_id: str | None) -> ReplicaIdentity:
     """This replica's lease identity (see server/lease.py), or a clear error and exit 2."""
-    from finesched.commands.agent import default_data
+    from finesched.commands.common import default_data
     from finesched.errors import ValidationError
     from finesched.server.db import parse_db_url
     from finesched.server.lease import replica_identity

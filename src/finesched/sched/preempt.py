@@ -25,7 +25,7 @@ Driver-facing contract (Scheduler methods, see sched/scheduler.py):
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -44,7 +44,32 @@ from finesched.sched.runtime import PreFilterFailed
 from finesched.state.cluster import StateError
 
 if TYPE_CHECKING:
-    from finesched.sched.scheduler import Scheduler
+    from finesched.sched.queue import SchedulingQueue
+    from finesched.sched.request import RequestCompiler
+    from finesched.sched.runtime import Framework
+    from finesched.state.cluster import ClusterState
+
+
+class SchedulerView(Protocol):
+    """What preemption reads and changes of the Scheduler (sched/scheduler.py), which calls these
+    steps with itself: this module depends on that much, not on the Scheduler class."""
+
+    state: ClusterState
+    framework: Framework
+    queue: SchedulingQueue
+    auto_commit: bool
+    #: Whether preemption may run at all (`Scheduler(preemption=False)`).
+    preemption: bool
+    preemptions: list[Preemption]
+    preemption_misses: dict[str, str]
+    _compiler: RequestCompiler
+    _nominated: dict[str, str]
+    _victims_committed: dict[str, set[str]]
+
+    def schedule_one(self, workload: Workload) -> Binding: ...
+
+    def _binding(self, request: ScheduleRequest, node: int, score: int) -> Binding: ...
+
 
 INDEX_NAME = "PreemptionIndex"
 
@@ -52,7 +77,7 @@ INDEX_NAME = "PreemptionIndex"
 class Handle:
     """The scheduler's side of a post_filter call (framework.PreemptionHandle)."""
 
-    def __init__(self, scheduler: Scheduler, skipped: set[str]):
+    def __init__(self, scheduler: SchedulerView, skipped: set[str]):
         self.scheduler = scheduler
         self.skipped = skipped
         self._everywhere: npt.NDArray[np.bool_] | None = None  # unresolvable over all nodes, when computed
@@ -112,7 +137,7 @@ class Handle:
             state.capacity_version = version  # the state is exactly as it was
 
 
-def find_preemption(sched: Scheduler, workload: Workload) -> tuple[Preemption | None, str]:
+def find_preemption(sched: SchedulerView, workload: Workload) -> tuple[Preemption | None, str]:
     """The post_filter plugin's decision for `workload` (no state change); see the module docstring."""
     plugin = sched.framework.points.post_filter
     if plugin is None or not sched.preemption:
@@ -129,7 +154,7 @@ def find_preemption(sched: Scheduler, workload: Workload) -> tuple[Preemption | 
     return plugin.post_filter(cycle, request, Handle(sched, skipped))
 
 
-def apply_preemption(sched: Scheduler, p: Preemption) -> Binding:
+def apply_preemption(sched: SchedulerView, p: Preemption) -> Binding:
     """Evict the victims and assume the preemptor's binding (module docstring); StateError changes nothing."""
     state = sched.state
     missing = [v.workload for v in p.victims if state.bindings.get(v.workload) != v]
@@ -152,7 +177,7 @@ def apply_preemption(sched: Scheduler, p: Preemption) -> Binding:
     return p.binding
 
 
-def undo_preemption(sched: Scheduler, p: Preemption) -> None:
+def undo_preemption(sched: SchedulerView, p: Preemption) -> None:
     """Forget the preemptor's binding and re-admit its victims as they were."""
     state = sched.state
     if p.preemptor in state.bindings:
@@ -164,14 +189,14 @@ def undo_preemption(sched: Scheduler, p: Preemption) -> None:
         sched.preemptions.remove(p)
 
 
-def _readmit(sched: Scheduler, victims: Sequence[Binding], committed: set[str]) -> None:
+def _readmit(sched: SchedulerView, victims: Sequence[Binding], committed: set[str]) -> None:
     for victim in victims:
         sched.state.assume(victim)
         if victim.workload in committed:
             sched.state.commit(victim.workload)
 
 
-def place_or_preempt(sched: Scheduler, workload: Workload) -> tuple[Binding, Preemption | None]:
+def place_or_preempt(sched: SchedulerView, workload: Workload) -> tuple[Binding, Preemption | None]:
     """Schedule `workload`; when it fits nowhere, preempt for it (raises the FitError when that fails too)."""
     try:
         return sched.schedule_one(workload), None
@@ -185,7 +210,7 @@ def place_or_preempt(sched: Scheduler, workload: Workload) -> tuple[Binding, Pre
         return apply_preemption(sched, p), p
 
 
-def place_gang_or_preempt(sched: Scheduler, workloads: Sequence[Workload]) -> list[Binding]:
+def place_gang_or_preempt(sched: SchedulerView, workloads: Sequence[Workload]) -> list[Binding]:
     """All members placed (preempting where needed) or none, and then nothing evicted either."""
     steps: list[tuple[Binding, Preemption | None]] = []
     try:

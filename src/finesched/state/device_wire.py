@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from finesched.codec import CodecError, EncodedVector, bits_for, decode_many, encode
+from finesched.codec import CodecError, EncodedVector, bits_for, decode_many
 from finesched.model.node import Node
 from finesched.state.device_types import DeviceTypeAccounts, Int64Array
 
@@ -31,25 +31,6 @@ class EncodedUpdateError(ValueError):
 
 
 EncodedInput = EncodedVector | tuple[int, int, int]
-
-
-def export_encoded(accounts: DeviceAccounts, index: int) -> dict[str, dict[str, EncodedVector]]:
-    """Node `index`'s free amount per device, per type and dimension, as (k, count, bits).
-
-    Devices are in minor order (device 1 = lowest minor); bits hold the largest *total* of the
-    dimension on this node, so every free value the agent may report fits.
-    """
-    out: dict[str, dict[str, EncodedVector]] = {}
-    for kind, acc in accounts.types.items():
-        d = int(acc.count[index])
-        if d == 0:
-            continue
-        out[kind] = {}
-        for k, name in enumerate(acc.dims):
-            bits = bits_for(int(acc.total[k, index, :d].max()))
-            values = [int(v) for v in acc.free[k, index, :d]]
-            out[kind][name] = EncodedVector(encode(values, bits), d, bits)
-    return out
 
 
 def _apply_encoded(accounts: DeviceAccounts, updates: Mapping[int, Mapping[str, Mapping[str, EncodedInput]]]) -> None:
@@ -123,7 +104,7 @@ def encode_node_devices(node: Node) -> dict[str, dict[str, EncodedVector]]:
     accounts = DeviceAccounts()
     accounts.resize(1)
     accounts.set_node(0, node)
-    return export_encoded(accounts, 0)
+    return accounts.export_encoded(0)
 
 
 def apply_encoded_updates(state: ClusterState, updates: Mapping[str, Mapping[str, Mapping[str, EncodedInput]]]) -> None:
@@ -151,4 +132,4 @@ def export_node_state(state: ClusterState, name: str) -> dict[str, dict[str, Enc
 
     if name not in state.index:
         raise KeyError(f"no node named {name!r}")
-    return export_encoded(attach_device_accounts(state), state.index[name])
+    return attach_device_accounts(state).export_encoded(state.index[name])

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from finesched.codec import EncodedVector
+from finesched.codec import EncodedVector, bits_for, encode
 from finesched.model.base import fast_copy
 from finesched.model.binding import Binding, DeviceGrant
 from finesched.model.device_allocated import AnnotationError, parse_device_allocated
@@ -56,7 +56,6 @@ from finesched.state.device_types import (
     fill_gpu_amounts,
     resized,
 )
-from finesched.state.device_wire import export_encoded
 
 Int64Array = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
@@ -465,11 +464,26 @@ class DeviceAccounts:
         self._epoch += 1
         self._cache.clear()
 
-    # Encoded device state (S0.2): the wire form lives in state/device_wire.py; applying an update
-    # goes through `device_wire.apply_encoded_updates` (it marks the nodes changed in the state) ----
+    # Encoded device state (S0.2): reading it back lives in state/device_wire.py, beside these
+    # accounts (it imports them, they never import it); applying an update goes through
+    # `device_wire.apply_encoded_updates` (it marks the nodes changed in the state) ----------------
     def export_encoded(self, index: int) -> dict[str, dict[str, EncodedVector]]:
-        """Node `index`'s free amount per device, per type and dimension, as (k, count, bits)."""
-        return export_encoded(self, index)
+        """Node `index`'s free amount per device, per type and dimension, as (k, count, bits).
+
+        Devices are in minor order (device 1 = lowest minor); bits hold the largest *total* of the
+        dimension on this node, so every free value the agent may report fits.
+        """
+        out: dict[str, dict[str, EncodedVector]] = {}
+        for kind, acc in self.types.items():
+            d = int(acc.count[index])
+            if d == 0:
+                continue
+            out[kind] = {}
+            for k, name in enumerate(acc.dims):
+                bits = bits_for(int(acc.total[k, index, :d].max()))
+                values = [int(v) for v in acc.free[k, index, :d]]
+                out[kind][name] = EncodedVector(encode(values, bits), d, bits)
+        return out
 
     def slot_name(self, index: int) -> str | None:
         """The name of the node in slot `index` (None for an empty or out-of-range slot)."""

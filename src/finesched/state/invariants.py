@@ -9,13 +9,48 @@ nodes inside the partition table (state/gpu_partitions.py).
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
+import numpy.typing as npt
 
 if TYPE_CHECKING:
-    from finesched.state.cluster import ClusterState
+    from finesched.model.binding import Binding
+
+
+class CheckedExtra(Protocol):
+    """An extra's side of the check (state/cluster.py `NodeExtra` has it)."""
+
+    @property
+    def name(self) -> str: ...
+
+    def violations(self) -> list[str]: ...
+
+
+class CheckedState(Protocol):
+    """What the check reads of a ClusterState (state/cluster.py), which calls `check` with itself
+    from `check_invariants`: this module depends on that much, not on the ClusterState class."""
+
+    @property
+    def n(self) -> int: ...
+    @property
+    def free(self) -> npt.NDArray[np.int64]: ...
+    @property
+    def allocatable(self) -> npt.NDArray[np.int64]: ...
+    @property
+    def names(self) -> Sequence[str]: ...
+    @property
+    def index(self) -> Mapping[str, int]: ...
+    @property
+    def resources(self) -> Sequence[str]: ...
+    @property
+    def res_index(self) -> Mapping[str, int]: ...
+    @property
+    def bindings(self) -> Mapping[str, Binding]: ...
+    @property
+    def extras(self) -> Mapping[str, CheckedExtra]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,7 +62,7 @@ class Violation:
         return f"{self.rule}: {self.detail}"
 
 
-def check(state: ClusterState) -> list[Violation]:
+def check(state: CheckedState) -> list[Violation]:
     """Every broken invariant of `state` (empty when all hold)."""
     out: list[Violation] = []
     free, alloc = state.free, state.allocatable
