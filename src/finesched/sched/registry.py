@@ -1,4 +1,4 @@
-"""Plugin registry: name -> factory, built explicitly (nothing registers itself at import time).
+"""Plugin registry: name -> factory, built explicitly (no plugin registers itself at import time).
 
 A factory takes the plugin's `args` from the profile and returns a plugin; it must be pure (no
 threads, no I/O), so the simulator and tests can build plugins freely. The driver attaches
@@ -45,36 +45,20 @@ class Registry:
         return Registry({**self._factories, **factories})
 
 
-def default_registry() -> Registry:
-    """Every built-in plugin."""
-    from finesched.plugins.bucket_fit import BucketFit
-    from finesched.plugins.cpu_orchestration import CPUOrchestration
-    from finesched.plugins.deviceshare import DeviceShare
-    from finesched.plugins.deviceshare.scoring import DeviceScore
-    from finesched.plugins.fragmentation import FGDScore
-    from finesched.plugins.node_selector import NodeSelector
-    from finesched.plugins.node_unschedulable import NodeUnschedulable
-    from finesched.plugins.numa import NUMAAlign
-    from finesched.plugins.preemption import DefaultPreemption
-    from finesched.plugins.resources_fit import ResourcesFit
-    from finesched.plugins.scoring import LeastRequested, MostAllocated, MostBalanced
-    from finesched.plugins.tenant_isolation import TenantIsolation
+#: The built-in plugin set, installed by the package (finesched/__init__.py, from plugins/builtin.py):
+#: the plugins sit a layer above this one, so this module names none of them.
+_builtin: Callable[[], Registry] | None = None
 
-    return Registry(
-        {
-            "NodeSelector": no_args(NodeSelector),
-            "NodeUnschedulable": no_args(NodeUnschedulable),
-            "TenantIsolation": no_args(TenantIsolation),
-            "ResourcesFit": no_args(ResourcesFit),
-            "LeastRequested": no_args(LeastRequested),
-            "MostAllocated": no_args(MostAllocated),
-            "MostBalanced": no_args(MostBalanced),
-            "BucketFit": BucketFit.from_args,
-            "DeviceShare": DeviceShare.from_args,
-            "DeviceScore": DeviceScore.from_args,
-            "FGD": FGDScore.from_args,
-            "NUMAAlign": NUMAAlign.from_args,
-            "CPUOrchestration": CPUOrchestration.from_args,
-            "DefaultPreemption": DefaultPreemption.from_args,
-        }
-    )
+
+def install_builtin(factory: Callable[[], Registry]) -> None:
+    """Set what `default_registry` returns (finesched/__init__.py calls it once, with
+    `plugins.builtin.builtin_registry`, before any other module of the package is imported)."""
+    global _builtin
+    _builtin = factory
+
+
+def default_registry() -> Registry:
+    """Every built-in plugin (plugins/builtin.py)."""
+    if _builtin is None:
+        raise RuntimeError("no built-in plugins installed: import finesched (its __init__ installs them)")
+    return _builtin()
