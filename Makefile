@@ -13,6 +13,7 @@ $(STAMP): pyproject.toml
 
 test: $(STAMP)
 	$(BIN)/ruff check src tests bench
+	$(BIN)/lint-imports
 	$(BIN)/pytest
 
 run: $(STAMP)
@@ -21,6 +22,7 @@ run: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench
 	$(BIN)/ruff format --check src tests bench
+	$(BIN)/lint-imports
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache .ruff_cache

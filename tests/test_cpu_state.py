@@ -14,9 +14,9 @@ import pytest
 from builders import make_node
 from finesched.cpuset import CPUSet
 from finesched.model.binding import Binding, NUMAGrant
-from finesched.plugins.cpu.config import LABEL_NUMA_TOPOLOGY_POLICY_OLD, node_cpu_config
 from finesched.plugins.cpu_orchestration import AllocatedCPU
 from finesched.state.cluster import ClusterState, StateError
+from finesched.state.cpu_config import LABEL_NUMA_TOPOLOGY_POLICY_OLD, node_cpu_config
 from finesched.state.cpus import CPUAccounts
 
 GiB = 2**30

@@ -22,8 +22,8 @@ from finesched.plugins.cpu.koordinator import (
     satisfies_required,
     split_by_numa,
 )
-from finesched.plugins.cpu.topology import topo_info
 from finesched.plugins.cpu_orchestration import AllocatedCPU, InsufficientCPUs, UnknownPolicy, take_cpus
+from finesched.state.cpu_topology import topo_info
 
 
 def koord(sockets: int, numa_per_socket: int, cores_per_numa: int, threads: int) -> CPUTopology:

@@ -58,7 +58,7 @@ MAX_DEVICE_MINOR = 2**20 - 1
 #: Node label naming the card-level device strategy when ``policies.deviceAllocateStrategy`` does not.
 STRATEGY_LABEL = "finesched.io/device-allocate-strategy"
 DEVICE_STRATEGIES = ("LeastAllocated", "MostAllocated")
-#: Koordinator's node policy labels and their values (plugins/cpu/config.py reads them). A NUMA
+#: Koordinator's node policy labels and their values (state/cpu_config.py reads them). A NUMA
 #: topology policy may carry a PodLevel/ContainerLevel suffix; "" means unset.
 LABEL_CPU_BIND_POLICY = "node.koordinator.sh/cpu-bind-policy"
 LABEL_NUMA_ALLOCATE_STRATEGY = "node.koordinator.sh/numa-allocate-strategy"

@@ -44,7 +44,7 @@ from finesched.model.base import fast_copy
 from finesched.model.binding import Binding
 from finesched.model.node import CPUTopology
 from finesched.plugins.cpu.koordinator import allocate_cpus, filter_required, satisfies_required, take_cpus
-from finesched.plugins.cpu.kubelet import kubelet_reserved_cpus, kubelet_static_allocate, kubelet_take_by_topology
+from finesched.plugins.cpu.kubelet import kubelet_static_allocate, kubelet_take_by_topology
 from finesched.plugins.cpu.prefilter import (
     BAD_NODE_POLICY,
     BIND_CONFLICT,
@@ -54,7 +54,19 @@ from finesched.plugins.cpu.prefilter import (
     filter_result,
 )
 from finesched.plugins.cpu.request import CPU_OFFER, CPU_REQUEST, NUMA_OFFER, CPUOffer, CPURequest, cpu_request
-from finesched.plugins.cpu.topology import (
+from finesched.plugins.resource_status import (
+    ANNOTATION_RESOURCE_STATUS,
+    SharedPool,
+    merge_numa_grants,
+    with_resource_status,
+)
+from finesched.plugins.shared_keys import NUMA_AFFINITY, NUMAAffinity
+from finesched.sched.cycle_state import CycleState
+from finesched.sched.framework import SKIP, SUCCESS, FilterResult, NodeBatch, Status
+from finesched.sched.request import ScheduleRequest
+from finesched.state.cluster import ClusterState
+from finesched.state.cpu_packed import kubelet_reserved_cpus
+from finesched.state.cpu_topology import (
     BIND_POLICIES,
     DISTRIBUTE_EVENLY,
     EXCLUSIVE_POLICIES,
@@ -68,17 +80,6 @@ from finesched.plugins.cpu.topology import (
     UnknownPolicy,
     check_choice,
 )
-from finesched.plugins.resource_status import (
-    ANNOTATION_RESOURCE_STATUS,
-    SharedPool,
-    merge_numa_grants,
-    with_resource_status,
-)
-from finesched.plugins.shared_keys import NUMA_AFFINITY, NUMAAffinity
-from finesched.sched.cycle_state import CycleState
-from finesched.sched.framework import SKIP, SUCCESS, FilterResult, NodeBatch, Status
-from finesched.sched.request import ScheduleRequest
-from finesched.state.cluster import ClusterState
 from finesched.state.cpus import CPUAccounts
 
 __all__ = [

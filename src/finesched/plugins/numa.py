@@ -71,7 +71,6 @@ from finesched.plugins.cpu.prefilter import (
     usable_cpus_of,
 )
 from finesched.plugins.cpu.request import CPU_OFFER, NUMA_OFFER, CPURequest, NUMAOffer, cpu_request
-from finesched.plugins.cpu.topology import InsufficientCPUs
 from finesched.plugins.deviceshare.hints import device_labels
 from finesched.plugins.deviceshare.request import compile_rule, fit_mask
 from finesched.plugins.numa_devices import device_fits, device_request, idle_counts, type_counts
@@ -82,6 +81,7 @@ from finesched.sched.cycle_state import CycleState, MissingState
 from finesched.sched.framework import SKIP, SUCCESS, FilterResult, NodeBatch, Status
 from finesched.sched.request import ScheduleRequest
 from finesched.state.cluster import ClusterState
+from finesched.state.cpu_topology import InsufficientCPUs
 from finesched.state.cpus import CPUAccounts
 
 #: Bound on NUMAAlign's memo of reserve decisions (cleared when full).

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from finesched.hashed import HashedOnce
-from finesched.plugins.cpu.config import NUMA_POLICIES
 from finesched.plugins.numa_devices import Holds
+from finesched.state.cpu_config import NUMA_POLICIES
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,7 +21,7 @@ Speed and memory: the per-CPU and per-core counts of a node are small ``array('h
 and written from Python (a numpy call costs more than the whole update of one binding); only
 the per-NUMA / per-socket aggregates, which the vectorized filters read over all nodes, are
 numpy blocks, updated with one call per binding. Topology-derived data is shared through
-`plugins/cpu/topology.topo_info` and node configs are interned: 10,000 nodes of 128 CPUs take
+`state/cpu_topology.topo_info` and node configs are interned: 10,000 nodes of 128 CPUs take
 about 11 MB (measured with tracemalloc; about 1 KB a node).
 """
 
@@ -39,9 +39,9 @@ from finesched.hashed import HashedOnce
 from finesched.model.binding import Binding
 from finesched.model.node import Node
 from finesched.model.resources import CPU, MEMORY
-from finesched.plugins.cpu.config import NUMA_POLICY_CODE, NodeCPUConfig, node_cpu_config, reserved_cpus
-from finesched.plugins.cpu.topology import AllocatedCPU, TopoInfo, topo_info, trusted_cpuset
 from finesched.state.cluster import StateError
+from finesched.state.cpu_config import NUMA_POLICY_CODE, NodeCPUConfig, node_cpu_config, reserved_cpus
+from finesched.state.cpu_topology import AllocatedCPU, TopoInfo, topo_info, trusted_cpuset
 from finesched.state.pools import BE_SHAREABLE_QOS, split_cpus
 
 #: One value per node: name -> (dtype, fill).

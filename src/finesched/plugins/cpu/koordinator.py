@@ -37,7 +37,7 @@ from functools import lru_cache
 
 from finesched.cpuset import CPUSet
 from finesched.model.node import CPUTopology
-from finesched.plugins.cpu.topology import (
+from finesched.state.cpu_topology import (
     BIND_POLICIES,
     EXCLUSIVE_NONE,
     EXCLUSIVE_POLICIES,

@@ -19,11 +19,12 @@ multiple of the group size), we treat that subset as unable to take the remainde
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable
 
 from finesched.cpuset import CPUSet
 from finesched.model.node import CPUTopology
-from finesched.plugins.cpu.topology import InsufficientCPUs, SMTAlignmentError, TopoInfo, topo_info, trusted_cpuset
+from finesched.state.cpu_packed import CPUAccumulator, needs_cpus, packed
+from finesched.state.cpu_topology import InsufficientCPUs, SMTAlignmentError, TopoInfo, topo_info, trusted_cpuset
 
 
 def kubelet_take_by_topology(
@@ -46,7 +47,7 @@ def kubelet_take_by_topology(
         raise ValueError(f"cpu_group_size must be >= 1, got {cpu_group_size}")
     if distribute_across_numa:
         return trusted_cpuset(_distributed(topo, free, request, cpu_group_size, distribute_across_cores))
-    return trusted_cpuset(_packed(topo, free, request, distribute_across_cores))
+    return trusted_cpuset(packed(topo, free, request, distribute_across_cores))
 
 
 def kubelet_static_allocate(
@@ -84,7 +85,7 @@ def kubelet_static_allocate(
     def take(cpus: frozenset[int], n: int) -> frozenset[int]:
         if distribute_across_numa:
             return frozenset(_distributed(topo, cpus, n, group, distribute_across_cores))
-        return frozenset(_packed(topo, cpus, n, distribute_across_cores))
+        return frozenset(packed(topo, cpus, n, distribute_across_cores))
 
     result: frozenset[int] = frozenset()
     if numa_hint is not None:
@@ -100,131 +101,10 @@ def kubelet_static_allocate(
     return trusted_cpuset(result | take(allocatable - result, request - len(result)))
 
 
-def kubelet_reserved_cpus(topology: CPUTopology | TopoInfo, count: int) -> CPUSet:
-    """The kubelet's automatic reservation when no reservedSystemCPUs are given: packed(all CPUs, count)."""
-    topo = topo_info(topology)
-    return trusted_cpuset(_packed(topo, topo.all, min(count, topo.num_cpus), False))
-
-
 def whole_free_core_cpus(topo: TopoInfo, free: Iterable[int]) -> int:
     """CPUs in cores whose CPUs are all in `free` (the kubelet's available physical CPUs)."""
     have = frozenset(free)
     return sum(len(cpus) for cpus in topo.core_cpus if all(c in have for c in cpus))
-
-
-# Packed ------------------------------------------------------------------------------------------------------
-
-
-class _Acc:
-    """The kubelet's cpuAccumulator over one topology and a set of available CPUs."""
-
-    __slots__ = ("free", "need", "result", "spread", "topo")
-
-    def __init__(self, topo: TopoInfo, free: Iterable[int], need: int, spread: bool):
-        self.topo, self.free, self.need, self.spread = topo, set(free), need, spread
-        self.result: list[int] = []
-
-    def take(self, cpus: Iterable[int]) -> None:
-        cpus = [c for c in cpus]
-        self.free.difference_update(cpus)
-        self.result += cpus
-        self.need -= len(cpus)
-
-    def count(self, cpus: Iterable[int]) -> int:
-        free = self.free
-        return sum(1 for c in cpus if c in free)
-
-    def _sorted(self, ids: Iterable[int], cpus_of: Callable[[int], tuple[int, ...]]) -> list[int]:
-        """Ascending free CPUs, ties by id; elements without free CPUs dropped."""
-        keyed = [(self.count(cpus_of(i)), i) for i in ids]
-        return [i for n, i in sorted(keyed) if n > 0]
-
-    def numa_first(self) -> bool:
-        return self.topo.num_sockets >= self.topo.num_numa
-
-    def sorted_numas(self) -> list[int]:
-        topo = self.topo
-        if self.numa_first():
-            return self._sorted(range(topo.num_numa), topo.numa_cpus.__getitem__)
-        return [
-            n for s in self.sorted_sockets() for n in self._sorted(topo.socket_numas[s], topo.numa_cpus.__getitem__)
-        ]
-
-    def sorted_sockets(self) -> list[int]:
-        topo = self.topo
-        if self.numa_first():
-            out: list[int] = []
-            for n in self.sorted_numas():
-                out += [s for s in self._sorted(topo.numa_sockets[n], topo.socket_cpus.__getitem__) if s not in out]
-            return out
-        return self._sorted(range(topo.num_sockets), topo.socket_cpus.__getitem__)
-
-    def sorted_cores(self) -> list[int]:
-        topo = self.topo
-        if self.numa_first():
-            parents, children = self.sorted_sockets(), topo.socket_cores
-        else:
-            parents, children = self.sorted_numas(), topo.numa_cores
-        return [c for p in parents for c in self._sorted(children[p], topo.core_cpus.__getitem__)]
-
-    def take_full_numas(self) -> None:
-        topo = self.topo
-        self._take_whole([topo.numa_cpus[n] for n in self.sorted_numas()], None)
-
-    def take_full_sockets(self) -> None:
-        topo = self.topo
-        self._take_whole([topo.socket_cpus[s] for s in self.sorted_sockets()], topo.cpus_per_socket)
-
-    def take_full_cores(self) -> None:
-        topo = self.topo
-        self._take_whole([topo.core_cpus[c] for c in self.sorted_cores()], topo.cpus_per_core)
-
-    def _take_whole(self, units: Sequence[Sequence[int]], size: int | None) -> None:
-        """Take every unit (in order) that is wholly free, while the need covers it. A unit is whole
-        when all its CPUs are free and, for sockets and cores, it has the topology's full size."""
-        for cpus in units:
-            if self.count(cpus) == (len(cpus) if size is None else size) and self.need >= len(cpus):
-                self.take(cpus)
-
-    def take_remaining(self) -> None:
-        topo = self.topo
-        if self.spread:  # CPU ids ascending per socket, sockets in order
-            order = [c for s in self.sorted_sockets() for c in topo.socket_cpus[s] if c in self.free]
-        else:  # CPUs ascending per core, cores in order
-            order = [c for core in self.sorted_cores() for c in topo.core_cpus[core] if c in self.free]
-        for cpu in order:
-            if self.need < 1:
-                return
-            self.take([cpu])
-
-
-def _needs_cpus(request: int, free: frozenset[int]) -> bool:
-    """False for a request of nothing; InsufficientCPUs (the kubelet's words) when `free` is too small."""
-    if request < 1:
-        return False
-    if request > len(free):
-        raise InsufficientCPUs(
-            f"not enough cpus available to satisfy request: requested={request}, available={len(free)}"
-        )
-    return True
-
-
-def _packed(topo: TopoInfo, free: Iterable[int], request: int, spread: bool) -> list[int]:
-    free = frozenset(free)
-    acc = _Acc(topo, free, request, spread)
-    if not _needs_cpus(request, free):
-        return []
-    steps = [acc.take_full_numas, acc.take_full_sockets]
-    if not acc.numa_first():
-        steps.reverse()
-    if not spread:
-        steps.append(acc.take_full_cores)
-    steps.append(acc.take_remaining)
-    for step in steps:
-        step()
-        if acc.need < 1:
-            return acc.result
-    raise InsufficientCPUs("failed to allocate cpus")
 
 
 # Distributed -------------------------------------------------------------------------------------------------
@@ -269,9 +149,9 @@ def _walk_remainder(avail: dict[int, int], subset: tuple[int, ...], remainder: i
 def _distributed(topo: TopoInfo, free: Iterable[int], request: int, group: int, spread: bool) -> list[int]:
     free = frozenset(free)
     if request % group:
-        return _packed(topo, free, request, spread)
-    acc = _Acc(topo, free, request, spread)
-    if not _needs_cpus(request, free):
+        return packed(topo, free, request, spread)
+    acc = CPUAccumulator(topo, free, request, spread)
+    if not needs_cpus(request, free):
         return []
     numas = acc.sorted_numas()
     in_numa = {n: acc.count(topo.numa_cpus[n]) for n in numas}
@@ -289,7 +169,7 @@ def _distributed(topo: TopoInfo, free: Iterable[int], request: int, group: int, 
         _, combo, remainder_set = best
         distribution = request // len(combo) // group * group
         for numa in combo:
-            acc.take(_packed(topo, acc.free & frozenset(topo.numa_cpus[numa]), distribution, spread))
+            acc.take(packed(topo, acc.free & frozenset(topo.numa_cpus[numa]), distribution, spread))
         remainder = request - distribution * len(combo)
         while remainder > 0:
             progressed = False
@@ -299,7 +179,7 @@ def _distributed(topo: TopoInfo, free: Iterable[int], request: int, group: int, 
                 mine = acc.free & frozenset(topo.numa_cpus[numa])
                 if len(mine) < group:
                     continue
-                acc.take(_packed(topo, mine, group, spread))
+                acc.take(packed(topo, mine, group, spread))
                 remainder -= group
                 progressed = True
             if not progressed:
@@ -307,7 +187,7 @@ def _distributed(topo: TopoInfo, free: Iterable[int], request: int, group: int, 
         if acc.need != 0:
             raise InsufficientCPUs(f"accounting error, not enough CPUs allocated, remaining: {acc.need}")
         return acc.result
-    return _packed(topo, free, request, spread)
+    return packed(topo, free, request, spread)
 
 
 def _numa_range(topo: TopoInfo, available_numas: int, request: int, group: int) -> tuple[int, int]:

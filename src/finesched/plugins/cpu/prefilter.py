@@ -17,9 +17,9 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from finesched.plugins.cpu.config import NUMA_POLICY_CODE
 from finesched.plugins.cpu.request import CPURequest
 from finesched.sched.framework import BoolArray, Code, FilterResult, NodeBatch
+from finesched.state.cpu_config import NUMA_POLICY_CODE
 from finesched.state.cpus import CPUAccounts
 
 NO_TOPOLOGY = "node(s) have no CPU topology for an exclusive cpuset"

@@ -21,9 +21,9 @@ from finesched.cpuset import CPUSet
 from finesched.hashed import HashedOnce
 from finesched.model.resources import CPU, MEMORY
 from finesched.model.workload import Workload
-from finesched.plugins.cpu.topology import check_choice
 from finesched.sched.cycle_state import CycleState, StateKey
 from finesched.sched.memo import request_shape
+from finesched.state.cpu_topology import check_choice
 
 ANNOTATION_RESOURCE_SPEC = "scheduling.koordinator.sh/resource-spec"
 ANNOTATION_NUMA_TOPOLOGY_SPEC = "scheduling.koordinator.sh/numa-topology-spec"

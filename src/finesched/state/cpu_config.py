@@ -39,7 +39,7 @@ from finesched.model.node import (
     numa_policy_of,
 )
 from finesched.model.resources import CPU
-from finesched.plugins.cpu.topology import DISTRIBUTE_EVENLY, FULL_PCPUS, SPREAD_BY_PCPUS, topo_info
+from finesched.state.cpu_topology import DISTRIBUTE_EVENLY, FULL_PCPUS, SPREAD_BY_PCPUS, topo_info
 
 #: Policy codes for the vectorized arrays (index into NUMA_POLICIES).
 NUMA_POLICY_CODE = {name: k for k, name in enumerate(NUMA_POLICIES)}
@@ -139,7 +139,7 @@ def _config(
 
 def reserved_cpus(node: Node) -> frozenset[int]:
     """The CPUs no exclusive cpuset may take on `node` (see the module docstring)."""
-    from finesched.plugins.cpu.kubelet import kubelet_reserved_cpus
+    from finesched.state.cpu_packed import kubelet_reserved_cpus
 
     if node.kubelet.reserved_cpus:
         return frozenset(node.kubelet.reserved_cpus)
