@@ -24,6 +24,10 @@ failure. A workload rejected, then placed again, is never taken for one to resta
 "Restarting" event for a workload that never ran, whatever its restart policy).
 
 Backoff (`Backoff`): ``initial × 2^(n-1)`` seconds for the n-th attempt, at most ``maximum``.
+
+These are functions the scheduling loop (and the agents' routes) call with what they need: the
+store, the backoff and the loop's `changed` (`Loop`, which `SchedulerLoop` is). This module
+does not import the loop: the loop imports it.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from sqlalchemy import Connection, select, update
 
@@ -40,9 +44,6 @@ from finesched.model.workload import DEFAULT_BACKOFF_LIMIT
 from finesched.server import job_store
 from finesched.server import schema as t
 from finesched.server.store import BOUND, FAILED, HOLDING, PENDING, SUCCEEDED, Event, Store, as_dict, now
-
-if TYPE_CHECKING:
-    from finesched.server.loop import SchedulerLoop
 
 log = logging.getLogger("finesched.lifecycle")
 
@@ -55,6 +56,24 @@ class Backoff:
     def delay(self, attempt: int) -> float:
         """Seconds to wait before attempt `attempt` (1 = the first retry)."""
         return min(self.maximum_s, self.initial_s * 2 ** min(max(attempt, 1) - 1, 30))
+
+
+class _Config(Protocol):
+    @property
+    def backoff(self) -> Backoff: ...
+
+
+class Loop(Protocol):
+    """What these functions need of the scheduling loop (`SchedulerLoop` is one): its store, its
+    backoff (``config.backoff``) and `changed`, which hands it the keys whose binding went away."""
+
+    @property
+    def store(self) -> Store: ...
+
+    @property
+    def config(self) -> _Config: ...
+
+    def changed(self, kind: str, obj: str) -> None: ...
 
 
 def _seconds(value: float) -> str:
@@ -83,7 +102,7 @@ def _set(conn: Connection, workload_id: int, **values: Any) -> None:
 
 
 # Process ends ------------------------------------------------------------------------------------
-def exited(loop: SchedulerLoop, key: str, phase: str, reason: str, info: Mapping[str, Any]) -> str:
+def exited(loop: Loop, key: str, phase: str, reason: str, info: Mapping[str, Any]) -> str:
     """The node agent says `key`'s process ended (Succeeded or Failed); what became of it: its phase,
     or "Restarting". Keys whose binding went away are handed to the loop."""
     released: list[str] = []
@@ -101,7 +120,7 @@ def exited(loop: SchedulerLoop, key: str, phase: str, reason: str, info: Mapping
 
 
 def _workload_exited(
-    loop: SchedulerLoop, conn: Connection, row: dict[str, Any], phase: str, reason: str, info: Mapping[str, Any],
+    loop: Loop, conn: Connection, row: dict[str, Any], phase: str, reason: str, info: Mapping[str, Any],
     released: list[str],
 ) -> str:  # fmt: skip
     key = f"{row['namespace']}/{row['name']}"
@@ -124,7 +143,7 @@ def _workload_exited(
 
 
 def _slot_exited(
-    loop: SchedulerLoop, conn: Connection, row: dict[str, Any], phase: str, reason: str, info: Mapping[str, Any],
+    loop: Loop, conn: Connection, row: dict[str, Any], phase: str, reason: str, info: Mapping[str, Any],
     released: list[str],
 ) -> str:  # fmt: skip
     key = f"{row['namespace']}/{row['name']}"
@@ -149,7 +168,7 @@ def _slot_exited(
 
 
 def fail_slot(
-    loop: SchedulerLoop, conn: Connection, job: dict[str, Any], slot: dict[str, Any], why: str, released: list[str]
+    loop: Loop, conn: Connection, job: dict[str, Any], slot: dict[str, Any], why: str, released: list[str]
 ) -> str:
     """Slot `slot` of `job` failed (its binding may be gone): restart its failover region after a
     backoff, or fail the job when its policy or limit says so. "Restarting" or "Failed"."""
@@ -206,7 +225,7 @@ def _fail_job(conn: Connection, job: dict[str, Any], reason: str, released: list
     log.warning("job %s failed: %s", job_key, reason)
 
 
-def slots_lost(loop: SchedulerLoop, keys: list[str], why: str) -> None:
+def slots_lost(loop: Loop, keys: list[str], why: str) -> None:
     """Workloads requeued because their node was lost: a job slot among them fails its region
     (once, however many of its slots the node held)."""
     released: list[str] = []
@@ -227,7 +246,7 @@ def slots_lost(loop: SchedulerLoop, keys: list[str], why: str) -> None:
 
 
 # Rejections --------------------------------------------------------------------------------------
-def rejected(loop: SchedulerLoop, key: str, reason: str) -> None:
+def rejected(loop: Loop, key: str, reason: str) -> None:
     """A node agent cannot run `key`'s binding: requeue it, placed again only after a backoff that
     doubles with every rejection in a row (reset once it runs)."""
     with loop.store.write() as conn:
