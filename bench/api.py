@@ -67,8 +67,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from finesched.model.manifest import to_manifest
 from finesched.model.tenant import Tenant
-from finesched.server.auth import create_token
-from finesched.server.store import Store
+from finesched.server.api.auth import create_token
+from finesched.server.store.store import Store
 from synthetic import scalar_workloads, synthetic_nodes
 
 TICKS = os.sysconf("SC_CLK_TCK")

@@ -31,8 +31,8 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from api import Server
-from finesched.server.auth import TokenCache, create_token
-from finesched.server.store import Store
+from finesched.server.api.auth import TokenCache, create_token
+from finesched.server.store.store import Store
 
 
 def http_phase(server: Server, requests: int, clients: int) -> dict[str, Any]:

@@ -14,7 +14,7 @@ rate, the bulk delete's time, and the server's RSS (VmRSS of the process) before
 flood, after the delete, and `--settle` seconds later. The server runs with its watch caps raised to
 hold A's watches (the default caps would refuse all but 10 of them with 429;
 tests/server/test_server_watch_hub.py checks that). Run it with PYTHONMALLOC=malloc in the environment
-to measure a server whose objects are all in glibc's heap (server/memory.py says why it matters).
+to measure a server whose objects are all in glibc's heap (server/loop/memory.py says why it matters).
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ from typing import Any
 import httpx
 import numpy as np
 
-from finesched.server.auth import create_token
-from finesched.server.store import Store
+from finesched.server.api.auth import create_token
+from finesched.server.store.store import Store
 
 API = "finesched.io/v1alpha1"
 
@@ -276,7 +276,7 @@ def main() -> None:
         time.sleep(5)
         figures["rss_mb"]["after_delete"] = round(rss_mb(proc.pid), 1)
         figures["b_after_delete"] = b.take()
-        time.sleep(args.settle)  # the leader trims what was freed since (server/memory.py: every 30 s)
+        time.sleep(args.settle)  # the leader trims what was freed since (server/loop/memory.py: every 30 s)
         figures["rss_mb"]["after_delete_settled"] = round(rss_mb(proc.pid), 1)
         stop_b.set()
         thread_b.join(timeout=130)

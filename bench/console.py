@@ -45,8 +45,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from api import Server, fresh_database, register_nodes
 from finesched.codec import bits_for, encode
 from finesched.model.manifest import to_manifest
-from finesched.server.auth import create_token
-from finesched.server.store import Store
+from finesched.server.api.auth import create_token
+from finesched.server.store.store import Store
 from synthetic import scalar_workloads
 
 CHROMIUM = "/usr/bin/chromium"

@@ -42,7 +42,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from api import Server, fresh_database, manifests, register_nodes
 from finesched.model.manifest import parse_manifest, to_manifest
-from finesched.server.store import Store
+from finesched.server.store.store import Store
 
 SCENARIOS = ("restart", "restart-as-stranger", "takeover", "restart-beside-follower")
 

@@ -25,8 +25,8 @@ from typing import Any
 import httpx
 
 from bench_flood import API, _cpu_model, free_port, percentiles, print_figures, tenant_tokens, workload
-from finesched.server.auth import create_token
-from finesched.server.store import Store
+from finesched.server.api.auth import create_token
+from finesched.server.store.store import Store
 
 
 def wait_leader(http: httpx.Client) -> None:

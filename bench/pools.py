@@ -51,8 +51,8 @@ from finesched.agent.discover import Discovery
 from finesched.agent.executor import Executor
 from finesched.cpuset import CPUSet
 from finesched.model.node import Node
-from finesched.server.auth import create_token
-from finesched.server.store import Store
+from finesched.server.api.auth import create_token
+from finesched.server.store.store import Store
 
 CPUS = sorted(os.sched_getaffinity(0))
 

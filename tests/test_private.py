@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from finesched.private import open_private, private_dir, private_file, write_private
-from finesched.server.lease import replica_identity
-from finesched.server.store import Store
+from finesched.server.loop.lease import replica_identity
+from finesched.server.store.store import Store
 
 
 def mode(path: Path) -> int:

@@ -26,10 +26,10 @@ from finesched.agent.identity import Users
 from finesched.agent.loop import Agent, AgentConfig
 from finesched.cpuset import CPUSet
 from finesched.model.node import Node
+from finesched.server.api.auth import create_token
 from finesched.server.app import create_app
-from finesched.server.auth import create_token
-from finesched.server.loop import LoopConfig
-from finesched.server.store import Store
+from finesched.server.loop.loop import LoopConfig
+from finesched.server.store.store import Store
 from reachable import SYSTEM_PYTHON, reachable_dir, remove
 
 CPUS = sorted(os.sched_getaffinity(0))

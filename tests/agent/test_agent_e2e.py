@@ -18,7 +18,7 @@ from finesched.agent.executor import ServerError
 from finesched.agent.launch import is_running, start_time
 from finesched.codec import decode
 from finesched.cpuset import CPUSet
-from finesched.server.loop import LoopConfig
+from finesched.server.loop.loop import LoopConfig
 from reachable import SYSTEM_PYTHON
 
 

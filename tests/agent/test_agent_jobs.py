@@ -22,10 +22,10 @@ from agent_cluster import NODE, Cluster, wait
 
 from finesched.agent.launch import is_running, start_time
 from finesched.agent.loop import Agent
-from finesched.server.auth import create_token
-from finesched.server.lifecycle import Backoff
-from finesched.server.loop import LoopConfig
-from finesched.server.store import Store
+from finesched.server.api.auth import create_token
+from finesched.server.loop.lifecycle import Backoff
+from finesched.server.loop.loop import LoopConfig
+from finesched.server.store.store import Store
 from reachable import SYSTEM_PYTHON
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from finesched.agent.logs import tail_offset
 from finesched.cli import app
-from finesched.server.auth import create_token
+from finesched.server.api.auth import create_token
 from reachable import SYSTEM_PYTHON
 
 LINES = "import sys\nfor i in range(1, 6):\n    print(f'line {i}', flush=True)\n"

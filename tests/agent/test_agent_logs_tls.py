@@ -18,8 +18,8 @@ from finesched.agent.cgroup import CgroupSupport
 from finesched.agent.client import AgentClient
 from finesched.agent.loop import Agent, AgentConfig
 from finesched.cli import app
-from finesched.server import schema as t
 from finesched.server.logs import AgentTrust, use_agent_trust
+from finesched.server.store import schema as t
 from finesched.tls import pinned_context
 from reachable import SYSTEM_PYTHON
 from tls_files import TlsFiles, make_tls

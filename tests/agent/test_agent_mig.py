@@ -27,7 +27,7 @@ from finesched.codec import encode
 from finesched.cpuset import CPUSet
 from finesched.model.mig import PRODUCTS
 from finesched.model.node import Node
-from finesched.server.reports import NodeReport, check_report
+from finesched.server.api.reports import NodeReport, check_report
 from reachable import SYSTEM_PYTHON
 
 

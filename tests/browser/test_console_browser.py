@@ -15,8 +15,8 @@ from manifests import node, workload
 from server_harness import Api, create_tenants, inprocess_server
 
 from finesched.cpuset import CPUSet
-from finesched.server.auth import create_token
-from finesched.server.loop import LoopConfig
+from finesched.server.api.auth import create_token
+from finesched.server.loop.loop import LoopConfig
 
 TIMEOUT_MS = 15_000
 

@@ -18,10 +18,10 @@ from typer.testing import CliRunner
 
 from finesched.cli import app
 from finesched.model.manifest import load_manifests, to_manifest
+from finesched.server.api.auth import create_token
 from finesched.server.app import create_app
-from finesched.server.auth import create_token
-from finesched.server.loop import LoopConfig
-from finesched.server.store import Store
+from finesched.server.loop.loop import LoopConfig
+from finesched.server.store.store import Store
 
 ROOT = Path(__file__).resolve().parents[2]
 JOBS = ROOT / "examples" / "jobs"

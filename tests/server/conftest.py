@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from server_harness import PG_URL, REQUIRE_PG, Api, fresh_database, inprocess_server
 
-from finesched.server.loop import LoopConfig
-from finesched.server.store import Store
+from finesched.server.loop.loop import LoopConfig
+from finesched.server.store.store import Store
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

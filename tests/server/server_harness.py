@@ -20,11 +20,11 @@ from typing import Any
 import httpx
 import uvicorn
 
+from finesched.server.api.auth import create_token
+from finesched.server.api.http_server import Timeouts, server_config
 from finesched.server.app import create_app
-from finesched.server.auth import create_token
-from finesched.server.http_server import Timeouts, server_config
-from finesched.server.loop import LoopConfig
-from finesched.server.store import Store
+from finesched.server.loop.loop import LoopConfig
+from finesched.server.store.store import Store
 
 PG_URL = os.environ.get("FINESCHED_TEST_PG_URL", "")
 REQUIRE_PG = os.environ.get("FINESCHED_REQUIRE_PG") == "1"

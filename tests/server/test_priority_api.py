@@ -19,8 +19,8 @@ from server_harness import FINESCHED, Api, wait_until
 
 from finesched.model.manifest import to_manifest
 from finesched.model.priority_class import PriorityClass
-from finesched.server.priority_store import delete_priority_class, list_priority_classes, put_priority_class
-from finesched.server.store import Conflict, Store
+from finesched.server.store.priority_store import delete_priority_class, list_priority_classes, put_priority_class
+from finesched.server.store.store import Conflict, Store
 
 API = "finesched.io/v1alpha1"
 

@@ -19,8 +19,8 @@ from finesched.model.binding import Binding
 from finesched.model.manifest import API_VERSION
 from finesched.model.resources import ResourceVector
 from finesched.sched.scheduler import Scheduler
-from finesched.server.loop import LoopConfig, SchedulerLoop
-from finesched.server.store import Store
+from finesched.server.loop.loop import LoopConfig, SchedulerLoop
+from finesched.server.store.store import Store
 
 sqlite_only = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 

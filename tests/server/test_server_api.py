@@ -11,7 +11,7 @@ from server_harness import Api, inprocess_server, wait_until
 
 from finesched.codec import encode
 from finesched.cpuset import CPUSet
-from finesched.server.loop import LoopConfig
+from finesched.server.loop.loop import LoopConfig
 
 
 def test_submit_is_bound_and_shows_the_pinned_shape(api: Api) -> None:

@@ -23,8 +23,8 @@ import pytest
 from manifests import node, priority_class, tenant, workload
 from server_harness import Api, inprocess_server
 
-from finesched.server.auth_limit import FailedAuthLimiter
-from finesched.server.loop import LoopConfig
+from finesched.server.api.auth_limit import FailedAuthLimiter
+from finesched.server.loop.loop import LoopConfig
 
 TENANT, AGENT, ANONYMOUS = "tenant team-b", "agent of node other", "no token"
 EVERYONE = (TENANT, AGENT, ANONYMOUS)

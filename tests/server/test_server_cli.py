@@ -11,8 +11,8 @@ import yaml
 from manifests import node, workload
 from server_harness import FINESCHED, Api
 
-from finesched.server.auth import digest
-from finesched.server.store import Store
+from finesched.server.api.auth import digest
+from finesched.server.store.store import Store
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

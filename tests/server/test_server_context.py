@@ -11,8 +11,8 @@ from typing import Any
 
 from manifests import node
 
-from finesched.server.cluster_view import node_from_row
-from finesched.server.context import ServerContext, stored_device_types
+from finesched.server.api.context import ServerContext, stored_device_types
+from finesched.server.store.cluster_view import node_from_row
 
 
 def row(doc: dict[str, Any]) -> dict[str, Any]:

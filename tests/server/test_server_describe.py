@@ -15,7 +15,7 @@ import pytest
 from manifests import node, workload
 from server_harness import FINESCHED, Api, inprocess_server
 
-from finesched.server.loop import LoopConfig
+from finesched.server.loop.loop import LoopConfig
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:

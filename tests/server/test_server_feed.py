@@ -13,11 +13,11 @@ from manifests import node, workload
 from server_harness import inprocess_server, store_tenants, wait_until
 from sqlalchemy import event
 
+from finesched.server.api.auth import create_token
 from finesched.server.app import create_app
-from finesched.server.auth import create_token
-from finesched.server.feed import FeedCursor
-from finesched.server.loop import LoopConfig, SchedulerLoop
-from finesched.server.store import Store
+from finesched.server.loop.feed import FeedCursor
+from finesched.server.loop.loop import LoopConfig, SchedulerLoop
+from finesched.server.store.store import Store
 
 
 class FakeEvents:

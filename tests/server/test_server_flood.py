@@ -31,9 +31,9 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from manifests import API, node, workload
 from server_harness import Api, inprocess_server, wait_until
 
-from finesched.server.http_server import Timeouts
-from finesched.server.loop import LoopConfig
-from finesched.server.watch_hub import WatchLimits
+from finesched.server.api.http_server import Timeouts
+from finesched.server.api.watch_hub import WatchLimits
+from finesched.server.loop.loop import LoopConfig
 
 #: A's object quota: a few floods reach it.
 LIMITS = {"workloads": 2500, "pending": 2000}

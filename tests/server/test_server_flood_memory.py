@@ -16,10 +16,10 @@ from sqlalchemy import text
 from finesched.model.workload import Workload
 from finesched.sched.diagnosis import FitError
 from finesched.sched.queue import SchedulingQueue
-from finesched.server import memory
-from finesched.server.correlator import correlator_for
-from finesched.server.store import Store
-from finesched.server.upkeep import WaitingReasons
+from finesched.server.loop import memory
+from finesched.server.loop.upkeep import WaitingReasons
+from finesched.server.store.correlator import correlator_for
+from finesched.server.store.store import Store
 
 FLOOD = 3000  # three lists of 1,000 (the most one request takes)
 

@@ -10,9 +10,9 @@ from server_harness import Api, inprocess_server
 from sqlalchemy import update
 
 from finesched.codec import encode
-from finesched.server import schema as t
-from finesched.server.loop import LoopConfig
-from finesched.server.store import now
+from finesched.server.loop.loop import LoopConfig
+from finesched.server.store import schema as t
+from finesched.server.store.store import now
 
 
 def _workload_count(api: Api) -> int:

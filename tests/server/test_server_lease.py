@@ -11,9 +11,9 @@ import pytest
 from manifests import node, workload
 from server_harness import PG_URL, REQUIRE_PG, ServerProcess, fresh_database, store_tenants, wait_until
 
-from finesched.server.auth import create_token
-from finesched.server.lease import Lease, LostLease, replica_identity, split_holder
-from finesched.server.store import Store
+from finesched.server.api.auth import create_token
+from finesched.server.loop.lease import Lease, LostLease, replica_identity, split_holder
+from finesched.server.store.store import Store
 
 LONG_TTL = 60.0  # far longer than any wait below: a takeover seen here did not wait for expiry
 

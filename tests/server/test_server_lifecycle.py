@@ -13,8 +13,8 @@ import yaml
 from manifests import node, workload
 from server_harness import Api, inprocess_server, wait_until
 
-from finesched.server.lifecycle import Backoff
-from finesched.server.loop import LoopConfig
+from finesched.server.loop.lifecycle import Backoff
+from finesched.server.loop.loop import LoopConfig
 
 JOB = Path(__file__).resolve().parents[2] / "examples" / "jobs" / "two-regions.yaml"
 

@@ -13,10 +13,10 @@ import pytest
 from manifests import node, workload
 from server_harness import Api, wait_until
 
-from finesched.server.locking import LockOrderError
-from finesched.server.loop import SchedulerLoop
+from finesched.server.loop.loop import SchedulerLoop
 from finesched.server.offers import open_offers
-from finesched.server.store import Store
+from finesched.server.store.locking import LockOrderError
+from finesched.server.store.store import Store
 
 ROUNDS_S = 3.0  # how long the three kinds of clients run together
 

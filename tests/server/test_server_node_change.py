@@ -9,8 +9,8 @@ from typing import Any
 from manifests import node, workload
 from server_harness import Api, wait_until
 
-from finesched.server.loop import SchedulerLoop
-from finesched.server.store import Store
+from finesched.server.loop.loop import SchedulerLoop
+from finesched.server.store.store import Store
 
 SHARE = {"gpu-core": 60, "gpu-memory-ratio": 60}
 

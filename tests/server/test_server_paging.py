@@ -14,7 +14,7 @@ from manifests import API, node, workload
 from server_harness import FINESCHED, Api, wait_until
 from sqlalchemy import event
 
-from finesched.server.paging import DEFAULT_PAGE, MAX_PAGE, encode
+from finesched.server.api.paging import DEFAULT_PAGE, MAX_PAGE, encode
 
 
 def pages(client: httpx.Client, path: str, limit: int, **params: Any) -> list[list[dict[str, Any]]]:

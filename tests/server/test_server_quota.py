@@ -12,8 +12,8 @@ from manifests import API, node, workload
 from server_harness import Api
 
 from finesched.model.manifest import read_documents
-from finesched.server.quota import Charge, QuotaExceeded, charge, charge_all
-from finesched.server.store import Store
+from finesched.server.api.quota import Charge, QuotaExceeded, charge, charge_all
+from finesched.server.store.store import Store
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "jobs"
 

@@ -14,10 +14,10 @@ import pytest
 from manifests import API, node, workload
 from server_harness import Api, ServerProcess, wait_phase, wait_until
 
-from finesched.server.auth import create_token
-from finesched.server.loop import LoopConfig, SchedulerLoop
-from finesched.server.store import Store
-from finesched.server.views import canonical
+from finesched.server.api.auth import create_token
+from finesched.server.loop.loop import LoopConfig, SchedulerLoop
+from finesched.server.store.store import Store
+from finesched.server.store.views import canonical
 
 
 def capped(max_cpu: str) -> dict[str, Any]:

@@ -16,9 +16,9 @@ from manifests import node, workload
 from server_harness import PG_URL, REQUIRE_PG, ServerProcess, create_tenants, fresh_database, wait_until
 
 from finesched.model.binding import Binding
-from finesched.server.auth import create_token
-from finesched.server.cluster_view import node_from_row
-from finesched.server.store import Store
+from finesched.server.api.auth import create_token
+from finesched.server.store.cluster_view import node_from_row
+from finesched.server.store.store import Store
 from finesched.state.cluster import ClusterState
 
 

@@ -23,8 +23,8 @@ from pathlib import Path
 from manifests import node, workload
 from server_harness import inprocess_server
 
-from finesched.server.auth_limit import FailedAuthLimiter
-from finesched.server.loop import LoopConfig
+from finesched.server.api.auth_limit import FailedAuthLimiter
+from finesched.server.loop.loop import LoopConfig
 
 SCHEMATHESIS = Path(sys.executable).with_name("schemathesis")
 CONFIG = Path(__file__).with_name("schemathesis.toml")

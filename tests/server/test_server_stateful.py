@@ -26,7 +26,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from manifests import API, node, tenant, workload
 from server_harness import Api, inprocess_server
 
-from finesched.server.loop import LoopConfig
+from finesched.server.loop.loop import LoopConfig
 
 BOUND = ("Bound", "Running")
 #: How long "a few loop passes" may take on a busy 2-core machine (the loop wakes on every submit).

@@ -8,9 +8,9 @@ import time
 import pytest
 from manifests import node, workload
 
-from finesched.server.lease import Lease, LostLease
-from finesched.server.migrate import current_revision
-from finesched.server.store import BOUND, PENDING, Conflict, NotFound, Store
+from finesched.server.loop.lease import Lease, LostLease
+from finesched.server.store.migrate import current_revision
+from finesched.server.store.store import BOUND, PENDING, Conflict, NotFound, Store
 
 
 def _submit(store: Store, *names: str) -> list[int]:
@@ -103,7 +103,7 @@ def test_the_migrations_build_exactly_the_tables_the_code_declares(store: Store)
     from alembic.autogenerate import compare_metadata
     from alembic.migration import MigrationContext
 
-    from finesched.server import schema
+    from finesched.server.store import schema
 
     with store.engines.writer.connect() as conn:
         differences = compare_metadata(MigrationContext.configure(conn), schema.metadata)

@@ -9,8 +9,8 @@ import time
 import pytest
 from server_harness import Api, inprocess_server
 
-from finesched.server.http_server import Timeouts
-from finesched.server.loop import LoopConfig
+from finesched.server.api.http_server import Timeouts
+from finesched.server.loop.loop import LoopConfig
 
 pytestmark = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 

@@ -22,8 +22,8 @@ from finesched.agent.client import AgentClient
 from finesched.agent.executor import ServerError
 from finesched.cli import app
 from finesched.model.manifest import parse_manifest
-from finesched.server.auth import create_token
-from finesched.server.store import Store
+from finesched.server.api.auth import create_token
+from finesched.server.store.store import Store
 from finesched.tls import TransportError, check_url, is_loopback, pinned_context, server_tls
 from reachable import work_root
 from tls_files import TlsFiles, make_tls

@@ -23,11 +23,11 @@ from server_harness import FINESCHED, Api, ServerProcess, inprocess_server, stor
 from sqlalchemy import delete
 
 from finesched.errors import ValidationError
-from finesched.server import schema as t
-from finesched.server.auth import MAX_TTL_S, TokenCache, digest, issue_token, parse_ttl, revoke_tokens
-from finesched.server.auth_limit import BURST, WINDOW_S, FailedAuthLimiter
-from finesched.server.loop import LoopConfig
-from finesched.server.store import Store
+from finesched.server.api.auth import MAX_TTL_S, TokenCache, digest, issue_token, parse_ttl, revoke_tokens
+from finesched.server.api.auth_limit import BURST, WINDOW_S, FailedAuthLimiter
+from finesched.server.loop.loop import LoopConfig
+from finesched.server.store import schema as t
+from finesched.server.store.store import Store
 
 LISTED = {"id", "role", "tenant", "node", "created", "expires", "revoked", "description", "state"}
 

@@ -16,11 +16,11 @@ from server_harness import Api, inprocess_server, wait_until
 from sqlalchemy import create_engine, select
 from test_server_lifecycle import fast, start, status, unacked  # noqa: F401 - `fast` is a fixture
 
-from finesched.server import lifecycle
-from finesched.server import schema as t
-from finesched.server.job_status import job_phase
-from finesched.server.migrate import upgrade
-from finesched.server.store import now
+from finesched.server.loop import lifecycle
+from finesched.server.store import schema as t
+from finesched.server.store.job_status import job_phase
+from finesched.server.store.migrate import upgrade
+from finesched.server.store.store import now
 
 OTHER = "0f8fad5b-d9cb-469f-a165-70867728950e"
 OBJECTS = [  # (create path, object path, manifest)

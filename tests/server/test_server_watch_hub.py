@@ -18,10 +18,10 @@ from manifests import workload
 from server_harness import Api, inprocess_server, wait_until
 from sqlalchemy import event
 
-from finesched.server.loop import LoopConfig
-from finesched.server.store import now
-from finesched.server.upkeep import EventPruner
-from finesched.server.watch_hub import WatchLimits
+from finesched.server.api.watch_hub import WatchLimits
+from finesched.server.loop.loop import LoopConfig
+from finesched.server.loop.upkeep import EventPruner
+from finesched.server.store.store import now
 
 pytestmark = pytest.mark.parametrize("db_url", ["sqlite", "postgres"], indirect=True)
 
@@ -185,7 +185,7 @@ def test_resume_catches_up_from_the_database_then_follows(db_url: str) -> None:
         listed = api.admin.get("/v1/events", params={"limit": 5000}).json()["items"]
         cut = listed[4]["id"]
         with api.store.write() as conn:  # as retention would: the oldest events are gone
-            from finesched.server import schema as t
+            from finesched.server.store import schema as t
 
             conn.execute(t.events.delete().where(t.events.c.id <= cut))
         tenant = api.token("tenant", tenant="team-a")
@@ -218,7 +218,7 @@ def test_pruning_keeps_what_the_feeds_have_not_read(db_url: str) -> None:
         assert api.store.first_event_id() == min(i for i in ids if i > hub_position[0])
         hub_position[0] = 10**9
         with api.store.write() as conn:  # a recent event stays whatever the readers
-            from finesched.server import schema as t
+            from finesched.server.store import schema as t
 
             conn.execute(t.events.insert(), {"time": now() + timedelta(hours=1), "kind": "Node", "object": "x",
                                              "reason": "Test", "message": "", "count": 1})  # fmt: skip

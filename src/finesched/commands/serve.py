@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 if TYPE_CHECKING:
-    from finesched.server.lease import ReplicaIdentity
+    from finesched.server.loop.lease import ReplicaIdentity
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 DEFAULT_DB = f"sqlite:///{Path.home() / '.local/share/finesched/finesched.db'}"
@@ -105,13 +105,13 @@ def serve(
     logs are read from the agents' log ports over HTTPS verified with --agent-ca, or over plain
     HTTP on loopback only (--insecure-agent-logs: anywhere)."""
     from finesched.sched.profile import resolve_profile
-    from finesched.server import http_server
+    from finesched.server.api import http_server
+    from finesched.server.api.http_server import Timeouts
+    from finesched.server.api.watch_hub import WatchLimits
     from finesched.server.app import create_app
-    from finesched.server.http_server import Timeouts
     from finesched.server.logs import AgentTrust, use_agent_trust
-    from finesched.server.loop import LoopConfig
-    from finesched.server.store import Store
-    from finesched.server.watch_hub import WatchLimits
+    from finesched.server.loop.loop import LoopConfig
+    from finesched.server.store.store import Store
     from finesched.tls import TransportError
 
     if parent_pid is not None:
@@ -164,11 +164,11 @@ def server_tls_options(cert: Path | None, key: Path | None, client_ca: Path | No
 
 
 def _identity(db: str, data: Path | None, replica_id: str | None) -> ReplicaIdentity:
-    """This replica's lease identity (see server/lease.py), or a clear error and exit 2."""
+    """This replica's lease identity (see server/loop/lease.py), or a clear error and exit 2."""
     from finesched.commands.common import default_data
     from finesched.errors import ValidationError
-    from finesched.server.db import parse_db_url
-    from finesched.server.lease import replica_identity
+    from finesched.server.loop.lease import replica_identity
+    from finesched.server.store.db import parse_db_url
 
     try:
         url = parse_db_url(db)

@@ -5,7 +5,7 @@ directly, as the first admin token has to be made; with `--server URL` (or FINES
 admin's `--token` they go through the admin API (`/v1/tokens`), as the other client commands do
 (`--ca`, `--insecure`: commands/client.py). `--db` given on the command line wins over
 FINESCHED_SERVER; both on the command line is a usage error. Either way the same functions decide
-(server/auth.py). `create` prints the token alone on stdout (its last line: `finesched up` and
+(server/api/auth.py). `create` prints the token alone on stdout (its last line: `finesched up` and
 scripts read it there) and what it is on stderr; `list` never shows a token or its digest.
 """
 
@@ -57,7 +57,7 @@ def _on_server(ctx: typer.Context, server: str | None) -> bool:
 
 
 def _store(db: str) -> Any:
-    from finesched.server.store import Store
+    from finesched.server.store.store import Store
 
     return Store.open(db)
 
@@ -98,7 +98,7 @@ def token_create(
     output: Annotated[str, typer.Option("-o", "--output", help="token (just the token), json or yaml.")] = "token",
 ) -> None:
     """Print a new token for ROLE (keep it: only its hash is stored)."""
-    from finesched.server.auth import issue_token, parse_ttl
+    from finesched.server.api.auth import issue_token, parse_ttl
 
     _check_output(output, ("token", "json", "yaml"))
     try:
@@ -145,7 +145,7 @@ def token_list(
     output: Annotated[str, typer.Option("-o", "--output", help="table, wide, json or yaml.")] = "table",
 ) -> None:
     """Every token: id, role, tenant or node, created, expires, revoked, description (never the token)."""
-    from finesched.server.auth import list_tokens
+    from finesched.server.api.auth import list_tokens
 
     _check_output(output, OUTPUTS)
     if _on_server(ctx, server):
@@ -185,8 +185,8 @@ def token_revoke(
     """Revoke tokens by id: every server refuses them within a second.
 
     All or none: an unknown id is an error and nothing is revoked."""
-    from finesched.server.auth import revoke_tokens
-    from finesched.server.store import NotFound
+    from finesched.server.api.auth import revoke_tokens
+    from finesched.server.store.store import NotFound
 
     if _on_server(ctx, server):
         assert server is not None

@@ -3,7 +3,7 @@
 A node agent that is not root cannot run workloads as their tenants' users (agent/identity.py):
 every workload there runs as the agent's own user, and could read, signal or trace the others.
 The control plane labels such a node ``finesched.io/tenant-isolation: "false"`` (from the agent's
-report and registration: server/cluster_view.py), and this filter then lets onto it only the
+report and registration: server/store/cluster_view.py), and this filter then lets onto it only the
 tenant whose workloads are already bound there, or any tenant when it holds none, as Slurm's
 exclusive user policy does. ``"shared"`` marks a non-isolating node whose admin allows tenants to
 share it (``finesched agent --allow-tenant-sharing``), ``"true"`` a node that keeps them apart;

@@ -5,9 +5,9 @@ app's lifespan. Errors are JSON: ``{"detail": [{"loc": [...], "msg": ..., "type"
 input (422, or 413 when the body is too large) and ``{"detail": "..."}`` otherwise; a store conflict
 is 409. Nothing is changed by a request that is refused. A body must be JSON without NaN, Infinity
 or numbers that overflow (RFC 8259 has none of them; Python's reader would make them infinite). The
-caller is authenticated and authorized before its body is validated (server/authz.py). A
+caller is authenticated and authorized before its body is validated (server/api/authz.py). A
 method a path does not have is 405 with the path's real `Allow`; OPTIONS answers 204 with it. The
-OpenAPI document says all of this (`server/openapi.py`).
+OpenAPI document says all of this (`server/api/openapi.py`).
 """
 
 from __future__ import annotations
@@ -29,12 +29,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from finesched import __version__
 from finesched.admission import NotAllowed
-from finesched.server import (
+from finesched.server import console, jobs, logs, offers
+from finesched.server.api import (
     authz,
-    console,
-    jobs,
-    logs,
-    offers,
     openapi,
     routes_nodes,
     routes_plan,
@@ -44,15 +41,15 @@ from finesched.server import (
     routes_whoami,
     routes_workloads,
 )
-from finesched.server.auth import TokenCache
-from finesched.server.auth_limit import FailedAuthLimiter
-from finesched.server.context import MAX_BODY_BYTES, Ctx, ServerContext
-from finesched.server.lease import LostLease
-from finesched.server.loop import LoopConfig, SchedulerLoop
+from finesched.server.api.auth import TokenCache
+from finesched.server.api.auth_limit import FailedAuthLimiter
+from finesched.server.api.context import MAX_BODY_BYTES, Ctx, ServerContext
+from finesched.server.api.watch_hub import WatchHub, WatchLimits
+from finesched.server.loop.lease import LostLease
+from finesched.server.loop.loop import LoopConfig, SchedulerLoop
 from finesched.server.metrics import Metrics
-from finesched.server.store import Conflict, NotFound, Store
-from finesched.server.views import InputError
-from finesched.server.watch_hub import WatchHub, WatchLimits
+from finesched.server.store.store import Conflict, NotFound, Store
+from finesched.server.store.views import InputError
 
 log = logging.getLogger("finesched.server")
 
@@ -66,7 +63,7 @@ class BodyLimit:
 
     The body is read here first (bounded by `limit`) and handed to the app in one piece, so the
     app never sees a body that is cut short. A JSON body that cannot be read is not answered here:
-    its problem is kept for after the caller is authorized (server/authz.py)."""
+    its problem is kept for after the caller is authorized (server/api/authz.py)."""
 
     def __init__(self, app: ASGIApp, limit: int):
         self.app = app
@@ -95,7 +92,7 @@ class BodyLimit:
             more = message.get("more_body", False)
         data = b"".join(chunks)
         problem = _json_problem(scope, data)
-        if problem is not None:  # answered after authorization (server/authz.py); the app gets no body
+        if problem is not None:  # answered after authorization (server/api/authz.py); the app gets no body
             authz.defer(scope, problem, data)
             data = b""
         body = {"type": "http.request", "body": data, "more_body": False}
@@ -210,11 +207,11 @@ def create_app(
     store: Store, config: LoopConfig | None = None, *, max_body_bytes: int = MAX_BODY_BYTES,
     watch: WatchLimits | None = None, auth_limiter: FailedAuthLimiter | None = None,
 ) -> FastAPI:  # fmt: skip
-    """The app; `watch` caps SSE watches (server/watch_hub.py), `auth_limiter` slows sources of failed
+    """The app; `watch` caps SSE watches (server/api/watch_hub.py), `auth_limiter` slows sources of failed
     authentications (default: auth_limit.py's limits)."""
     metrics = Metrics()
     loop = SchedulerLoop(store, config, metrics)
-    hub = WatchHub(store, watch)  # the SSE watches' shared feed (server/watch_hub.py)
+    hub = WatchHub(store, watch)  # the SSE watches' shared feed (server/api/watch_hub.py)
     loop.pruner.readers.append(lambda: hub.position)
     loop.restorers.append(lambda scheduler: offers.restore_holds(store, scheduler))
     loop.maintenance.append(lambda: offers.expire_offers(store, loop))

@@ -5,7 +5,7 @@ A job is compiled into a gang of slot workloads, each running the command its ma
 422 naming the field). The gang is placed at once when it fits (bindings returned, each carrying
 its operators' managed-memory quotas); otherwise its slots are stored Pending as one gang and the
 scheduling loop places them together when capacity allows. The job row and its slots are written
-in one transaction. What a job does afterwards (phase, region restarts) is server/lifecycle.py's.
+in one transaction. What a job does afterwards (phase, region restarts) is server/loop/lifecycle.py's.
 """
 
 from __future__ import annotations
@@ -20,17 +20,18 @@ from finesched.admission import admit_job
 from finesched.errors import ValidationError
 from finesched.model.job import Job
 from finesched.sched.diagnosis import FitError
-from finesched.server import job_store, paging
-from finesched.server.auth import ADMIN, TENANT, Identity
-from finesched.server.authz import ManifestWriter
-from finesched.server.cluster_view import binding_view
-from finesched.server.context import Caller, Ctx, ServerContext
-from finesched.server.job_status import job_view
-from finesched.server.paging import ContinueQuery, LimitQuery
-from finesched.server.placement import commit_after_write, insert_bound, leader_write, log_own
-from finesched.server.quota import Charge, QuotaExceeded, charge
-from finesched.server.store import PENDING, Event, NotFound, Store
-from finesched.server.views import InputError, canonical, detail_of, invalid, parse_kind
+from finesched.server.api import paging
+from finesched.server.api.auth import ADMIN, TENANT, Identity
+from finesched.server.api.authz import ManifestWriter
+from finesched.server.api.context import Caller, Ctx, ServerContext
+from finesched.server.api.paging import ContinueQuery, LimitQuery
+from finesched.server.api.quota import Charge, QuotaExceeded, charge
+from finesched.server.loop.placement import commit_after_write, insert_bound, leader_write, log_own
+from finesched.server.store import job_store
+from finesched.server.store.cluster_view import binding_view
+from finesched.server.store.job_status import job_view
+from finesched.server.store.store import PENDING, Event, NotFound, Store
+from finesched.server.store.views import InputError, canonical, detail_of, invalid, parse_kind
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 

@@ -38,12 +38,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import delete, insert
 from starlette.concurrency import run_in_threadpool
 
-from finesched.server import schema as t
-from finesched.server.auth import Identity, digest
-from finesched.server.authz import AgentCaller
-from finesched.server.context import Caller, Ctx, ServerContext
-from finesched.server.routes_workloads import _visible_workload
-from finesched.server.store import as_dict, now
+from finesched.server.api.auth import Identity, digest
+from finesched.server.api.authz import AgentCaller
+from finesched.server.api.context import Caller, Ctx, ServerContext
+from finesched.server.api.routes_workloads import _visible_workload
+from finesched.server.store import schema as t
+from finesched.server.store.store import as_dict, now
 from finesched.tls import ca_context, in_clear_to_another_host, is_loopback, pinned_context
 
 log = logging.getLogger("finesched.server")

@@ -29,16 +29,16 @@ from finesched.model.resources import ResourceVector
 from finesched.model.workload import MAX_PRIORITY, Workload
 from finesched.sched.diagnosis import FitError
 from finesched.sched.scheduler import Scheduler
-from finesched.server import quota
-from finesched.server import schema as t
-from finesched.server.auth import ADMIN, TENANT, Identity
-from finesched.server.authz import AdminOrTenant, check_namespaces, sent_json
-from finesched.server.cluster_view import binding_view, pinned
-from finesched.server.context import Caller, Ctx, ServerContext
-from finesched.server.placement import commit_after_write, insert_bound, leader_write, log_own
-from finesched.server.routes_workloads import parse_workloads
-from finesched.server.store import Event, Store, as_dict, aware, now
-from finesched.server.views import InputError, invalid
+from finesched.server.api import quota
+from finesched.server.api.auth import ADMIN, TENANT, Identity
+from finesched.server.api.authz import AdminOrTenant, check_namespaces, sent_json
+from finesched.server.api.context import Caller, Ctx, ServerContext
+from finesched.server.api.routes_workloads import parse_workloads
+from finesched.server.loop.placement import commit_after_write, insert_bound, leader_write, log_own
+from finesched.server.store import schema as t
+from finesched.server.store.cluster_view import binding_view, pinned
+from finesched.server.store.store import Event, Store, as_dict, aware, now
+from finesched.server.store.views import InputError, invalid
 
 router = APIRouter(prefix="/v1/offers", tags=["offers"])
 
@@ -50,7 +50,7 @@ class OfferRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
     tenant: ObjectName
-    demand: dict[str, Any] = Field(min_length=1)  # quantities: the schema says so (server/openapi.py)
+    demand: dict[str, Any] = Field(min_length=1)  # quantities: the schema says so (server/api/openapi.py)
     ttl_seconds: float = Field(default=30.0, gt=0, le=3600, allow_inf_nan=False, alias="ttlSeconds")
 
 
@@ -85,7 +85,7 @@ def remaining(scheduler: Scheduler, node: str) -> dict[str, str]:
 
 async def _offer_maker(caller: AdminOrTenant, sent: Annotated[Any, Depends(sent_json)]) -> Identity:
     """An admin, or a tenant asking for itself (the tenant the body names, before it is validated)."""
-    if caller.role != TENANT or sent is None:  # a body that cannot be read is a 422 (server/authz.py)
+    if caller.role != TENANT or sent is None:  # a body that cannot be read is a 422 (server/api/authz.py)
         return caller
     tenant = sent.get("tenant") if isinstance(sent, dict) else None
     if tenant != caller.tenant:
@@ -260,7 +260,7 @@ def close_offer(loop: Any, row: dict[str, Any], state: str) -> None:
     """Close an open offer (declined or expired) and release its hold.
 
     Like making and accepting an offer, this takes the loop's lock first and writes inside it
-    (server/locking.py), so the offer's row and the hold in memory change together."""
+    (server/store/locking.py), so the offer's row and the hold in memory change together."""
     with loop.lock:
         with leader_write(loop) as conn:
             closed = conn.execute(

@@ -29,7 +29,7 @@ from finesched.model.workload import Workload
 from finesched.sched.profile import Profile
 from finesched.sched.records import VictimFilter, decision_records
 from finesched.sched.scheduler import Scheduler
-from finesched.server.loop import SchedulerLoop
+from finesched.server.loop.loop import SchedulerLoop
 from finesched.state.cluster import ClusterState, Snapshot
 
 

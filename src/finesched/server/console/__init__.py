@@ -2,6 +2,9 @@
 
 Templates and static assets are package data (no Node build step, nothing fetched at run time);
 `routes.router` is mounted by `server/app.py` beside the /v1 routers.
+
+May import `server.api` (it answers through the API's own route functions, so it shows what the
+API would) and `server.store`; never the loop directly, nothing below imports it.
 """
 
 from finesched.server.console.routes import router

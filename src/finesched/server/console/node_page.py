@@ -28,8 +28,9 @@ from typing import Any
 from finesched.codec import CodecError, decode
 from finesched.plugins.resource_status import node_report
 from finesched.sched.scheduler import Scheduler
-from finesched.server.device_usage import DeviceInput
-from finesched.server.views import isolation_condition
+from finesched.server.api.device_usage import DeviceInput
+from finesched.server.api.reports import tenant_report
+from finesched.server.store.views import isolation_condition
 from finesched.state.cpus import CPUAccounts, NodePools
 from finesched.state.device_types import NodeDevices
 
@@ -145,12 +146,6 @@ def _pools(data: NodeInput, shown: Any) -> dict[str, Any]:
     }
 
 
-#: The parts of an agent's report any caller may read: device vectors, health, totals and pools.
-PUBLIC_REPORT_PARTS = ("devices", "mig", "health", "totals", "cpuSharedPools", "beCPUSharedPools")
-#: The parts that name workloads, one entry per workload (``{namespace, name, cpuset, ...}``).
-WORKLOAD_REPORT_PARTS = ("podCPUAllocs", "workloadCPUs")
-
-
 def _report(
     report: Mapping[str, Any] | None, devices: Mapping[str, NodeDevices], shown: Any, *, private: bool
 ) -> dict[str, Any] | None:
@@ -172,26 +167,6 @@ def _report(
                 values = dict(zip((str(m) for m in minors), values, strict=True))
             decoded.setdefault(kind, {})[dim] = values
     return {"sent": _exact_in_javascript(report), "decoded": decoded}
-
-
-def tenant_report(report: Mapping[str, Any], shown: Any) -> dict[str, Any]:
-    """The report a tenant may read: the public parts, the workload lists with every workload it may
-    not see left unnamed (held, as on the rest of the page), and only the discovery's sources."""
-    out: dict[str, Any] = {k: report[k] for k in PUBLIC_REPORT_PARTS if k in report}
-    for part in WORKLOAD_REPORT_PARTS:
-        entries = report.get(part)
-        if isinstance(entries, list):
-            out[part] = [_unnamed_unless_shown(e, shown) for e in entries if isinstance(e, Mapping)]
-    discovery = report.get("discovery")
-    if isinstance(discovery, Mapping) and "sources" in discovery:
-        out["discovery"] = {"sources": discovery["sources"]}
-    return out
-
-
-def _unnamed_unless_shown(entry: Mapping[str, Any], shown: Any) -> dict[str, Any]:
-    if shown(f"{entry.get('namespace')}/{entry.get('name')}") is not None:
-        return dict(entry)
-    return {**entry, "namespace": None, "name": None}
 
 
 def _exact_in_javascript(value: Any) -> Any:

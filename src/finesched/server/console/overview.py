@@ -130,7 +130,7 @@ def _tenant_figures(scheduler: Scheduler, name: str) -> dict[str, Any]:
 
 
 def _waiting(queue: SchedulingQueue, unit: QueuedUnit, why: str) -> Waiting:
-    """Why a queued unit waits, as the loop writes it (server/upkeep.py), with the per-reason node counts."""
+    """Why a queued unit waits, as the loop writes it (server/loop/upkeep.py), with the per-reason node counts."""
     keys = [w.key for w in unit.workloads]
     if why == "unschedulable" and unit.last_error is not None:
         reasons = dict(unit.last_error.reasons) or {unit.last_error.message: 0}

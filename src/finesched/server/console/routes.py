@@ -24,12 +24,12 @@ from fastapi import APIRouter, HTTPException, Request, Response
 
 from finesched import __version__
 from finesched.model.resources import CPU, GPU, GPU_CORE, MEMORY
-from finesched.server import routes_nodes, routes_tenants, routes_workloads
-from finesched.server.auth import ADMIN, TENANT
+from finesched.server.api import routes_nodes, routes_tenants, routes_workloads
+from finesched.server.api.auth import ADMIN, TENANT
+from finesched.server.api.context import Caller, Ctx
+from finesched.server.api.visibility import visible_on_node
 from finesched.server.console import overview as ov
 from finesched.server.console.node_page import NodeInput, node_page
-from finesched.server.context import Caller, Ctx
-from finesched.server.visibility import visible_on_node
 
 router = APIRouter(tags=["console"], include_in_schema=False)
 
