@@ -388,6 +388,15 @@ def _up_tls(
     return bool(tls), tls_args, agent_logs_args, verify
 
 
+def _start_server(data: Path, db: str, host: str, port: int, interval: float, extra: list[str]) -> SupervisedServer:
+    """`up`'s control plane: `finesched serve` on `db` as a child process, its output in
+    `<data>/server.log` (`extra`: its TLS and agent-log options)."""
+    return SupervisedServer(
+        _cli("serve", "--db", db, "--host", host, "--port", str(port), "--heartbeat", str(interval), *extra),
+        data / "server.log",
+    )
+
+
 def _up_tokens(data: Path, url: str, name: str, verify: Any, db: str, *, new_admin: bool) -> tuple[str, bool, str]:
     """`up`'s admin token, whether it was kept from the last run, and its agent's token (each kept in
     the data directory while the server takes it)."""
@@ -524,11 +533,7 @@ def up_cmd(
     private_dir(data)  # the database, tokens and logs: the owner's alone (an existing one is tightened)
     db = f"sqlite:///{data / 'finesched.db'}"
     url = f"{scheme}://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
-    supervised = SupervisedServer(
-        _cli("serve", "--db", db, "--host", host, "--port", str(port), "--heartbeat", str(interval), *tls_args,
-             *agent_logs_args),
-        data / "server.log",
-    )  # fmt: skip
+    supervised = _start_server(data, db, host, port, interval, [*tls_args, *agent_logs_args])
     agent = None
     try:
         trust = verify or True
