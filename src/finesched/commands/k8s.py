@@ -79,7 +79,7 @@ def _api_extender(kubeconfig: Path | None, in_cluster: bool, profile: str, assum
     """The extender on an API server: binds written there, nodes and pods followed by the watches of a
     started ClusterSync (returned, to be stopped); a client that cannot be configured, or a cluster that
     cannot be listed, is one line and exit 1."""
-    from finesched.cli import fail
+    from finesched.commands.common import fail
     from finesched.k8s.api import KubeAPI, load_client
     from finesched.k8s.setup import build_extender
     from finesched.k8s.sync import ClusterSync
