@@ -118,26 +118,8 @@ def parse_binding(item: Mapping[str, Any]) -> AgentBinding:
         cpuset = CPUSet(item.get("cpuset") or "")
     except ValueError as exc:
         raise BindingError(f"cpuset: {exc}") from None
-    devices: dict[str, list[tuple[int, ResourceVector]]] = {}
-    mig: list[MIGUse] = []
-    for kind, grants in (item.get("devices") or {}).items():
-        devices[kind] = []
-        for i, grant in enumerate(grants or ()):
-            try:
-                minor = int(grant["minor"])
-                amounts = ResourceVector.parse(grant.get("resources") or {})
-                if grant.get("mig") is not None:
-                    m = grant["mig"]
-                    mig.append(MIGUse(minor, str(m["profile"]), int(m["start"]), m.get("uuid") or None))
-            except (KeyError, TypeError, ValueError) as exc:
-                raise BindingError(f"devices.{kind}.{i}: {exc}") from None
-            devices[kind].append((minor, amounts))
-    numa: list[int] = []
-    for i, entry in enumerate(item.get("numa") or ()):
-        value = entry.get("numa") if isinstance(entry, Mapping) else entry
-        if not isinstance(value, int):
-            raise BindingError(f"numa.{i}: {entry!r} names no NUMA node")
-        numa.append(value)
+    devices, mig = _devices(item.get("devices") or {})
+    numa = _numa(item.get("numa") or ())
     spec = item.get("workloadSpec") or {}
     if not isinstance(spec, Mapping):
         raise BindingError(f"workloadSpec: an object, got {type(spec).__name__}")
@@ -165,6 +147,39 @@ def parse_binding(item: Mapping[str, Any]) -> AgentBinding:
         run_as=run_as,
         object_uid=object_uid,
     )
+
+
+def _devices(
+    granted: Mapping[str, Any],
+) -> tuple[dict[str, list[tuple[int, ResourceVector]]], list[MIGUse]]:
+    """The `devices` field: per type, (minor, amounts) in the server's order, and the MIG instances
+    among them; BindingError names the bad grant (devices.TYPE.INDEX)."""
+    devices: dict[str, list[tuple[int, ResourceVector]]] = {}
+    mig: list[MIGUse] = []
+    for kind, grants in granted.items():
+        devices[kind] = []
+        for i, grant in enumerate(grants or ()):
+            try:
+                minor = int(grant["minor"])
+                amounts = ResourceVector.parse(grant.get("resources") or {})
+                if grant.get("mig") is not None:
+                    m = grant["mig"]
+                    mig.append(MIGUse(minor, str(m["profile"]), int(m["start"]), m.get("uuid") or None))
+            except (KeyError, TypeError, ValueError) as exc:
+                raise BindingError(f"devices.{kind}.{i}: {exc}") from None
+            devices[kind].append((minor, amounts))
+    return devices, mig
+
+
+def _numa(entries: Any) -> list[int]:
+    """The `numa` field's NUMA nodes (entries are numbers or {"numa": N} grants)."""
+    numa: list[int] = []
+    for i, entry in enumerate(entries):
+        value = entry.get("numa") if isinstance(entry, Mapping) else entry
+        if not isinstance(value, int):
+            raise BindingError(f"numa.{i}: {entry!r} names no NUMA node")
+        numa.append(value)
+    return numa
 
 
 def _shared_numa(annotations: Any) -> tuple[int, ...]:

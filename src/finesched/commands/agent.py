@@ -182,6 +182,29 @@ def _logging(verbose: bool) -> None:
         logging.getLogger(chatty).setLevel(logging.WARNING)
 
 
+def _parse_labels(label: list[str] | None) -> dict[str, str]:
+    """`--label KEY=VALUE` options as a dict; a usage error (exit 2) naming the bad one otherwise."""
+    labels = {}
+    for item in label or ():
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise _fail(f"--label must be KEY=VALUE, got {item!r}", 2)
+        labels[key] = value
+    return labels
+
+
+def _agent_client(server: str, token: str, ca: Path | None, insecure: bool) -> Any:
+    """The agent's client of `server`; a URL the token must not be sent to, or an unreadable CA file,
+    is a usage error (exit 2)."""
+    from finesched.agent.client import AgentClient
+    from finesched.tls import TransportError
+
+    try:
+        return AgentClient(server, token, ca=ca, insecure=insecure)
+    except TransportError as exc:
+        raise _fail(str(exc), 2) from None
+
+
 def agent_cmd(
     server: Annotated[str, typer.Option("--server", help="Control plane URL, e.g. http://10.0.0.1:8080.")],
     token: Annotated[str, typer.Option("--token", help="An agent (or admin) token.", envvar="FINESCHED_TOKEN")],
@@ -216,8 +239,7 @@ def agent_cmd(
 ) -> None:
     """Run this machine's node agent: register, report resources, run bound workloads pinned, each as
     its tenant's user (as root; see --tenant-uids, --sandbox)."""
-    from finesched.agent.client import AgentClient
-    from finesched.agent.loop import Agent, AgentConfig
+    from finesched.agent.loop import AgentConfig
     from finesched.tls import TransportError, server_tls
 
     simulated = parse_fake_gpus(fake_gpus)
@@ -225,12 +247,7 @@ def agent_cmd(
         server_tls(tls_cert, tls_key)  # the log port's pair: checked before anything starts
     except TransportError as exc:
         raise _fail(str(exc), 2) from None
-    labels = {}
-    for item in label or ():
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise _fail(f"--label must be KEY=VALUE, got {item!r}", 2)
-        labels[key] = value
+    labels = _parse_labels(label)
     if mig_mode not in ("static", "dynamic"):
         raise _fail(f"--mig-mode must be static or dynamic, got {mig_mode!r}", 2)
     uids = parse_tenant_uids(tenant_uids)
@@ -242,16 +259,20 @@ def agent_cmd(
                          fake_gpus=simulated, mig_mode=mig_mode, tenant_uids=uids, work_root=work_root,
                          sandbox=sandbox, allow_tenant_sharing=allow_tenant_sharing,
                          keep_finished_s=keep_finished_s, keep_logs_s=keep_logs_s)  # fmt: skip
-    try:
-        client = AgentClient(server, token, ca=ca, insecure=insecure)
-    except TransportError as exc:  # a URL the token must not be sent to, an unreadable CA file
-        raise _fail(str(exc), 2) from None
-    try:
-        agent = Agent(config, client)
-    except ValueError as exc:  # an unreadable state file, a work root or sandbox that cannot serve
-        raise _fail(str(exc)) from None
+    client = _agent_client(server, token, ca, insecure)
+    agent = _new_agent(config, client)
     _stop_on_signals(agent.stopping)
     _run(agent)
+
+
+def _new_agent(config: Any, client: Any) -> Any:
+    """The agent; a state file, work root or sandbox it cannot use is one line and exit 1."""
+    from finesched.agent.loop import Agent
+
+    try:
+        return Agent(config, client)
+    except ValueError as exc:  # an unreadable state file, a work root or sandbox that cannot serve
+        raise _fail(str(exc)) from None
 
 
 def _run(agent: object) -> None:
@@ -349,6 +370,43 @@ def _kept_or_new(
     return token, False
 
 
+def _up_tls(
+    tls_cert: Path | None, tls_key: Path | None, agent_ca: Path | None, insecure_agent_logs: bool
+) -> tuple[bool, list[str], list[str], Any]:
+    """`up`'s transport, checked before anything starts (a usage error, exit 2, otherwise): whether the
+    server speaks HTTPS, `serve`'s TLS options and agent-log options, and the pinned context its own
+    agent and checks verify the server with (None: plain HTTP)."""
+    from finesched.tls import TransportError, pinned_context, server_tls
+
+    try:
+        tls = server_tls(tls_cert, tls_key)
+        agent_logs_args = _agent_logs_args(tls_cert, agent_ca, insecure_agent_logs)
+    except TransportError as exc:
+        raise _fail(str(exc), 2) from None
+    tls_args = ["--tls-cert", str(tls_cert), "--tls-key", str(tls_key)] if tls else []
+    verify = pinned_context(tls_cert) if tls and tls_cert is not None else None
+    return bool(tls), tls_args, agent_logs_args, verify
+
+
+def _start_server(data: Path, db: str, host: str, port: int, interval: float, extra: list[str]) -> SupervisedServer:
+    """`up`'s control plane: `finesched serve` on `db` as a child process, its output in
+    `<data>/server.log` (`extra`: its TLS and agent-log options)."""
+    return SupervisedServer(
+        _cli("serve", "--db", db, "--host", host, "--port", str(port), "--heartbeat", str(interval), *extra),
+        data / "server.log",
+    )
+
+
+def _up_tokens(data: Path, url: str, name: str, verify: Any, db: str, *, new_admin: bool) -> tuple[str, bool, str]:
+    """`up`'s admin token, whether it was kept from the last run, and its agent's token (each kept in
+    the data directory while the server takes it)."""
+    admin, kept = _kept_or_new(data / "admin.token", url, "/v1/nodes", verify, db, "--role", "admin", new=new_admin)
+    agent_token, _ = _kept_or_new(
+        data / "agent.token", url, f"/v1/bindings?node={name}", verify, db, "--role", "agent", "--node", name
+    )
+    return admin, kept, agent_token
+
+
 def _token(db: str, *role: str) -> str:
     done = subprocess.run(_cli("token", "create", "--db", db, *role), capture_output=True, text=True, check=False)
     if done.returncode != 0:
@@ -366,6 +424,64 @@ def _agent_logs_args(local_cert: Path | None, agent_ca: Path | None, insecure: b
         ca_context(agent_ca, "--agent-ca")
         args += ["--agent-ca", str(agent_ca)]
     return args + (["--insecure-agent-logs"] if insecure else [])
+
+
+def _check_ports(host: str, port: int, logs_port: int) -> None:
+    """Refuse a server port or a log port that cannot be listened on, before anything is written or started."""
+    busy = check_port(host, port)
+    if busy is not None:
+        raise _fail(f"{busy}; is finesched (or something else) already running there? Stop it or pass --port")
+    busy = check_port("127.0.0.1", logs_port) if logs_port else None
+    if busy is not None or logs_port == port:
+        raise _fail(f"--logs-port {logs_port}: {busy or 'is the server port'}; pass another --logs-port (0: any)")
+
+
+def _local_node_name(node_name: str | None) -> str:
+    """`--node-name`, or this host's name as kubelet names a node after its host; refused (exit 2)
+    when it is not a valid node name."""
+    import socket
+
+    from finesched.model.names import subdomain_problems
+
+    name = node_name or socket.gethostname().lower()
+    if subdomain_problems(name):
+        raise _fail(f"node name {name!r}: {subdomain_problems(name)[0]}; pass --node-name", 2)
+    return name
+
+
+def _print_welcome(
+    url: str,
+    name: str,
+    data: Path,
+    db: str,
+    admin: str,
+    *,
+    kept: bool,
+    simulated: tuple[int, int] | None,
+    tls: bool,
+    port: int,
+) -> None:
+    """What `up` tells its user once the server answers: the URL, the admin token, where the logs
+    are, and how another machine joins."""
+    scheme = "https" if tls else "http"
+    print(f"finesched is up: {url}  (node {name})")
+    again = "kept from the last run; --new-admin-token makes another" if kept else "new"
+    print(f"admin token: {admin}  ({again}; also in {data / 'admin.token'})")
+    print(f"server log: {data / 'server.log'}; a workload's output: finesched logs NAME --server {url} "
+          "--token TOKEN (or FINESCHED_SERVER / FINESCHED_TOKEN)")  # fmt: skip
+    if simulated is not None:
+        print(f"node {name} has {simulated[0]} SIMULATED GPU(s) (--fake-gpus): no real GPU is used", flush=True)
+    joining = (
+        "--ca CA.pem (the CA of --tls-cert) --tls-cert NODE.pem --tls-key NODE-key.pem (its log port's pair, "
+        "from the CA of --agent-ca)"
+        if tls
+        else "--insecure (the token crosses the network in clear)"
+    )
+    print(
+        f"add a machine: finesched token create --db {db} --role agent --node NODE, then on that machine: "
+        f"finesched agent --server {scheme}://<this host>:{port} --token TOKEN --node-name NODE {joining}",
+        flush=True,
+    )
 
 
 def up_cmd(
@@ -401,71 +517,30 @@ def up_cmd(
     machines' log ports are verified with --agent-ca. A server that dies is started again on the same
     data (the workloads run on); a killed `up` takes its server along and leaves the workloads to
     the next `up`'s agent."""
-    import socket
-
     from finesched.agent.client import AgentClient
-    from finesched.agent.loop import Agent, AgentConfig
-    from finesched.model.names import subdomain_problems
-    from finesched.tls import TransportError, pinned_context, server_tls
+    from finesched.agent.loop import AgentConfig
 
-    try:
-        tls = server_tls(tls_cert, tls_key)
-        agent_logs_args = _agent_logs_args(tls_cert, agent_ca, insecure_agent_logs)
-    except TransportError as exc:
-        raise _fail(str(exc), 2) from None
-    scheme, tls_args = ("https", ["--tls-cert", str(tls_cert), "--tls-key", str(tls_key)]) if tls else ("http", [])
-    verify = pinned_context(tls_cert) if tls and tls_cert is not None else None
+    tls, tls_args, agent_logs_args, verify = _up_tls(tls_cert, tls_key, agent_ca, insecure_agent_logs)
+    scheme = "https" if tls else "http"
     simulated = parse_fake_gpus(fake_gpus)
     uids = parse_tenant_uids(tenant_uids)
     keep_finished_s, keep_logs_s = parse_retention(keep_finished, keep_logs)
     check_sandbox(sandbox)
-    busy = check_port(host, port)
-    if busy is not None:  # before anything is written or started
-        raise _fail(f"{busy}; is finesched (or something else) already running there? Stop it or pass --port")
-    busy = check_port("127.0.0.1", logs_port) if logs_port else None
-    if busy is not None or logs_port == port:
-        raise _fail(f"--logs-port {logs_port}: {busy or 'is the server port'}; pass another --logs-port (0: any)")
-    name = node_name or socket.gethostname().lower()  # as kubelet names a node after its host
-    if subdomain_problems(name):
-        raise _fail(f"node name {name!r}: {subdomain_problems(name)[0]}; pass --node-name", 2)
+    _check_ports(host, port, logs_port)
+    name = _local_node_name(node_name)
     data = (data or default_data()).resolve()
     _logging(not quiet)
     private_dir(data)  # the database, tokens and logs: the owner's alone (an existing one is tightened)
     db = f"sqlite:///{data / 'finesched.db'}"
     url = f"{scheme}://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
-    supervised = SupervisedServer(
-        _cli("serve", "--db", db, "--host", host, "--port", str(port), "--heartbeat", str(interval), *tls_args,
-             *agent_logs_args),
-        data / "server.log",
-    )  # fmt: skip
+    supervised = _start_server(data, db, host, port, interval, [*tls_args, *agent_logs_args])
     agent = None
     try:
         trust = verify or True
         _wait_ready(url, supervised.process, data / "server.log", verify=trust)
         supervised.supervise()  # from now on a dead server is started again; the agent keeps running
-        admin, kept = _kept_or_new(data / "admin.token", url, "/v1/nodes", trust, db, "--role", "admin",
-                                   new=new_admin_token)  # fmt: skip
-        agent_token, _ = _kept_or_new(
-            data / "agent.token", url, f"/v1/bindings?node={name}", trust, db, "--role", "agent", "--node", name
-        )
-        print(f"finesched is up: {url}  (node {name})")
-        again = "kept from the last run; --new-admin-token makes another" if kept else "new"
-        print(f"admin token: {admin}  ({again}; also in {data / 'admin.token'})")
-        print(f"server log: {data / 'server.log'}; a workload's output: finesched logs NAME --server {url} "
-              "--token TOKEN (or FINESCHED_SERVER / FINESCHED_TOKEN)")  # fmt: skip
-        if simulated is not None:
-            print(f"node {name} has {simulated[0]} SIMULATED GPU(s) (--fake-gpus): no real GPU is used", flush=True)
-        joining = (
-            "--ca CA.pem (the CA of --tls-cert) --tls-cert NODE.pem --tls-key NODE-key.pem (its log port's pair, "
-            "from the CA of --agent-ca)"
-            if tls
-            else "--insecure (the token crosses the network in clear)"
-        )
-        print(
-            f"add a machine: finesched token create --db {db} --role agent --node NODE, then on that machine: "
-            f"finesched agent --server {scheme}://<this host>:{port} --token TOKEN --node-name NODE {joining}",
-            flush=True,
-        )
+        admin, kept, agent_token = _up_tokens(data, url, name, trust, db, new_admin=new_admin_token)
+        _print_welcome(url, name, data, db, admin, kept=kept, simulated=simulated, tls=tls, port=port)
         # the local agent serves logs to the local server: on the loopback interface only
         config = AgentConfig(url, agent_token, data / "agent", name, interval, stop_workloads_on_exit=True,
                              logs_port=logs_port, logs_host="127.0.0.1", tls_cert=tls_cert, tls_key=tls_key,
@@ -473,10 +548,7 @@ def up_cmd(
                              allow_tenant_sharing=allow_tenant_sharing, hide=(data,),
                              keep_finished_s=keep_finished_s, keep_logs_s=keep_logs_s)  # fmt: skip
         client = AgentClient(url, agent_token, verify=verify)  # with TLS: exactly the server's own certificate
-        try:
-            agent = Agent(config, client)
-        except ValueError as exc:  # an unreadable state file, a work root or sandbox that cannot serve
-            raise _fail(str(exc)) from None
+        agent = _new_agent(config, client)
         _stop_on_signals(agent.stopping)
         _run(agent)
     finally:

@@ -468,17 +468,10 @@ def describe(
     kind = kind_of(what)
     if kind is None or kind == "events":
         _fail(f"describe {what!r}: use workload, job, node, tenant or priorityclass", code=2)
-    if kind == "nodes":
-        client = Client(server, token, ca=ca, insecure=insecure)
-        node = client.call("GET", f"/v1/nodes/{name}")
-        node_events = _object_events(client, "Node", name, node)
-        if output not in TABLE_OUTPUTS:
-            _dump({**node, "events": node_events}, output)
-        else:
-            _print_conditions(node.get("status") or {})
-            render_node(out, node, node_events, output == "wide")
-        return
     client = Client(server, token, ca=ca, insecure=insecure)
+    if kind == "nodes":
+        _describe_node(name, client, output)
+        return
     if kind == "tenants":
         _describe_tenant(name, client, output)
         return
@@ -489,6 +482,22 @@ def describe(
     if kind == "jobs":
         _describe_job(f"/v1/jobs/{namespace}/{name}", client, output)
         return
+    _describe_workload(namespace, name, client, output)
+
+
+def _describe_node(name: str, client: Client, output: str) -> None:
+    """`describe node`: its conditions first, then state, discovery, devices, CPU pools and events."""
+    node = client.call("GET", f"/v1/nodes/{name}")
+    node_events = _object_events(client, "Node", name, node)
+    if output not in TABLE_OUTPUTS:
+        _dump({**node, "events": node_events}, output)
+    else:
+        _print_conditions(node.get("status") or {})
+        render_node(out, node, node_events, output == "wide")
+
+
+def _describe_workload(namespace: str, name: str, client: Client, output: str) -> None:
+    """`describe workload`: status, binding (node, cpuset, devices, NUMA), what its agent applied, events."""
     item = client.call("GET", f"/v1/workloads/{namespace}/{name}")
     events = _object_events(client, "Workload", f"{namespace}/{name}", item)
     if output not in TABLE_OUTPUTS:

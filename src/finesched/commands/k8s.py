@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -67,22 +67,32 @@ def k8s_extender(
         extender = build_extender(load_or_exit(cluster).nodes, profile=profile)
         sync = None
     else:
-        from finesched.k8s.api import KubeAPI, load_client
-        from finesched.k8s.sync import ClusterSync
-
-        try:
-            api = KubeAPI(load_client(str(kubeconfig) if kubeconfig else None, in_cluster))
-        except Exception as exc:  # no kubeconfig, no service account: one clear line
-            raise fail(f"cannot configure the Kubernetes client: {exc}") from None
-        extender = build_extender(profile=profile, binder=api, assume_ttl=assume_ttl)
-        sync = ClusterSync(extender, api)
-        extender.pod_source = sync.pod
-        try:
-            sync.start()
-        except Exception as exc:
-            raise fail(f"cannot list the cluster's objects: {exc}") from None
+        extender, sync = _api_extender(kubeconfig, in_cluster, profile, assume_ttl)
     try:
         uvicorn.run(create_app(extender), host=host, port=port, log_level=log_level.lower(), access_log=False, **tls)
     finally:
         if sync is not None:
             sync.stop.set()  # daemon threads: the process does not wait for their watches to end
+
+
+def _api_extender(kubeconfig: Path | None, in_cluster: bool, profile: str, assume_ttl: float) -> tuple[Any, Any]:
+    """The extender on an API server: binds written there, nodes and pods followed by the watches of a
+    started ClusterSync (returned, to be stopped); a client that cannot be configured, or a cluster that
+    cannot be listed, is one line and exit 1."""
+    from finesched.commands.common import fail
+    from finesched.k8s.api import KubeAPI, load_client
+    from finesched.k8s.setup import build_extender
+    from finesched.k8s.sync import ClusterSync
+
+    try:
+        api = KubeAPI(load_client(str(kubeconfig) if kubeconfig else None, in_cluster))
+    except Exception as exc:  # no kubeconfig, no service account: one clear line
+        raise fail(f"cannot configure the Kubernetes client: {exc}") from None
+    extender = build_extender(profile=profile, binder=api, assume_ttl=assume_ttl)
+    sync = ClusterSync(extender, api)
+    extender.pod_source = sync.pod
+    try:
+        sync.start()
+    except Exception as exc:
+        raise fail(f"cannot list the cluster's objects: {exc}") from None
+    return extender, sync

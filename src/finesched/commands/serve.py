@@ -118,12 +118,7 @@ def serve(
         from finesched.commands.supervise import end_with_parent
 
         end_with_parent(parent_pid)
-    if log_level.lower() not in LOG_LEVELS:
-        raise typer.BadParameter(f"{log_level!r}: use one of {', '.join(LOG_LEVELS)}", param_hint="--log-level")
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if log_level.lower() != "debug":  # the server's own reads of agents' log ports: a line per `logs` call
-        for chatty in ("httpx", "httpcore"):
-            logging.getLogger(chatty).setLevel(logging.WARNING)
+    _configure_logging(log_level)
     resolve_profile(profile)  # a bad profile is reported before anything starts
     tls = server_tls_options(tls_cert, tls_key)
     try:
@@ -151,6 +146,17 @@ def serve(
     timeouts = Timeouts(header_timeout_s=header_timeout, body_timeout_s=body_timeout, max_connections=max_connections)
     level = log_level.lower()
     http_server.run(app, host, port, timeouts, log_level=level, access_log=level == "debug", **tls)
+
+
+def _configure_logging(log_level: str) -> None:
+    """The process's logging at --log-level (a usage error naming the levels otherwise); below debug
+    without the HTTP client's line per request to an agent's log port."""
+    if log_level.lower() not in LOG_LEVELS:
+        raise typer.BadParameter(f"{log_level!r}: use one of {', '.join(LOG_LEVELS)}", param_hint="--log-level")
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if log_level.lower() != "debug":  # the server's own reads of agents' log ports: a line per `logs` call
+        for chatty in ("httpx", "httpcore"):
+            logging.getLogger(chatty).setLevel(logging.WARNING)
 
 
 def server_tls_options(cert: Path | None, key: Path | None, client_ca: Path | None = None) -> dict[str, object]:

@@ -201,31 +201,18 @@ def fill(
         _mig_fill(nodes, pods, policy, inflation, seeds, jobs, output, out_dir, mig, mig_product)
         return
     try:
-        if not 0 < inflation <= 10:
-            raise _Fail(f"--inflation must be in (0, 10], got {inflation}", 2)
-        mix = _priority_mix(priorities)
-        if gpu_partitions not in ("", "Honor", "Prefer"):
-            raise _Fail(f"--gpu-partitions must be Honor or Prefer, got {gpu_partitions!r}", 2)
+        mix = _fill_options(inflation, priorities, gpu_partitions)
         names, seed_list = _runs_wanted(output, jobs, policy, seeds)
         node_path, pod_path = _preflight(nodes, pods)
         _prepare_out(out_dir)
         from finesched.sim.runner import RunSpec, bounds
 
         specs = [
-            RunSpec(
-                "fill",
-                node_path,
-                pod_path,
-                p,
-                s,
-                inflation,
-                preemption=preemption,
-                priorities=mix,
-                gpu_partitions=gpu_partitions,
-            )
+            RunSpec("fill", node_path, pod_path, p, s, inflation, preemption=preemption, priorities=mix,
+                    gpu_partitions=gpu_partitions)
             for p in names
             for s in seed_list
-        ]
+        ]  # fmt: skip
         started = time.perf_counter()
         runs = _run_with_progress(specs, jobs, "sim fill")
         wall = time.perf_counter() - started
@@ -233,22 +220,48 @@ def fill(
         bound = bounds(node_path, pod_path, seed_list, inflation) if want_lp else None
         records = [r["record"] for r in runs]
         if out_dir is not None:
-            from finesched.sim.report import write_fill
-
-            meta = _meta(
-                "finesched sim " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["sim"] else "finesched sim fill",
-                node_path,
-                pod_path,
-                inflation=inflation,
-                jobs=jobs,
-                wall_s=round(wall, 1),
-            )
-            written = write_fill(out_dir, runs, meta, bound)
-            err.print(f"wrote {', '.join(str(p) for p in written)}", soft_wrap=True)
+            _write_fill_report(out_dir, runs, node_path, pod_path, bound, inflation=inflation, jobs=jobs, wall=wall)
     except _Fail as exc:
         raise _fail(str(exc), exc.code) from None
     except OSError as exc:
         raise _fail(f"cannot write the report: {exc}", 1) from None
+    _print_fill(records, bound, output, lp=lp, wall=wall, jobs=jobs, mix=bool(mix))
+
+
+def _fill_options(inflation: float, priorities: str, gpu_partitions: str) -> tuple[float, ...]:
+    """`sim fill`'s --inflation and --gpu-partitions checked, and its priority mix (raises _Fail, exit 2)."""
+    if not 0 < inflation <= 10:
+        raise _Fail(f"--inflation must be in (0, 10], got {inflation}", 2)
+    mix = _priority_mix(priorities)
+    if gpu_partitions not in ("", "Honor", "Prefer"):
+        raise _Fail(f"--gpu-partitions must be Honor or Prefer, got {gpu_partitions!r}", 2)
+    return mix
+
+
+def _write_fill_report(
+    out_dir: Path, runs: list[Any], node_path: str, pod_path: str, bound: Any, *, inflation: float, jobs: int,
+    wall: float,
+) -> None:  # fmt: skip
+    """`sim fill --out DIR`: the CSV, JSON, plots and HTML report, with how they were made."""
+    from finesched.sim.report import write_fill
+
+    meta = _meta(
+        "finesched sim " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["sim"] else "finesched sim fill",
+        node_path,
+        pod_path,
+        inflation=inflation,
+        jobs=jobs,
+        wall_s=round(wall, 1),
+    )
+    written = write_fill(out_dir, runs, meta, bound)
+    err.print(f"wrote {', '.join(str(p) for p in written)}", soft_wrap=True)
+
+
+def _print_fill(
+    records: list[Any], bound: Any, output: str, *, lp: bool | None, wall: float, jobs: int, mix: bool
+) -> None:
+    """`sim fill`'s answer on stdout: JSON (`-o json`), else the allocation table, why pods failed, and
+    the per-class table when pods had priorities."""
     if output == "json":
         from finesched.sim.report import json_view
 
@@ -437,7 +450,6 @@ def replay(
         names, seed_list = _runs_wanted(output, jobs, policy, seeds)
         node_path, pod_path = _preflight(nodes, pods, need_times=True)
         _prepare_out(out_dir)
-        from finesched.sim.report import replay_summary, write_replay
         from finesched.sim.runner import RunSpec
 
         specs = [
@@ -450,21 +462,29 @@ def replay(
         wall = time.perf_counter() - started
         records = [r["record"] for r in runs]
         if out_dir is not None:
-            meta = _meta(
-                "finesched sim replay",
-                node_path,
-                pod_path,
-                time_scale=time_scale,
-                preemption=preemption,
-                priorities=list(mix),
-                wall_s=round(wall, 1),
-            )
-            written = write_replay(out_dir, runs, meta)
-            err.print(f"wrote {', '.join(str(p) for p in written)}", soft_wrap=True)
+            meta = _meta("finesched sim replay", node_path, pod_path, time_scale=time_scale, preemption=preemption,
+                         priorities=list(mix), wall_s=round(wall, 1))  # fmt: skip
+            _write_replay_report(out_dir, runs, meta)
     except _Fail as exc:
         raise _fail(str(exc), exc.code) from None
     except OSError as exc:
         raise _fail(f"cannot write the report: {exc}", 1) from None
+    _print_replay(records, output, time_scale=time_scale, wall=wall, mix=bool(mix))
+
+
+def _write_replay_report(out_dir: Path, runs: list[Any], meta: dict[str, Any]) -> None:
+    """`sim replay --out DIR`: the CSV, JSON, plots and HTML report."""
+    from finesched.sim.report import write_replay
+
+    written = write_replay(out_dir, runs, meta)
+    err.print(f"wrote {', '.join(str(p) for p in written)}", soft_wrap=True)
+
+
+def _print_replay(records: list[dict[str, Any]], output: str, *, time_scale: float, wall: float, mix: bool) -> None:
+    """`sim replay`'s answer on stdout: JSON (`-o json`), else the per-policy table, why pods were never
+    placed, and the per-class table when pods had priorities."""
+    from finesched.sim.report import replay_summary
+
     summary = replay_summary(records)
     if output == "json":
         out.print_json(json.dumps({"results": records, "summary": summary}))

@@ -185,29 +185,13 @@ def compile_job(
     group_of_task, group_problems = _assign_groups(graph, regions)
     if group_problems:
         raise CompileError(group_problems)
-    groups: dict[str, list[str]] = {}
-    for task_id in graph.task_ids:
-        groups.setdefault(group_of_task[task_id], []).append(task_id)
+    groups = _members(graph, group_of_task)
     net_bytes = {t: task_network_bytes(graph, t, net) for t in graph.task_ids}
     specified = all(op.spec is not None for op in graph.operators)
-    profiles: dict[str, ResourceSpec] = {}
-    group_slots: dict[str, int] = {}
-    fractions: dict[str, tuple[float, float]] = {}
-    group_of_operator: dict[str, str] = {}
-    operators_by_group: dict[str, tuple[str, ...]] = {}
-    for name, members in groups.items():
-        tasks = [graph.task(t) for t in members]
-        if specified:
-            specs = [spec for spec in (t.spec for t in tasks) if spec is not None]
-            profiles[name] = sum_specs(specs) + ResourceSpec(network=sum(net_bytes[t] for t in members))
-        else:
-            profiles[name] = slot
-        group_slots[name] = max(t.parallelism for t in tasks)
-        ops = [op for t in tasks for op in t.operators]
-        fractions.update(group_fractions(ops, bool(weighted)))
-        group_of_operator.update({op.id: name for op in ops})
-        operators_by_group[name] = tuple(op.id for op in ops)
-    warnings = _pool_warnings(profiles, operators_by_group, fractions, {op.id for op in graph.operators if op.declared})
+    layout = _GroupLayout.of(graph, groups, net_bytes, specified=specified, default_slot=slot, weighted=bool(weighted))
+    warnings = _pool_warnings(
+        layout.profiles, layout.operators_by_group, layout.fractions, {op.id for op in graph.operators if op.declared}
+    )
     components = connected_components(graph)
     component_slots = (
         sum(max(graph.task(t).parallelism for t in c) for c in components) if job.mode == "streaming" else None
@@ -221,19 +205,61 @@ def compile_job(
         specified=specified,
         regions=regions,
         groups={name: frozenset(members) for name, members in groups.items()},
-        profiles=profiles,
-        group_slots=group_slots,
-        slots_needed=sum(group_slots.values()),
+        profiles=layout.profiles,
+        group_slots=layout.group_slots,
+        slots_needed=sum(layout.group_slots.values()),
         components=components,
         component_slots=component_slots,
-        fractions={op.id: fractions[op.id] for op in graph.operators},
+        fractions={op.id: layout.fractions[op.id] for op in graph.operators},
         network=net_bytes,
         warnings=warnings,
         group_of_task=group_of_task,
-        group_of_operator=group_of_operator,
-        operators_by_group=operators_by_group,
+        group_of_operator=layout.group_of_operator,
+        operators_by_group=layout.operators_by_group,
         tasks_by_group={name: tuple(members) for name, members in groups.items()},
     )
+
+
+def _members(graph: JobGraph, group_of_task: dict[str, str]) -> dict[str, list[str]]:
+    """Group name -> its task ids, in the graph's task order."""
+    groups: dict[str, list[str]] = {}
+    for task_id in graph.task_ids:
+        groups.setdefault(group_of_task[task_id], []).append(task_id)
+    return groups
+
+
+@dataclass
+class _GroupLayout:
+    """Per slot sharing group: its slot profile and slot count, and its operators with their managed
+    memory fractions."""
+
+    profiles: dict[str, ResourceSpec] = field(default_factory=dict)
+    group_slots: dict[str, int] = field(default_factory=dict)
+    fractions: dict[str, tuple[float, float]] = field(default_factory=dict)
+    group_of_operator: dict[str, str] = field(default_factory=dict)
+    operators_by_group: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+    @classmethod
+    def of(
+        cls, graph: JobGraph, groups: dict[str, list[str]], net_bytes: dict[str, int], *, specified: bool,
+        default_slot: ResourceSpec, weighted: bool,
+    ) -> _GroupLayout:  # fmt: skip
+        """The layout of `groups` (name -> task ids): each group's profile is the sum of its tasks' specs
+        and network memory when every operator has a spec (`specified`), else `default_slot`."""
+        layout = cls()
+        for name, members in groups.items():
+            tasks = [graph.task(t) for t in members]
+            if specified:
+                specs = [spec for spec in (t.spec for t in tasks) if spec is not None]
+                layout.profiles[name] = sum_specs(specs) + ResourceSpec(network=sum(net_bytes[t] for t in members))
+            else:
+                layout.profiles[name] = default_slot
+            layout.group_slots[name] = max(t.parallelism for t in tasks)
+            ops = [op for t in tasks for op in t.operators]
+            layout.fractions.update(group_fractions(ops, weighted))
+            layout.group_of_operator.update({op.id: name for op in ops})
+            layout.operators_by_group[name] = tuple(op.id for op in ops)
+        return layout
 
 
 def _pool_warnings(

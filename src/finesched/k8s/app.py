@@ -29,65 +29,73 @@ def _log_unexpected(verb: str, exc: Exception) -> None:
         log.error("%s failed", verb, exc_info=exc)
 
 
-def create_app(extender: Extender) -> FastAPI:
-    app = FastAPI(title="finesched kube-scheduler extender", docs_url=None, redoc_url=None, openapi_url=None)
+def _reply(doc: Any) -> Response:
+    return Response(content=wire.encode(doc), media_type=JSON)
 
-    def reply(doc: Any) -> Response:
-        return Response(content=wire.encode(doc), media_type=JSON)
 
-    # kube-scheduler sends prioritize the very body it sent filter: decode it once.
-    last: list[tuple[bytes, wire.ExtenderArgs]] = []
+class _Verbs:
+    """The four verbs' handlers on one extender. Each answers 200 whatever goes wrong (the module
+    docstring)."""
 
-    def extender_args(body: bytes) -> wire.ExtenderArgs:
-        if last and last[0][0] == body:
-            return last[0][1]
+    def __init__(self, extender: Extender) -> None:
+        self.extender = extender
+        # kube-scheduler sends prioritize the very body it sent filter: decode it once.
+        self.last: list[tuple[bytes, wire.ExtenderArgs]] = []
+
+    def extender_args(self, body: bytes) -> wire.ExtenderArgs:
+        if self.last and self.last[0][0] == body:
+            return self.last[0][1]
         args = wire.extender_args(wire.decode(body))
-        last[:] = [(body, args)]
+        self.last[:] = [(body, args)]
         return args
 
-    async def filter_verb(request: Request) -> Response:
+    async def filter(self, request: Request) -> Response:
         args = None
         try:
-            args = extender_args(await request.body())
-            return reply(extender.filter(args))
+            args = self.extender_args(await request.body())
+            return _reply(self.extender.filter(args))
         except Exception as exc:  # never a 500: the reply carries the error
             _log_unexpected("filter", exc)
-            return reply(wire.filter_error(args, f"filter: {exc}"))
+            return _reply(wire.filter_error(args, f"filter: {exc}"))
 
-    async def prioritize_verb(request: Request) -> Response:
+    async def prioritize(self, request: Request) -> Response:
         try:
-            args = extender_args(await request.body())
+            args = self.extender_args(await request.body())
         except Exception:
-            return reply([])
+            return _reply([])
         try:
-            scores = extender.prioritize(args)
+            scores = self.extender.prioritize(args)
         except Exception:
             log.exception("prioritize failed")
             scores = [0] * len(args.names)
         return Response(content=wire.encode_priorities(args.names, scores), media_type=JSON)
 
-    async def bind_verb(request: Request) -> Response:
+    async def bind(self, request: Request) -> Response:
         try:
             args = wire.binding_args(wire.decode(await request.body()))
-            error = await run_in_threadpool(extender.bind, args)  # API calls: off the event loop
+            error = await run_in_threadpool(self.extender.bind, args)  # API calls: off the event loop
         except Exception as exc:
             _log_unexpected("bind", exc)
             error = f"bind: {exc}"
-        return reply({"Error": error})
+        return _reply({"Error": error})
 
-    async def preempt_verb(request: Request) -> Response:
+    async def preempt(self, request: Request) -> Response:
         try:
             pod, candidates = wire.preemption_args(wire.decode(await request.body()))
-            return reply(wire.preemption_result(extender.preempt(pod, candidates)))
+            return _reply(wire.preemption_result(self.extender.preempt(pod, candidates)))
         except Exception as exc:
             _log_unexpected("preempt", exc)
-            return reply({"NodeNameToMetaVictims": None, "Error": f"preempt: {exc}"})
+            return _reply({"NodeNameToMetaVictims": None, "Error": f"preempt: {exc}"})
 
+
+def create_app(extender: Extender) -> FastAPI:
+    app = FastAPI(title="finesched kube-scheduler extender", docs_url=None, redoc_url=None, openapi_url=None)
+    handlers = _Verbs(extender)
     verbs: dict[str, Callable[[Request], Awaitable[Response]]] = {
-        "filter": filter_verb,
-        "prioritize": prioritize_verb,
-        "bind": bind_verb,
-        "preempt": preempt_verb,
+        "filter": handlers.filter,
+        "prioritize": handlers.prioritize,
+        "bind": handlers.bind,
+        "preempt": handlers.preempt,
     }
     for prefix in ("", "/scheduler"):
         for verb, handler in verbs.items():

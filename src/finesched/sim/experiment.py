@@ -186,45 +186,25 @@ def run_fill(
     started = time.perf_counter()
     scheduler, state = make_scheduler(nodes, policy, seed, target, preemption=preemption, gpu_partitions=gpu_partitions)
     classes = priority_classes(len(arrivals), priorities, seed)
-    evicted: dict[int, int] = {p: 0 for p in range(len(priorities))}
-    held_by: dict[str, int] = {}
+    ledger = _FillLedger({p: 0 for p in range(len(priorities))})
     index = FragmentationIndex.shared(state, target)
     factory = WorkloadFactory()
     n = len(arrivals)
     arrived, used = np.zeros(n), np.zeros(n)
     frag, ratio = np.zeros(n), np.zeros(n)
     request = arrivals.gpu_request_milli.tolist()
-    total_arrived = total_used = failed = 0
-    failed_reasons: Counter[str] = Counter()
+    total_arrived = 0
     for i in range(n):
         total_arrived += request[i]
-        workload = factory.make(arrivals, i)
-        if classes is not None:
-            workload = workload.model_copy(update={"priority": int(classes[i])})
-        try:
-            scheduler.schedule_one(workload)
-            total_used += request[i]
-            held_by[workload.key] = request[i]
-        except FitError as exc:
-            p, _ = scheduler.find_preemption(workload) if preemption else (None, "")
-            if p is None:
-                failed += 1
-                failed_reasons.update(reasons_of(exc))
-            else:
-                scheduler.apply_preemption(p)
-                for victim in p.victims:
-                    total_used -= held_by.pop(victim.workload)
-                    evicted[victim.priority] = evicted.get(victim.priority, 0) + 1
-                total_used += request[i]
-                held_by[workload.key] = request[i]
-        arrived[i], used[i] = total_arrived, total_used
+        workload = _arrival(factory, arrivals, i, classes)
+        ledger.place(scheduler, workload, request[i], preemption=preemption)
+        arrived[i], used[i] = total_arrived, ledger.used
         frag[i], idle = index.totals()
         ratio[i] = 100.0 * frag[i] / idle if idle else 0.0
         if progress is not None and (i % 256 == 255 or i == n - 1):
             progress(i + 1, n)
-    held = int((index.view.count[: state.n] * 1000).sum() - index.view.free[: state.n].sum())
-    if held != total_used:
-        raise AssertionError(f"GPU accounting mismatch: bindings hold {held} milli, placements sum to {total_used}")
+    _check_accounting(index, state, ledger.used)
+    classed = classes is not None
     return FillRun(
         policy=policy,
         seed=seed,
@@ -233,15 +213,58 @@ def run_fill(
         alloc=metrics.percent(used, capacity),
         frag_amount=metrics.percent(frag, capacity),
         frag_ratio=ratio,
-        failed=failed,
+        failed=ledger.failed,
         wall_s=time.perf_counter() - started,
         trace=pods.source,
-        failed_reasons=dict(failed_reasons),
-        evicted=evicted if classes is not None else None,
-        alloc_by_priority=_alloc_by_priority(state, held_by, len(priorities), capacity)
-        if classes is not None
-        else None,
+        failed_reasons=dict(ledger.failed_reasons),
+        evicted=ledger.evicted if classed else None,
+        alloc_by_priority=_alloc_by_priority(state, ledger.held_by, len(priorities), capacity) if classed else None,
     )
+
+
+@dataclass
+class _FillLedger:
+    """What a fill run's placements hold: GPU milli per placed workload and in all, evictions per
+    priority class, and the arrivals that failed with why."""
+
+    evicted: dict[int, int]
+    held_by: dict[str, int] = field(default_factory=dict)
+    used: int = 0
+    failed: int = 0
+    failed_reasons: Counter[str] = field(default_factory=Counter)
+
+    def place(self, scheduler: Scheduler, workload: Any, request: int, *, preemption: bool) -> None:
+        """Place one arrival holding `request` GPU milli; one that fits nowhere may evict lower-priority
+        pods (with `preemption`), else it fails."""
+        try:
+            scheduler.schedule_one(workload)
+        except FitError as exc:
+            p, _ = scheduler.find_preemption(workload) if preemption else (None, "")
+            if p is None:
+                self.failed += 1
+                self.failed_reasons.update(reasons_of(exc))
+                return
+            scheduler.apply_preemption(p)
+            for victim in p.victims:
+                self.used -= self.held_by.pop(victim.workload)
+                self.evicted[victim.priority] = self.evicted.get(victim.priority, 0) + 1
+        self.used += request
+        self.held_by[workload.key] = request
+
+
+def _arrival(factory: WorkloadFactory, arrivals: PodTable, i: int, classes: npt.NDArray[np.int64] | None) -> Any:
+    """Arrival `i` as a workload, in its priority class when the run has classes."""
+    workload = factory.make(arrivals, i)
+    if classes is not None:
+        workload = workload.model_copy(update={"priority": int(classes[i])})
+    return workload
+
+
+def _check_accounting(index: FragmentationIndex, state: ClusterState, used: int) -> None:
+    """The GPU milli the bindings hold is what the placements add up to (a bug in the run otherwise)."""
+    held = int((index.view.count[: state.n] * 1000).sum() - index.view.free[: state.n].sum())
+    if held != used:
+        raise AssertionError(f"GPU accounting mismatch: bindings hold {held} milli, placements sum to {used}")
 
 
 def priority_classes(n: int, weights: tuple[float, ...], seed: int) -> npt.NDArray[np.int64] | None:

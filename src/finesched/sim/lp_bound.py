@@ -44,9 +44,50 @@ class Bound:
     constraints: int
 
 
+#: A node type: (cpu milli, memory MiB, GPUs, model); a pod type: (cpu milli, memory MiB, GPUs, GPU
+#: milli, allowed models).
+NodeType = tuple[int, int, int, str]
+PodType = tuple[int, int, int, int, tuple[str, ...]]
+
+
 def lp_bound(nodes: NodeTable, pods: PodTable) -> Bound:
     """The LP upper bound on allocated GPU milli for placing (a subset of) `pods` on `nodes`."""
-    node_types = Counter(
+    node_types, pod_types = _node_types(nodes), _pod_types(pods)
+    jtypes, ttypes = list(node_types), list(pod_types)
+    variables = _variables(ttypes, jtypes)
+    if not variables:
+        return Bound(0.0, 0.0, 0, 0)
+    rows = _Rows()
+    by_type: dict[int, list[int]] = {}
+    by_node: dict[int, list[int]] = {}
+    for v, (t, j) in enumerate(variables):
+        by_type.setdefault(t, []).append(v)
+        by_node.setdefault(j, []).append(v)
+    for t, vs in by_type.items():
+        rows.add([(v, 1.0) for v in vs], float(pod_types[ttypes[t]]))
+    sizes = sorted({d for (_, _, k, d, _) in ttypes if k and d <= MILLI_PER_GPU // 2} | {MILLI_PER_GPU // 2})
+    for j, vs in by_node.items():
+        ncpu, nmem, gpus, _ = jtypes[j]
+        count = node_types[jtypes[j]]
+        row_types = [(v, ttypes[variables[v][0]]) for v in vs]
+        rows.add([(v, float(pod[0])) for v, pod in row_types], float(ncpu * count))
+        rows.add([(v, float(pod[1])) for v, pod in row_types], float(nmem * count))
+        gpu_total = float(gpus * count)
+        rows.add([(v, float(pod[2] * pod[3])) for v, pod in row_types], MILLI_PER_GPU * gpu_total)
+        for alpha in sizes:
+            _packing_cuts(rows, row_types, alpha, gpu_total)
+    objective = np.asarray([-float(ttypes[t][2] * ttypes[t][3]) for t, _ in variables])
+    matrix = coo_matrix((rows.vals, (rows.rows, rows.cols)), shape=(len(rows.rhs), len(variables))).tocsr()
+    result = linprog(objective, A_ub=matrix, b_ub=np.asarray(rows.rhs), bounds=(0, None), method="highs")
+    if result.status != 0:
+        raise RuntimeError(f"LP bound: HiGHS did not solve the relaxation ({result.message})")
+    milli = float(-result.fun)
+    return Bound(milli, 100.0 * milli / nodes.gpu_capacity_milli, len(variables), len(rows.rhs))
+
+
+def _node_types(nodes: NodeTable) -> Counter[NodeType]:
+    """How many nodes of each type."""
+    return Counter(
         zip(
             nodes.cpu_milli.tolist(),
             nodes.memory_mib.tolist(),
@@ -55,7 +96,11 @@ def lp_bound(nodes: NodeTable, pods: PodTable) -> Bound:
             strict=True,
         )
     )
-    pod_types = Counter(
+
+
+def _pod_types(pods: PodTable) -> Counter[PodType]:
+    """How many arrived pods of each type (GPU-less pods allow every model)."""
+    return Counter(
         zip(
             pods.cpu_milli.tolist(),
             pods.memory_mib.tolist(),
@@ -65,67 +110,55 @@ def lp_bound(nodes: NodeTable, pods: PodTable) -> Bound:
             strict=True,
         )
     )
-    jtypes, ttypes = list(node_types), list(pod_types)
+
+
+def _variables(ttypes: list[PodType], jtypes: list[NodeType]) -> list[tuple[int, int]]:
+    """The (pod type, node type) pairs worth a variable: one such pod fits an empty node of that type,
+    on a model it allows."""
     variables: list[tuple[int, int]] = []
     for t, (cpu, mem, k, _, models) in enumerate(ttypes):
         for j, (ncpu, nmem, gpus, model) in enumerate(jtypes):
             if cpu <= ncpu and mem <= nmem and k <= gpus and (not k or not models or model in models):
                 variables.append((t, j))
-    if not variables:
-        return Bound(0.0, 0.0, 0, 0)
-    rows: list[int] = []
-    cols: list[int] = []
-    vals: list[float] = []
-    rhs: list[float] = []
+    return variables
 
-    def row(entries: list[tuple[int, float]], bound: float) -> None:
-        r = len(rhs)
+
+class _Rows:
+    """The constraint rows A_ub·x <= b_ub, gathered as a sparse matrix's coordinates."""
+
+    def __init__(self) -> None:
+        self.rows: list[int] = []
+        self.cols: list[int] = []
+        self.vals: list[float] = []
+        self.rhs: list[float] = []
+
+    def add(self, entries: list[tuple[int, float]], bound: float) -> None:
+        """One row Σ value·x_col <= bound (zero coefficients left out)."""
+        r = len(self.rhs)
         for col, value in entries:
             if value:
-                rows.append(r)
-                cols.append(col)
-                vals.append(value)
-        rhs.append(bound)
+                self.rows.append(r)
+                self.cols.append(col)
+                self.vals.append(value)
+        self.rhs.append(bound)
 
-    by_type: dict[int, list[int]] = {}
-    by_node: dict[int, list[int]] = {}
-    for v, (t, j) in enumerate(variables):
-        by_type.setdefault(t, []).append(v)
-        by_node.setdefault(j, []).append(v)
-    for t, vs in by_type.items():
-        row([(v, 1.0) for v in vs], float(pod_types[ttypes[t]]))
-    sizes = sorted({d for (_, _, k, d, _) in ttypes if k and d <= MILLI_PER_GPU // 2} | {MILLI_PER_GPU // 2})
-    for j, vs in by_node.items():
-        ncpu, nmem, gpus, _ = jtypes[j]
-        count = node_types[jtypes[j]]
-        row([(v, float(ttypes[variables[v][0]][0])) for v in vs], float(ncpu * count))
-        row([(v, float(ttypes[variables[v][0]][1])) for v in vs], float(nmem * count))
-        gpu_total = float(gpus * count)
-        row(
-            [(v, float(ttypes[variables[v][0]][2] * ttypes[variables[v][0]][3])) for v in vs], MILLI_PER_GPU * gpu_total
-        )
-        for alpha in sizes:
-            big: list[tuple[int, float]] = []
-            medium_size: list[tuple[int, float]] = []
-            medium_count: list[tuple[int, float]] = []
-            per_gpu = MILLI_PER_GPU // alpha
-            for v in vs:
-                _, _, k, d, _ = ttypes[variables[v][0]]
-                if not k:
-                    continue
-                if d > MILLI_PER_GPU - alpha:
-                    big.append((v, float(k)))
-                elif d >= alpha:
-                    medium_size.append((v, float(k * d)))
-                    medium_count.append((v, float(k) / per_gpu))
-            if big or medium_size:
-                row([(v, MILLI_PER_GPU * c) for v, c in big] + medium_size, MILLI_PER_GPU * gpu_total)
-            if medium_size:
-                row(big + medium_count, gpu_total)
-    objective = np.asarray([-float(ttypes[t][2] * ttypes[t][3]) for t, _ in variables])
-    matrix = coo_matrix((vals, (rows, cols)), shape=(len(rhs), len(variables))).tocsr()
-    result = linprog(objective, A_ub=matrix, b_ub=np.asarray(rhs), bounds=(0, None), method="highs")
-    if result.status != 0:
-        raise RuntimeError(f"LP bound: HiGHS did not solve the relaxation ({result.message})")
-    milli = float(-result.fun)
-    return Bound(milli, 100.0 * milli / nodes.gpu_capacity_milli, len(variables), len(rhs))
+
+def _packing_cuts(rows: _Rows, row_types: list[tuple[int, PodType]], alpha: int, gpu_total: float) -> None:
+    """The per-GPU packing cuts (i) and (ii) of the module docstring at threshold `alpha`, for one node
+    type's `gpu_total` GPUs and its variables (each with its pod type)."""
+    big: list[tuple[int, float]] = []
+    medium_size: list[tuple[int, float]] = []
+    medium_count: list[tuple[int, float]] = []
+    per_gpu = MILLI_PER_GPU // alpha
+    for v, (_, _, k, d, _) in row_types:
+        if not k:
+            continue
+        if d > MILLI_PER_GPU - alpha:
+            big.append((v, float(k)))
+        elif d >= alpha:
+            medium_size.append((v, float(k * d)))
+            medium_count.append((v, float(k) / per_gpu))
+    if big or medium_size:
+        rows.add([(v, MILLI_PER_GPU * c) for v, c in big] + medium_size, MILLI_PER_GPU * gpu_total)
+    if medium_size:
+        rows.add(big + medium_count, gpu_total)

@@ -209,6 +209,34 @@ def run_replay(
     scheduler, _ = make_scheduler(nodes, policy, seed, target, preemption=preemption)
     loop = _Replay(scheduler, pods, priority_classes(len(pods), priorities, seed))
     arrival = pods.creation / time_scale
+    times, alloc, queued = _step_through(loop, scheduler, arrival, capacity, progress)
+    placed = ~np.isnan(loop.delays)
+    by_tenant = _delays_by_tenant(pods, loop.delays, placed)
+    evicted, by_priority = loop.by_priority(placed, len(priorities)) if loop.classes is not None else (None, None)
+    return ReplayRun(
+        policy=policy,
+        seed=seed,
+        time_scale=time_scale,
+        times=np.asarray(times),
+        alloc=np.asarray(alloc),
+        queued=np.asarray(queued, dtype=np.int64),
+        delays=loop.delays[placed],
+        unplaced=int((~placed).sum()),
+        wall_s=time.perf_counter() - started,
+        trace=pods.source,
+        by_tenant=by_tenant,
+        last_arrival=float(arrival.max()),
+        evicted=evicted,
+        by_priority=by_priority,
+        unplaced_reasons=dict(Counter(reason for e in loop.last_error.values() for reason in reasons_of(e))),
+    )
+
+
+def _step_through(
+    loop: _Replay, scheduler: Scheduler, arrival: npt.NDArray[np.float64], capacity: float, progress: Progress | None
+) -> tuple[list[float], list[float], list[int]]:
+    """Go from event to event (the next arrival or departure) until every pod has arrived and left:
+    the times, and the GPU allocation (percent of `capacity`) and queue length at each."""
     order = np.argsort(arrival, kind="stable").tolist()
     times: list[float] = []
     alloc: list[float] = []
@@ -232,28 +260,16 @@ def run_replay(
         alloc.append(100.0 * loop.used / capacity)
         queued.append(len(scheduler.queue))
         if progress is not None and batch:
-            progress(next_arrival, len(pods))
-    placed = ~np.isnan(loop.delays)
+            progress(next_arrival, len(order))
+    return times, alloc, queued
+
+
+def _delays_by_tenant(
+    pods: PodTable, delays: npt.NDArray[np.float64], placed: BoolArray
+) -> dict[str, dict[str, float]]:
+    """Queueing delay statistics of the placed pods per tenant (the trace's QoS class)."""
     qos = np.asarray(pods.qos, dtype=object)
-    by_tenant = {
-        tenant: {k: round(v, 3) for k, v in metrics.queueing_stats(loop.delays[placed & (qos == tenant)]).items()}
+    return {
+        tenant: {k: round(v, 3) for k, v in metrics.queueing_stats(delays[placed & (qos == tenant)]).items()}
         for tenant in sorted(set(pods.qos))
     }
-    evicted, by_priority = loop.by_priority(placed, len(priorities)) if loop.classes is not None else (None, None)
-    return ReplayRun(
-        policy=policy,
-        seed=seed,
-        time_scale=time_scale,
-        times=np.asarray(times),
-        alloc=np.asarray(alloc),
-        queued=np.asarray(queued, dtype=np.int64),
-        delays=loop.delays[placed],
-        unplaced=int((~placed).sum()),
-        wall_s=time.perf_counter() - started,
-        trace=pods.source,
-        by_tenant=by_tenant,
-        last_arrival=float(arrival.max()),
-        evicted=evicted,
-        by_priority=by_priority,
-        unplaced_reasons=dict(Counter(reason for e in loop.last_error.values() for reason in reasons_of(e))),
-    )

@@ -184,6 +184,14 @@ def _cpus_in_numa(topo: TopoInfo, numa_ids: frozenset[int]) -> frozenset[int]:
     return frozenset(c for k, nid in enumerate(topo.numa_ids) if nid in numa_ids for c in topo.numa_cpus[k])
 
 
+def _members_of(group_of: list[int], groups: int) -> list[list[int]]:
+    """Per group (NUMA node or socket index), the indexes whose entry in `group_of` names it, ascending."""
+    members: list[list[int]] = [[] for _ in range(groups)]
+    for k, group in enumerate(group_of):
+        members[group].append(k)
+    return members
+
+
 def _build(rows: tuple[tuple[int, int, int, int], ...]) -> TopoInfo:
     """rows: (cpu id, core id, socket id, numa id) sorted by cpu id (CPUTopology already validated them)."""
     ids = tuple(r[0] for r in rows)
@@ -208,11 +216,7 @@ def _build(rows: tuple[tuple[int, int, int, int], ...]) -> TopoInfo:
         numa_cpus[n].append(cpu)
         socket_cpus[s].append(cpu)
         core_numa[c], core_socket[c] = n, s
-    numa_cores: list[list[int]] = [[] for _ in numa_ids]
-    socket_cores: list[list[int]] = [[] for _ in socket_ids]
-    for c in range(len(core_ids)):
-        numa_cores[core_numa[c]].append(c)
-        socket_cores[core_socket[c]].append(c)
+    numa_cores, socket_cores = _members_of(core_numa, len(numa_ids)), _members_of(core_socket, len(socket_ids))
     socket_numas = tuple(tuple(sorted({core_numa[c] for c in cores})) for cores in socket_cores)
     numa_sockets = tuple(tuple(sorted({core_socket[c] for c in cores})) for cores in numa_cores)
     n_cpus = len(ids)

@@ -45,6 +45,23 @@ def _apply_encoded(accounts: DeviceAccounts, updates: Mapping[int, Mapping[str, 
     node, type or dimension raises `EncodedUpdateError` listing every problem, changing nothing.
     """
     problems: list[str] = []
+    groups = _group_updates(accounts, updates, problems)
+    decoded = _decode_groups(accounts, groups, problems)
+    if problems:
+        raise EncodedUpdateError(problems)
+    for acc, k, i, row in decoded:
+        d = len(row)
+        acc.free[k, i, :d] = row
+        acc.foreign[k, i, :d] = acc.total[k, i, :d] - row - accounts.granted(acc, k, i, d)
+        acc.refresh_sums(i)
+        accounts.note_changed(i)
+
+
+def _group_updates(
+    accounts: DeviceAccounts, updates: Mapping[int, Mapping[str, Mapping[str, EncodedInput]]], problems: list[str]
+) -> dict[tuple[str, str, int, int], list[tuple[int, int]]]:
+    """The updates that match the node's devices, by (type, dim, count, bits) with (node index, k) each
+    (to be decoded together); what does not match is added to `problems`."""
     groups: dict[tuple[str, str, int, int], list[tuple[int, int]]] = {}
     for i, by_type in updates.items():
         where = accounts.slot_name(i)
@@ -71,6 +88,14 @@ def _apply_encoded(accounts: DeviceAccounts, updates: Mapping[int, Mapping[str, 
                     problems.append(f"{what}: bits {ev.bits} but the node's {dim} totals need {want_bits}")
                 else:
                     groups.setdefault((kind, dim, d, ev.bits), []).append((i, ev.k))
+    return groups
+
+
+def _decode_groups(
+    accounts: DeviceAccounts, groups: dict[tuple[str, str, int, int], list[tuple[int, int]]], problems: list[str]
+) -> list[tuple[DeviceTypeAccounts, int, int, Int64Array]]:
+    """Each update's free vector decoded (a group at a time, `decode_many`), with its type's accounts,
+    dimension and node index; a value above what bindings leave is added to `problems`."""
     decoded: list[tuple[DeviceTypeAccounts, int, int, Int64Array]] = []
     for (kind, dim, count, bits), items in groups.items():
         acc = accounts.types[kind]
@@ -87,14 +112,7 @@ def _apply_encoded(accounts: DeviceAccounts, updates: Mapping[int, Mapping[str, 
                     f"bindings leave at most {int(ceiling[slot])}"
                 )
             decoded.append((acc, k, i, row))
-    if problems:
-        raise EncodedUpdateError(problems)
-    for acc, k, i, row in decoded:
-        d = len(row)
-        acc.free[k, i, :d] = row
-        acc.foreign[k, i, :d] = acc.total[k, i, :d] - row - accounts.granted(acc, k, i, d)
-        acc.refresh_sums(i)
-        accounts.note_changed(i)
+    return decoded
 
 
 def encode_node_devices(node: Node) -> dict[str, dict[str, EncodedVector]]:
