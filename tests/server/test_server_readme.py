@@ -1,20 +1,20 @@
-"""The README's curl example, sent as written to a real server, answers what the README shows."""
+"""The control-plane page's curl example (docs/concepts/control-plane.md), sent as written to a real
+server, answers what the page shows."""
 
 from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
 import pytest
 from server_harness import inprocess_server
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+from docs_pages import page_text
 
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
-def test_readme_curl_example(db_url: str) -> None:
-    text = README.read_text(encoding="utf-8")
+def test_the_documented_curl_example(db_url: str) -> None:
+    text = page_text("concepts/control-plane.md")
     block = next(b for b in re.findall(r"```sh\n(.*?)```", text, flags=re.S) if "curl -s -X POST" in b)
     calls = re.findall(r"curl -s -X POST localhost:8080(\S+) .*?-d '(.*?)'", block, flags=re.S)
     assert [path for path, _ in calls] == ["/v1/tenants", "/v1/nodes", "/v1/workloads"]

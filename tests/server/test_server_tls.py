@@ -18,6 +18,7 @@ from manifests import node
 from server_harness import FINESCHED, free_port, wait_until
 from typer.testing import CliRunner
 
+from docs_pages import page_text
 from finesched.agent.client import AgentClient
 from finesched.agent.executor import ServerError
 from finesched.cli import app
@@ -215,8 +216,8 @@ def test_up_with_a_certificate_serves_https_and_its_agent_trusts_exactly_it(tmp_
     assert "--tls-cert NODE.pem" in output  # how another machine's log port joins
 
 
-def test_the_readme_adds_a_machine_over_tls_with_options_that_exist() -> None:
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
+def test_the_docs_add_a_machine_over_tls_with_options_that_exist() -> None:
+    readme = page_text("operations/many-machines.md")
     section = readme[readme.index("**Adding a second machine.**") : readme.index("`finesched agent` options:")]
     lines = [line.split(" #")[0] for line in section.splitlines() if line.startswith("finesched ")]
     group = typer.main.get_command(app)
