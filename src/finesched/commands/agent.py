@@ -484,12 +484,30 @@ def _print_welcome(
     )
 
 
+UpHostOption = Annotated[
+    str, typer.Option("--host", help="Listen address; 0.0.0.0 lets agents on other machines join.")
+]
+NewAdminTokenOption = Annotated[
+    bool, typer.Option("--new-admin-token", help="Make a new admin token even if the data directory has one.")
+]
+
+
+def _agent_inputs(
+    fake_gpus: str | None, tenant_uids: str, keep_finished: str, keep_logs: str, sandbox: str
+) -> tuple[tuple[int, int] | None, range, tuple[float, float]]:
+    """The local agent's options read (a clear error and exit 2 for a bad one): its simulated GPUs,
+    its tenants' uid range and its retention times; the sandbox is checked to be available."""
+    simulated = parse_fake_gpus(fake_gpus)
+    uids = parse_tenant_uids(tenant_uids)
+    retention = parse_retention(keep_finished, keep_logs)
+    check_sandbox(sandbox)
+    return simulated, uids, retention
+
+
 def up_cmd(
     data: DataOption = None,
     port: Annotated[int, typer.Option("--port", min=1, max=65535, help="Server port.")] = 8080,
-    host: Annotated[
-        str, typer.Option("--host", help="Listen address; 0.0.0.0 lets agents on other machines join.")
-    ] = "127.0.0.1",
+    host: UpHostOption = "127.0.0.1",
     node_name: Annotated[str | None, typer.Option("--node-name", help="This machine's node name.")] = None,
     interval: Annotated[float, typer.Option("--interval", min=0.2, help="Seconds between agent reports.")] = 5.0,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Agent logs only warnings and errors.")] = False,
@@ -498,9 +516,7 @@ def up_cmd(
     agent_ca: AgentCaOption = None,
     insecure_agent_logs: InsecureAgentLogsOption = False,
     fake_gpus: FakeGpusOption = None,
-    new_admin_token: Annotated[
-        bool, typer.Option("--new-admin-token", help="Make a new admin token even if the data directory has one.")
-    ] = False,
+    new_admin_token: NewAdminTokenOption = False,
     tenant_uids: TenantUidsOption = "200000-299999",
     work_root: WorkRootOption = None,
     sandbox: SandboxOption = "none",
@@ -511,44 +527,36 @@ def up_cmd(
 ) -> None:
     """Start a one-machine cluster: control plane + this machine's agent; print the URL and an admin token.
 
-    With --tls-cert/--tls-key the server speaks HTTPS, and this machine's agent trusts exactly that
-    certificate; agents on other machines verify it with --ca. The agent's log port speaks HTTPS with
-    the same pair (the server trusts that certificate there, whatever names it carries); other
-    machines' log ports are verified with --agent-ca. A server that dies is started again on the same
-    data (the workloads run on); a killed `up` takes its server along and leaves the workloads to
-    the next `up`'s agent."""
+    With --tls-cert/--tls-key the server speaks HTTPS, and this machine's agent trusts exactly that certificate;
+    agents on other machines verify it with --ca. The agent's log port speaks HTTPS with the same pair (the server
+    trusts that certificate there, whatever names it carries); other machines' log ports are verified with
+    --agent-ca. A server that dies is started again on the same data (the workloads run on); a killed `up` takes
+    its server along and leaves the workloads to the next `up`'s agent."""
     from finesched.agent.client import AgentClient
     from finesched.agent.loop import AgentConfig
 
     tls, tls_args, agent_logs_args, verify = _up_tls(tls_cert, tls_key, agent_ca, insecure_agent_logs)
-    scheme = "https" if tls else "http"
-    simulated = parse_fake_gpus(fake_gpus)
-    uids = parse_tenant_uids(tenant_uids)
-    keep_finished_s, keep_logs_s = parse_retention(keep_finished, keep_logs)
-    check_sandbox(sandbox)
+    simulated, uids, retention = _agent_inputs(fake_gpus, tenant_uids, keep_finished, keep_logs, sandbox)
     _check_ports(host, port, logs_port)
     name = _local_node_name(node_name)
-    data = (data or default_data()).resolve()
     _logging(not quiet)
-    private_dir(data)  # the database, tokens and logs: the owner's alone (an existing one is tightened)
+    data = private_dir((data or default_data()).resolve())  # the database, tokens, logs: the owner's alone
     db = f"sqlite:///{data / 'finesched.db'}"
-    url = f"{scheme}://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
+    url = f"{'https' if tls else 'http'}://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
     supervised = _start_server(data, db, host, port, interval, [*tls_args, *agent_logs_args])
     agent = None
     try:
-        trust = verify or True
-        _wait_ready(url, supervised.process, data / "server.log", verify=trust)
+        _wait_ready(url, supervised.process, data / "server.log", verify=verify or True)
         supervised.supervise()  # from now on a dead server is started again; the agent keeps running
-        admin, kept, agent_token = _up_tokens(data, url, name, trust, db, new_admin=new_admin_token)
+        admin, kept, agent_token = _up_tokens(data, url, name, verify or True, db, new_admin=new_admin_token)
         _print_welcome(url, name, data, db, admin, kept=kept, simulated=simulated, tls=tls, port=port)
         # the local agent serves logs to the local server: on the loopback interface only
         config = AgentConfig(url, agent_token, data / "agent", name, interval, stop_workloads_on_exit=True,
                              logs_port=logs_port, logs_host="127.0.0.1", tls_cert=tls_cert, tls_key=tls_key,
                              fake_gpus=simulated, tenant_uids=uids, work_root=work_root, sandbox=sandbox,
                              allow_tenant_sharing=allow_tenant_sharing, hide=(data,),
-                             keep_finished_s=keep_finished_s, keep_logs_s=keep_logs_s)  # fmt: skip
-        client = AgentClient(url, agent_token, verify=verify)  # with TLS: exactly the server's own certificate
-        agent = _new_agent(config, client)
+                             keep_finished_s=retention[0], keep_logs_s=retention[1])  # fmt: skip
+        agent = _new_agent(config, AgentClient(url, agent_token, verify=verify))  # TLS: exactly the server's own
         _stop_on_signals(agent.stopping)
         _run(agent)
     finally:

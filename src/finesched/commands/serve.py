@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 if TYPE_CHECKING:
+    from finesched.server.logs import AgentTrust
     from finesched.server.loop.lease import ReplicaIdentity
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -44,6 +45,45 @@ InsecureAgentLogsOption = Annotated[
     ),
 ]
 
+RequeueAfterOption = Annotated[
+    float, typer.Option(min=-1.0, help="Requeue a NotReady node's workloads after this many seconds (-1: never).")
+]
+ReplicaDataOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--data",
+        help="This replica's state directory (its identity); default: the SQLite file's directory, "
+        "else finesched in the XDG data directory (~/.local/share).",
+    ),
+]
+ReplicaIdOption = Annotated[
+    str | None,
+    typer.Option(
+        "--replica-id", help="A stable name for this replica (e.g. the pod name); default: one kept in --data."
+    ),
+]
+LocalAgentCertOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--local-agent-cert",
+        help="Trust exactly this certificate (or one from --agent-ca) for an agent on this machine (a "
+        "loopback logs URL), whatever names it carries (`finesched up` passes its --tls-cert: its agent "
+        "serves with the server's pair).",
+    ),
+]
+ParentPidOption = Annotated[
+    int | None, typer.Option("--parent-pid", hidden=True, help="End when this process (`finesched up`) ends.")
+]
+EventTtlOption = Annotated[
+    float, typer.Option("--event-ttl", min=-1.0, help="Prune events older than this many seconds (-1: keep them).")
+]
+HeaderTimeoutOption = Annotated[
+    float, typer.Option("--header-timeout", min=0.1, help="Close a connection whose request headers take longer (s).")
+]
+BodyTimeoutOption = Annotated[
+    float, typer.Option("--body-timeout", min=0.1, help="Close a connection whose request body takes longer (s).")
+]
+
 
 def serve(
     db: DbOption = DEFAULT_DB,
@@ -54,49 +94,22 @@ def serve(
     lease_ttl: Annotated[float, typer.Option(min=1.0, help="Scheduler lease TTL in seconds (replicas).")] = 10.0,
     heartbeat: Annotated[float, typer.Option(min=0.1, help="Agent report interval the server expects (s).")] = 5.0,
     missed: Annotated[int, typer.Option(min=1, help="Missed reports before a node is NotReady.")] = 3,
-    requeue_after: Annotated[
-        float, typer.Option(min=-1.0, help="Requeue a NotReady node's workloads after this many seconds (-1: never).")
-    ] = 60.0,
+    requeue_after: RequeueAfterOption = 60.0,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
-    data: Annotated[
-        Path | None,
-        typer.Option(
-            help="This replica's state directory (its identity); default: the SQLite file's directory, "
-            "else finesched in the XDG data directory (~/.local/share)."
-        ),
-    ] = None,
-    replica_id: Annotated[
-        str | None,
-        typer.Option(help="A stable name for this replica (e.g. the pod name); default: one kept in --data."),
-    ] = None,
+    data: ReplicaDataOption = None,
+    replica_id: ReplicaIdOption = None,
     tls_cert: TlsCertOption = None,
     tls_key: TlsKeyOption = None,
     agent_ca: AgentCaOption = None,
-    local_agent_cert: Annotated[
-        Path | None,
-        typer.Option(
-            "--local-agent-cert",
-            help="Trust exactly this certificate (or one from --agent-ca) for an agent on this machine (a "
-            "loopback logs URL), whatever names it carries (`finesched up` passes its --tls-cert: its agent "
-            "serves with the server's pair).",
-        ),
-    ] = None,
+    local_agent_cert: LocalAgentCertOption = None,
     insecure_agent_logs: InsecureAgentLogsOption = False,
-    parent_pid: Annotated[
-        int | None, typer.Option("--parent-pid", hidden=True, help="End when this process (`finesched up`) ends.")
-    ] = None,
-    event_ttl: Annotated[
-        float, typer.Option(min=-1.0, help="Prune events older than this many seconds (-1: keep them).")
-    ] = 3600.0,
+    parent_pid: ParentPidOption = None,
+    event_ttl: EventTtlOption = 3600.0,
     max_watches: Annotated[int, typer.Option(min=1, help="Event watches (SSE) held at once, in all.")] = 1000,
     watch_per_token: Annotated[int, typer.Option(min=1, help="Event watches held at once by one token.")] = 10,
     max_connections: Annotated[int, typer.Option(min=1, help="Connections and requests at once (503 past it).")] = 4096,
-    header_timeout: Annotated[
-        float, typer.Option(min=0.1, help="Close a connection whose request headers take longer (s).")
-    ] = 10.0,
-    body_timeout: Annotated[
-        float, typer.Option(min=0.1, help="Close a connection whose request body takes longer (s).")
-    ] = 30.0,
+    header_timeout: HeaderTimeoutOption = 10.0,
+    body_timeout: BodyTimeoutOption = 30.0,
 ) -> None:
     """Run the control plane: HTTP API, store and scheduling loop (one leader per database).
 
@@ -109,10 +122,9 @@ def serve(
     from finesched.server.api.http_server import Timeouts
     from finesched.server.api.watch_hub import WatchLimits
     from finesched.server.app import create_app
-    from finesched.server.logs import AgentTrust, use_agent_trust
+    from finesched.server.logs import use_agent_trust
     from finesched.server.loop.loop import LoopConfig
     from finesched.server.store.store import Store
-    from finesched.tls import TransportError
 
     if parent_pid is not None:
         from finesched.commands.supervise import end_with_parent
@@ -121,25 +133,11 @@ def serve(
     _configure_logging(log_level)
     resolve_profile(profile)  # a bad profile is reported before anything starts
     tls = server_tls_options(tls_cert, tls_key)
-    try:
-        agent_trust = AgentTrust.load(agent_ca, local_agent_cert, insecure_agent_logs)
-    except TransportError as exc:
-        raise typer.BadParameter(str(exc)) from None
-    if insecure_agent_logs:
-        logging.getLogger("finesched.server").warning(
-            "--insecure-agent-logs: log grants and workload output may cross the network in clear"
-        )
+    agent_trust = _agent_trust(agent_ca, local_agent_cert, insecure_agent_logs)
     identity = _identity(db, data, replica_id)
-    config = LoopConfig(
-        profile=profile,
-        batch_size=batch,
-        lease_ttl_s=lease_ttl,
-        heartbeat_s=heartbeat,
-        missed_heartbeats=missed,
-        requeue_after_s=None if requeue_after < 0 else requeue_after,
-        holder=identity.name,
-        event_ttl_s=None if event_ttl < 0 else event_ttl,
-    )
+    config = LoopConfig(profile=profile, batch_size=batch, lease_ttl_s=lease_ttl, heartbeat_s=heartbeat,
+                        missed_heartbeats=missed, requeue_after_s=None if requeue_after < 0 else requeue_after,
+                        holder=identity.name, event_ttl_s=None if event_ttl < 0 else event_ttl)  # fmt: skip
     store = Store.open(db)
     app = create_app(store, config, watch=WatchLimits(per_token=watch_per_token, total=max_watches))
     use_agent_trust(app, agent_trust)
@@ -167,6 +165,23 @@ def server_tls_options(cert: Path | None, key: Path | None, client_ca: Path | No
         return server_tls(cert, key, client_ca)
     except TransportError as exc:
         raise typer.BadParameter(str(exc)) from None
+
+
+def _agent_trust(agent_ca: Path | None, local_agent_cert: Path | None, insecure: bool) -> AgentTrust:
+    """How the server reads agents' log ports (a clear error and exit 2 for an unreadable CA or
+    certificate); a warning in the log when it may read them in clear."""
+    from finesched.server.logs import AgentTrust
+    from finesched.tls import TransportError
+
+    try:
+        trust = AgentTrust.load(agent_ca, local_agent_cert, insecure)
+    except TransportError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    if insecure:
+        logging.getLogger("finesched.server").warning(
+            "--insecure-agent-logs: log grants and workload output may cross the network in clear"
+        )
+    return trust
 
 
 def _identity(db: str, data: Path | None, replica_id: str | None) -> ReplicaIdentity:

@@ -240,6 +240,25 @@ def create_app(
 
     app.add_middleware(CountRequests, metrics=metrics)
 
+    _error_handlers(app)
+    _health_routes(app, metrics)
+    _routers(app)
+    return app
+
+
+def _method_not_allowed(app: FastAPI, request: Request) -> Response:
+    """405 with every method the path has in `Allow`, as the OpenAPI document lists them (Starlette
+    names only the first matching route's); an OPTIONS request is answered 204 with the same header."""
+    allow = ", ".join(openapi.methods_of(app, request.url.path))
+    if request.method == "OPTIONS":
+        return Response(status_code=204, headers={"Allow": allow})
+    return JSONResponse({"detail": "Method Not Allowed"}, 405, headers={"Allow": allow})
+
+
+def _error_handlers(app: FastAPI) -> None:
+    """Every error the routes raise, answered as the API documents it (a 422 names the field; 403,
+    404, 409, 503 a sentence), whichever layer raised it."""
+
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
         if exc.status_code == 405:
@@ -282,6 +301,10 @@ def create_app(
         log.error("store unavailable: %s", exc)
         return JSONResponse({"detail": "the store is unavailable; retry"}, 503)
 
+
+def _health_routes(app: FastAPI, metrics: Metrics) -> None:
+    """/healthz (the process), /readyz (the store, and whether this replica leads), /metrics."""
+
     @app.get("/healthz", tags=["health"])
     def healthz() -> dict[str, str]:
         """The process is up."""
@@ -300,18 +323,11 @@ def create_app(
     def metrics_endpoint() -> Response:
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
 
+
+def _routers(app: FastAPI) -> None:
+    """The resources' routes, the features' and the console's, then the legacy names last."""
     for module in (routes_nodes, routes_workloads, routes_tenants, routes_priority, offers, jobs, logs, routes_plan,
                    routes_tokens, routes_whoami, console):  # fmt: skip
         app.include_router(module.router)
     for module in (routes_nodes, routes_workloads, routes_tenants):  # last: old names with "/" (views.LegacyName)
         app.include_router(module.legacy)
-    return app
-
-
-def _method_not_allowed(app: FastAPI, request: Request) -> Response:
-    """405 with every method the path has in `Allow`, as the OpenAPI document lists them (Starlette
-    names only the first matching route's); an OPTIONS request is answered 204 with the same header."""
-    allow = ", ".join(openapi.methods_of(app, request.url.path))
-    if request.method == "OPTIONS":
-        return Response(status_code=204, headers={"Allow": allow})
-    return JSONResponse({"detail": "Method Not Allowed"}, 405, headers={"Allow": allow})

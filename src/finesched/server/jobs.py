@@ -11,14 +11,16 @@ in one transaction. What a job does afterwards (phase, region restarts) is serve
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from fastapi import APIRouter, Body, HTTPException
 from sqlalchemy.exc import IntegrityError
 
 from finesched.admission import admit_job
 from finesched.errors import ValidationError
+from finesched.model.binding import Binding
 from finesched.model.job import Job
+from finesched.model.workload import Workload
 from finesched.sched.diagnosis import FitError
 from finesched.server.api import paging
 from finesched.server.api.auth import ADMIN, TENANT, Identity
@@ -33,6 +35,9 @@ from finesched.server.store.job_status import job_view
 from finesched.server.store.store import PENDING, Event, NotFound, Store
 from finesched.server.store.views import InputError, canonical, detail_of, invalid, parse_kind
 
+if TYPE_CHECKING:
+    from finesched.dataflow.compile import CompiledJob
+
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
 JobBody = Annotated[dict[str, Any], Body(description="A Job manifest (dataflow job, seed S2)")]
@@ -41,10 +46,29 @@ MAX_JOB_EVENTS = 200
 
 @router.post("", status_code=201)
 def submit_job(body: JobBody, ctx: Ctx, caller: ManifestWriter) -> dict[str, Any]:
-    from finesched.dataflow import QUOTAS_ANNOTATION
-    from finesched.dataflow.commands import command_problems
+    """Compile the Job into its slots and place them all at once if they fit now (and its tenant's
+    quota admits them), else store them Pending for the loop: all slots or none, never some."""
     from finesched.dataflow.failover import failover_regions, region_tasks
-    from finesched.dataflow.gang import GROUP_LABEL, slot_name
+    from finesched.dataflow.gang import slot_name
+
+    job, compiled, workloads = _admitted(body, ctx, caller)
+    regions = [
+        {"tasks": region_tasks(compiled, region), "slots": [slot_name(job, g, i) for g, i in sorted(region)],
+         "restarts": 0}
+        for region in failover_regions(compiled)
+    ]  # fmt: skip
+    with ctx.loop.lock:
+        bindings, reason = _place_now(ctx, job, workloads, regions)
+    if not bindings:
+        _store_pending(ctx, job, workloads, regions, reason)
+    ctx.loop.wake()
+    return _submitted(job, workloads, bindings, reason)
+
+
+def _admitted(body: JobBody, ctx: ServerContext, caller: Identity) -> tuple[Job, CompiledJob, list[Workload]]:
+    """The Job, compiled, and its slots as workloads, admitted as a submission is (422 with the
+    field, 403 for a rule the caller may not break); 409 when it or one of its slots exists."""
+    from finesched.dataflow.commands import command_problems
 
     world = ctx.world()  # the caller's role and namespace were checked before the body was (ManifestWriter)
     job: Job = parse_kind(body, "Job")
@@ -56,62 +80,73 @@ def submit_job(body: JobBody, ctx: Ctx, caller: ManifestWriter) -> dict[str, Any
     problems = command_problems(job, compiled)
     if problems:
         raise InputError([detail_of(p) for p in problems])
-    job_key = f"{job.namespace}/{job.name}"
     if job_store.find_job(ctx.store, job.namespace, job.name) is not None:
-        raise HTTPException(409, f"job {job_key} already exists")
+        raise HTTPException(409, f"job {job.namespace}/{job.name} already exists")
     taken = ctx.store.existing_workloads([w.key for w in workloads])
     if taken:
         raise HTTPException(409, f"workload {taken[0]} already exists")
-    regions = [
-        {"tasks": region_tasks(compiled, region), "slots": [slot_name(job, g, i) for g, i in sorted(region)],
-         "restarts": 0}
-        for region in failover_regions(compiled)
-    ]  # fmt: skip
-    spec = canonical(job)
-    tenant = workloads[0].tenant
-    with ctx.loop.lock:
-        scheduler = ctx.scheduler()
-        quota = scheduler.queue.group_quota_problem(workloads)
-        try:
-            if quota is not None:  # over its tenant's quota now: the slots wait in the queue, as any unit
-                bindings, reason = [], f"waiting: {quota}"
-            else:
-                bindings, reason = scheduler.schedule_gang(workloads), ""
-        except FitError as exc:
-            bindings, reason = [], exc.message
-        except ValidationError as exc:
-            raise invalid(exc, ("body",)) from None
-        if bindings:
-            submitted = Event("Job", job_key, "Submitted", f"{len(workloads)} slots, {len(regions)} region(s): bound")
+    return job, compiled, workloads
 
-            def write() -> None:
-                with leader_write(ctx.loop) as conn:
-                    charge(conn, tenant, Charge(workloads=len(workloads), jobs=1))
-                    job_store.insert_job(conn, job.namespace, job.name, workloads[0].tenant, spec, regions)
-                    events = insert_bound(conn, workloads, bindings, job=job_key, why=f" (job {job_key})")
-                    log_own(ctx.loop, conn, [*events, submitted])
 
-            try:
-                commit_after_write(ctx.loop, bindings, write)
-            except IntegrityError:
-                raise HTTPException(409, f"job {job_key} or one of its slots already exists") from None
-            except QuotaExceeded as exc:
-                raise HTTPException(403, str(exc)) from None
-    if not bindings:
-        items = [(w.namespace, w.name, w.tenant, canonical(w)) for w in workloads]
-        try:
-            with ctx.store.write() as conn:
-                charge(conn, tenant, Charge(workloads=len(workloads), pending=len(workloads), jobs=1))
-                job_store.insert_job(conn, job.namespace, job.name, workloads[0].tenant, spec, regions)
-                ids, events = Store.insert_pending(conn, items, job_key)
-                why = f"{len(workloads)} slots, {len(regions)} region(s): pending ({reason})"
-                events += Store.log(conn, [Event("Job", job_key, "Submitted", why)])
-        except IntegrityError:
-            raise HTTPException(409, f"job {job_key} or one of its slots already exists") from None
-        except QuotaExceeded as exc:
-            raise HTTPException(403, str(exc)) from None
-        ctx.loop.submitted(zip(ids, workloads, strict=True), events)
-    ctx.loop.wake()
+def _place_now(
+    ctx: ServerContext, job: Job, workloads: list[Workload], regions: list[dict[str, Any]]
+) -> tuple[list[Binding], str]:
+    """Place every slot now and store the job with them bound (the caller holds the loop's lock);
+    none placed, with why, when they do not all fit or the tenant's quota does not admit them."""
+    scheduler = ctx.scheduler()
+    quota = scheduler.queue.group_quota_problem(workloads)
+    if quota is not None:  # over its tenant's quota now: the slots wait in the queue, as any unit
+        return [], f"waiting: {quota}"
+    try:
+        bindings = scheduler.schedule_gang(workloads)
+    except FitError as exc:
+        return [], exc.message
+    except ValidationError as exc:
+        raise invalid(exc, ("body",)) from None
+    job_key = f"{job.namespace}/{job.name}"
+    submitted = Event("Job", job_key, "Submitted", f"{len(workloads)} slots, {len(regions)} region(s): bound")
+
+    def write() -> None:
+        with leader_write(ctx.loop) as conn:
+            charge(conn, workloads[0].tenant, Charge(workloads=len(workloads), jobs=1))
+            job_store.insert_job(conn, job.namespace, job.name, workloads[0].tenant, canonical(job), regions)
+            events = insert_bound(conn, workloads, bindings, job=job_key, why=f" (job {job_key})")
+            log_own(ctx.loop, conn, [*events, submitted])
+
+    try:
+        commit_after_write(ctx.loop, bindings, write)
+    except IntegrityError:
+        raise HTTPException(409, f"job {job_key} or one of its slots already exists") from None
+    except QuotaExceeded as exc:
+        raise HTTPException(403, str(exc)) from None
+    return bindings, ""
+
+
+def _store_pending(
+    ctx: ServerContext, job: Job, workloads: list[Workload], regions: list[dict[str, Any]], reason: str
+) -> None:
+    """Store the job with every slot Pending, and hand the slots to the loop's queue."""
+    job_key = f"{job.namespace}/{job.name}"
+    items = [(w.namespace, w.name, w.tenant, canonical(w)) for w in workloads]
+    try:
+        with ctx.store.write() as conn:
+            charge(conn, workloads[0].tenant, Charge(workloads=len(workloads), pending=len(workloads), jobs=1))
+            job_store.insert_job(conn, job.namespace, job.name, workloads[0].tenant, canonical(job), regions)
+            ids, events = Store.insert_pending(conn, items, job_key)
+            why = f"{len(workloads)} slots, {len(regions)} region(s): pending ({reason})"
+            events += Store.log(conn, [Event("Job", job_key, "Submitted", why)])
+    except IntegrityError:
+        raise HTTPException(409, f"job {job_key} or one of its slots already exists") from None
+    except QuotaExceeded as exc:
+        raise HTTPException(403, str(exc)) from None
+    ctx.loop.submitted(zip(ids, workloads, strict=True), events)
+
+
+def _submitted(job: Job, workloads: list[Workload], bindings: list[Binding], reason: str) -> dict[str, Any]:
+    """The answer: each slot's binding (or none yet) and its operators' managed-memory quotas."""
+    from finesched.dataflow import QUOTAS_ANNOTATION
+    from finesched.dataflow.gang import GROUP_LABEL
+
     by_key = {b.workload: b for b in bindings}
     slots = [
         {
@@ -123,7 +158,7 @@ def submit_job(body: JobBody, ctx: Ctx, caller: ManifestWriter) -> dict[str, Any
         for w in workloads
     ]
     status = "Bound" if bindings else "Pending"
-    return {"job": job_key, "status": status, "reason": reason, "slots": slots}
+    return {"job": f"{job.namespace}/{job.name}", "status": status, "reason": reason, "slots": slots}
 
 
 @router.get("")

@@ -293,13 +293,7 @@ async def watch_events(
     """Server-Sent Events: each event as `id`/`event`/`data`; resume with `Last-Event-ID` or `?since=`.
     Every watch of the process is served from one shared read of the event table (server/api/watch_hub.py);
     a client that reads too slowly is closed with a comment saying where to resume."""
-    cursor = since
-    if cursor is None and last_event_id is not None:
-        if not last_event_id.isdigit() or int(last_event_id) > MAX_EVENT_ID:
-            raise InputError(
-                [{"loc": ["header", "Last-Event-ID"], "msg": "must be an event id", "input": last_event_id}]
-            )
-        cursor = int(last_event_id)
+    cursor = _resume_after(since, last_event_id)
     hub = watch_hub(request)
     token = digest(request.headers.get("authorization", "").partition(" ")[2].strip())
     try:
@@ -313,52 +307,6 @@ async def watch_events(
         raise
     watcher = Watcher(kind, object, scope, hub.limits.buffer)
 
-    async def stream() -> AsyncIterator[bytes | str]:
-        outbox: asyncio.Queue[Chunk] = asyncio.Queue(maxsize=2)  # catch-up reads wait for the client
-        last = cursor
-        joining: asyncio.Future[None] | None = None
-        try:
-            yield f": watching events after {'the newest' if cursor is None else cursor}\n\n"
-            if cursor is not None:
-                note = await hub.pruned_after(cursor)
-                if note is not None:
-                    yield f": {note}\n\n"
-            joining = asyncio.ensure_future(hub.join(watcher, cursor, outbox.put))
-            while not joining.done() or not outbox.empty():  # catching up from the database
-                getter = asyncio.ensure_future(outbox.get())
-                await asyncio.wait({getter, joining}, timeout=WATCH_KEEPALIVE_S, return_when=asyncio.FIRST_COMPLETED)
-                if getter.done():
-                    chunk = getter.result()
-                    last = chunk.last_id
-                    yield chunk.data
-                    continue
-                getter.cancel()
-                if not joining.done():
-                    yield ": keep-alive\n\n"
-            joining.result()
-            if last is None:
-                last = watcher.joined_at
-            refreshed = time.monotonic()
-            while True:
-                chunks = await watcher.next(WATCH_KEEPALIVE_S)
-                for chunk in chunks:
-                    last = chunk.last_id
-                    yield chunk.data
-                if watcher.overflowed:
-                    yield (f": this watch fell more than {watcher.limit} events behind and is closed; "
-                           f"resume with Last-Event-ID: {last}\n\n")  # fmt: skip
-                    return
-                if not chunks:
-                    yield ": keep-alive\n\n"
-                if caller.role == TENANT and time.monotonic() - refreshed > SCOPE_REFRESH_S:
-                    # namespaces granted or taken away since: the next fan-out filters by the new scope
-                    watcher.scope = await run_in_threadpool(event_scope, ctx, caller)
-                    refreshed = time.monotonic()
-        finally:
-            if joining is not None:
-                joining.cancel()
-            hub.leave(watcher)
-
     released = False
 
     def release() -> None:
@@ -368,7 +316,69 @@ async def watch_events(
             hub.leave(watcher)
             hub.release(token)
 
-    return _WatchResponse(stream(), release, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    stream = _event_stream(hub, watcher, cursor, ctx, caller)
+    return _WatchResponse(stream, release, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
+def _resume_after(since: int | None, last_event_id: str | None) -> int | None:
+    """Where a watch resumes: `?since=`, else the `Last-Event-ID` header (422 unless an event id)."""
+    if since is not None or last_event_id is None:
+        return since
+    if not last_event_id.isdigit() or int(last_event_id) > MAX_EVENT_ID:
+        raise InputError([{"loc": ["header", "Last-Event-ID"], "msg": "must be an event id", "input": last_event_id}])
+    return int(last_event_id)
+
+
+async def _event_stream(
+    hub: WatchHub, watcher: Watcher, cursor: int | None, ctx: ServerContext, caller: Identity
+) -> AsyncIterator[bytes | str]:
+    """A watch's stream: the events after `cursor` read from the database while it catches up, then
+    the shared feed's, with keep-alives; it ends when the watcher falls too far behind (saying where
+    to resume). A tenant's scope is read again every SCOPE_REFRESH_S."""
+    outbox: asyncio.Queue[Chunk] = asyncio.Queue(maxsize=2)  # catch-up reads wait for the client
+    last = cursor
+    joining: asyncio.Future[None] | None = None
+    try:
+        yield f": watching events after {'the newest' if cursor is None else cursor}\n\n"
+        if cursor is not None:
+            note = await hub.pruned_after(cursor)
+            if note is not None:
+                yield f": {note}\n\n"
+        joining = asyncio.ensure_future(hub.join(watcher, cursor, outbox.put))
+        while not joining.done() or not outbox.empty():  # catching up from the database
+            getter = asyncio.ensure_future(outbox.get())
+            await asyncio.wait({getter, joining}, timeout=WATCH_KEEPALIVE_S, return_when=asyncio.FIRST_COMPLETED)
+            if getter.done():
+                chunk = getter.result()
+                last = chunk.last_id
+                yield chunk.data
+                continue
+            getter.cancel()
+            if not joining.done():
+                yield ": keep-alive\n\n"
+        joining.result()
+        if last is None:
+            last = watcher.joined_at
+        refreshed = time.monotonic()
+        while True:
+            chunks = await watcher.next(WATCH_KEEPALIVE_S)
+            for chunk in chunks:
+                last = chunk.last_id
+                yield chunk.data
+            if watcher.overflowed:
+                yield (f": this watch fell more than {watcher.limit} events behind and is closed; "
+                       f"resume with Last-Event-ID: {last}\n\n")  # fmt: skip
+                return
+            if not chunks:
+                yield ": keep-alive\n\n"
+            if caller.role == TENANT and time.monotonic() - refreshed > SCOPE_REFRESH_S:
+                # namespaces granted or taken away since: the next fan-out filters by the new scope
+                watcher.scope = await run_in_threadpool(event_scope, ctx, caller)
+                refreshed = time.monotonic()
+    finally:
+        if joining is not None:
+            joining.cancel()
+        hub.leave(watcher)
 
 
 #: Routes reached only when no other route matches (app.py includes them last): a tenant stored

@@ -612,17 +612,44 @@ class SchedulerLoop:
         try:
             conflicts, event_ids = self.store.bind(payload, fence=self.lease.fence, evictions=evictions)
         except BaseException:
-            with self.lock:  # nothing was written: undo the decisions and queue the workloads again
-                if self.scheduler is not None:
-                    for entry, binding in decisions:
-                        self._undo(self.scheduler, binding, preemptions)
-                        self.scheduler.submit([entry.workload])
+            self._unwrite(decisions, preemptions)
             raise
         self.metrics.bind_write_seconds.observe(time.thread_time() - write_started)
         conflicted = set(conflicts)
+        self.own(event_ids)
+        bound, victims, dropped = self._commit_written(decisions, preemptions, conflicted)
+        self.metrics.decisions.labels("bound").inc(bound)
+        if victims:
+            self.metrics.decisions.labels("preempted").inc(len(victims))
+        for key in victims:  # requeued by the same transaction: queue them again here
+            self.reconcile_workload(key)
+        for binding in dropped:  # written, but the state let it go meanwhile: the store follows the state
+            with contextlib.suppress(NotFound):
+                self.store.release(binding.workload, PENDING, f"node {binding.node} changed while it was being bound")
+            self.reconcile_workload(binding.workload)
+        if conflicted:
+            self.metrics.write_conflicts.inc(len(conflicted))
+            for entry, binding in decisions:
+                if entry.id in conflicted:
+                    with self.lock:
+                        self.queued.pop(binding.workload, None)
+                    self.reconcile_workload(binding.workload)
+
+    def _unwrite(self, decisions: list[tuple[Queued, Binding]], preemptions: dict[str, Preemption]) -> None:
+        """Nothing of a batch was written: undo its decisions and queue its workloads again."""
+        with self.lock:
+            if self.scheduler is not None:
+                for entry, binding in decisions:
+                    self._undo(self.scheduler, binding, preemptions)
+                    self.scheduler.submit([entry.workload])
+
+    def _commit_written(
+        self, decisions: list[tuple[Queued, Binding]], preemptions: dict[str, Preemption], conflicted: set[int]
+    ) -> tuple[int, list[str], list[Binding]]:
+        """Commit in memory what the store now holds: how many were bound, the victims their
+        preemptions evicted, and the bindings the state let go of while they were written."""
         stamp = time.time()
         bound, victims, dropped = 0, [], []
-        self.own(event_ids)
         with self.lock:
             scheduler = self.scheduler
             for entry, binding in decisions:
@@ -644,22 +671,7 @@ class SchedulerLoop:
                 self.queued.pop(key, None)
                 bound += 1
                 self.metrics.bind_latency.observe(max(0.0, stamp - entry.submitted))
-        self.metrics.decisions.labels("bound").inc(bound)
-        if victims:
-            self.metrics.decisions.labels("preempted").inc(len(victims))
-        for key in victims:  # requeued by the same transaction: queue them again here
-            self.reconcile_workload(key)
-        for binding in dropped:  # written, but the state let it go meanwhile: the store follows the state
-            with contextlib.suppress(NotFound):
-                self.store.release(binding.workload, PENDING, f"node {binding.node} changed while it was being bound")
-            self.reconcile_workload(binding.workload)
-        if conflicted:
-            self.metrics.write_conflicts.inc(len(conflicted))
-            for entry, binding in decisions:
-                if entry.id in conflicted:
-                    with self.lock:
-                        self.queued.pop(binding.workload, None)
-                    self.reconcile_workload(binding.workload)
+        return bound, victims, dropped
 
     def _poison_in_flight(self, scheduler: Scheduler, exc: Exception) -> None:
         """The scheduler raised while deciding: the unit it was deciding is the one it popped and
