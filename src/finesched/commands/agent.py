@@ -26,10 +26,9 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 
 from finesched.commands.client import CaOption, InsecureOption
-from finesched.commands.common import default_data
+from finesched.commands.common import default_data, fail
 from finesched.commands.serve import AgentCaOption, InsecureAgentLogsOption, TlsCertOption, TlsKeyOption
 from finesched.commands.supervise import SupervisedServer
 from finesched.private import private_dir, private_file, write_private
@@ -126,13 +125,13 @@ def parse_fake_gpus(text: str | None) -> tuple[int, int] | None:
         return None
     count, _, memory = text.partition(":")
     if not count.isdigit() or not 1 <= int(count) <= MAX_FAKE_GPUS:
-        raise _fail(f"--fake-gpus {text!r}: N must be a whole number from 1 to {MAX_FAKE_GPUS}", 2)
+        raise fail(f"--fake-gpus {text!r}: N must be a whole number from 1 to {MAX_FAKE_GPUS}", 2)
     try:
         size = parse_quantity(memory or FAKE_GPU_MEMORY, "bytes")
     except ValueError as exc:
-        raise _fail(f"--fake-gpus {text!r}: MEMORY {exc}", 2) from None
+        raise fail(f"--fake-gpus {text!r}: MEMORY {exc}", 2) from None
     if size <= 0:
-        raise _fail(f"--fake-gpus {text!r}: MEMORY must be more than 0", 2)
+        raise fail(f"--fake-gpus {text!r}: MEMORY must be more than 0", 2)
     return int(count), size
 
 
@@ -143,7 +142,7 @@ def parse_retention(keep_finished: str, keep_logs: str) -> tuple[float, float]:
     try:
         return parse_duration(keep_finished, "--keep-finished"), parse_duration(keep_logs, "--keep-logs")
     except ValueError as exc:
-        raise _fail(str(exc), 2) from None
+        raise fail(str(exc), 2) from None
 
 
 def parse_tenant_uids(text: str) -> range:
@@ -153,7 +152,7 @@ def parse_tenant_uids(text: str) -> range:
     try:
         return parse_uid_range(text)
     except ValueError as exc:
-        raise _fail(str(exc), 2) from None
+        raise fail(str(exc), 2) from None
 
 
 def check_sandbox(kind: str) -> None:
@@ -162,12 +161,7 @@ def check_sandbox(kind: str) -> None:
     from finesched.agent.sandbox import SANDBOXES
 
     if kind not in SANDBOXES:
-        raise _fail(f"--sandbox {kind!r}: must be one of {', '.join(SANDBOXES)}", 2)
-
-
-def _fail(message: str, code: int = 1) -> typer.Exit:
-    err.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
-    return typer.Exit(code)
+        raise fail(f"--sandbox {kind!r}: must be one of {', '.join(SANDBOXES)}", 2)
 
 
 def _logging(verbose: bool) -> None:
@@ -188,7 +182,7 @@ def _parse_labels(label: list[str] | None) -> dict[str, str]:
     for item in label or ():
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise _fail(f"--label must be KEY=VALUE, got {item!r}", 2)
+            raise fail(f"--label must be KEY=VALUE, got {item!r}", 2)
         labels[key] = value
     return labels
 
@@ -202,7 +196,7 @@ def _agent_client(server: str, token: str, ca: Path | None, insecure: bool) -> A
     try:
         return AgentClient(server, token, ca=ca, insecure=insecure)
     except TransportError as exc:
-        raise _fail(str(exc), 2) from None
+        raise fail(str(exc), 2) from None
 
 
 def agent_cmd(
@@ -246,10 +240,10 @@ def agent_cmd(
     try:
         server_tls(tls_cert, tls_key)  # the log port's pair: checked before anything starts
     except TransportError as exc:
-        raise _fail(str(exc), 2) from None
+        raise fail(str(exc), 2) from None
     labels = _parse_labels(label)
     if mig_mode not in ("static", "dynamic"):
-        raise _fail(f"--mig-mode must be static or dynamic, got {mig_mode!r}", 2)
+        raise fail(f"--mig-mode must be static or dynamic, got {mig_mode!r}", 2)
     uids = parse_tenant_uids(tenant_uids)
     keep_finished_s, keep_logs_s = parse_retention(keep_finished, keep_logs)
     check_sandbox(sandbox)
@@ -272,7 +266,7 @@ def _new_agent(config: Any, client: Any) -> Any:
     try:
         return Agent(config, client)
     except ValueError as exc:  # an unreadable state file, a work root or sandbox that cannot serve
-        raise _fail(str(exc)) from None
+        raise fail(str(exc)) from None
 
 
 def _run(agent: object) -> None:
@@ -282,7 +276,7 @@ def _run(agent: object) -> None:
     try:
         agent.run()  # type: ignore[attr-defined]
     except ServerError as exc:
-        raise _fail(f"the server refused this agent: {exc}") from None
+        raise fail(f"the server refused this agent: {exc}") from None
 
 
 def _stop_on_signals(event: object) -> None:
@@ -306,14 +300,14 @@ def _wait_ready(
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if server.poll() is not None:
-            raise _fail(f"the server exited with code {server.returncode}: {_last_error(log)} (see {log})")
+            raise fail(f"the server exited with code {server.returncode}: {_last_error(log)} (see {log})")
         try:
             if httpx.get(f"{url}/v1/nodes", timeout=2, verify=verify).status_code < 500:  # type: ignore[arg-type]
                 return
         except httpx.HTTPError:
             pass
         time.sleep(0.2)
-    raise _fail(f"the server did not answer at {url} within {timeout:.0f}s")
+    raise fail(f"the server did not answer at {url} within {timeout:.0f}s")
 
 
 def _last_error(log: Path) -> str:
@@ -382,7 +376,7 @@ def _up_tls(
         tls = server_tls(tls_cert, tls_key)
         agent_logs_args = _agent_logs_args(tls_cert, agent_ca, insecure_agent_logs)
     except TransportError as exc:
-        raise _fail(str(exc), 2) from None
+        raise fail(str(exc), 2) from None
     tls_args = ["--tls-cert", str(tls_cert), "--tls-key", str(tls_key)] if tls else []
     verify = pinned_context(tls_cert) if tls and tls_cert is not None else None
     return bool(tls), tls_args, agent_logs_args, verify
@@ -410,7 +404,7 @@ def _up_tokens(data: Path, url: str, name: str, verify: Any, db: str, *, new_adm
 def _token(db: str, *role: str) -> str:
     done = subprocess.run(_cli("token", "create", "--db", db, *role), capture_output=True, text=True, check=False)
     if done.returncode != 0:
-        raise _fail(f"token create failed: {done.stderr.strip() or done.stdout.strip()}")
+        raise fail(f"token create failed: {done.stderr.strip() or done.stdout.strip()}")
     return done.stdout.strip().splitlines()[-1].strip()
 
 
@@ -430,10 +424,10 @@ def _check_ports(host: str, port: int, logs_port: int) -> None:
     """Refuse a server port or a log port that cannot be listened on, before anything is written or started."""
     busy = check_port(host, port)
     if busy is not None:
-        raise _fail(f"{busy}; is finesched (or something else) already running there? Stop it or pass --port")
+        raise fail(f"{busy}; is finesched (or something else) already running there? Stop it or pass --port")
     busy = check_port("127.0.0.1", logs_port) if logs_port else None
     if busy is not None or logs_port == port:
-        raise _fail(f"--logs-port {logs_port}: {busy or 'is the server port'}; pass another --logs-port (0: any)")
+        raise fail(f"--logs-port {logs_port}: {busy or 'is the server port'}; pass another --logs-port (0: any)")
 
 
 def _local_node_name(node_name: str | None) -> str:
@@ -445,7 +439,7 @@ def _local_node_name(node_name: str | None) -> str:
 
     name = node_name or socket.gethostname().lower()
     if subdomain_problems(name):
-        raise _fail(f"node name {name!r}: {subdomain_problems(name)[0]}; pass --node-name", 2)
+        raise fail(f"node name {name!r}: {subdomain_problems(name)[0]}; pass --node-name", 2)
     return name
 
 

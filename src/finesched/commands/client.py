@@ -22,6 +22,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from finesched.commands.common import fail
 from finesched.commands.node_view import render_node
 from finesched.commands.priority_views import NAMES as PRIORITY_CLASS_NAMES
 from finesched.commands.tables import TABLE_OUTPUTS, Columns, col, event_time, print_table, simple_table
@@ -119,8 +120,7 @@ class Client:
 
 
 def _fail(message: str, code: int = 1) -> NoReturn:
-    err.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
-    raise typer.Exit(code)
+    raise fail(message, code)
 
 
 def _fail_response(response: httpx.Response, client: Client | None = None) -> NoReturn:

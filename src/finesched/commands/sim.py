@@ -29,10 +29,10 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+from finesched.commands.common import fail
 from finesched.commands.tables import Columns, col, print_table, simple_table
 from finesched.sim import metrics
 from finesched.sim.policies import BASELINES, BEST, POLICIES, resolve_policy
@@ -67,11 +67,6 @@ class _Fail(Exception):
     def __init__(self, message: str, code: int):
         super().__init__(message)
         self.code = code
-
-
-def _fail(message: str, code: int) -> typer.Exit:
-    err.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
-    return typer.Exit(code)
 
 
 def parse_policies(text: str) -> list[str]:
@@ -222,9 +217,9 @@ def fill(
         if out_dir is not None:
             _write_fill_report(out_dir, runs, node_path, pod_path, bound, inflation=inflation, jobs=jobs, wall=wall)
     except _Fail as exc:
-        raise _fail(str(exc), exc.code) from None
+        raise fail(str(exc), exc.code) from None
     except OSError as exc:
-        raise _fail(f"cannot write the report: {exc}", 1) from None
+        raise fail(f"cannot write the report: {exc}", 1) from None
     _print_fill(records, bound, output, lp=lp, wall=wall, jobs=jobs, mix=bool(mix))
 
 
@@ -314,9 +309,9 @@ def _mig_fill(
             (out_dir / "mig.json").write_text(json.dumps(payload, indent=1), encoding="utf-8")
             err.print(f"wrote {out_dir / 'mig.json'}", soft_wrap=True)
     except _Fail as exc:
-        raise _fail(str(exc), exc.code) from None
+        raise fail(str(exc), exc.code) from None
     except OSError as exc:
-        raise _fail(f"cannot write the report: {exc}", 1) from None
+        raise fail(f"cannot write the report: {exc}", 1) from None
     if output == "json":
         out.print_json(json.dumps({"results": records, "summary": summary}))
         return
@@ -466,9 +461,9 @@ def replay(
                          priorities=list(mix), wall_s=round(wall, 1))  # fmt: skip
             _write_replay_report(out_dir, runs, meta)
     except _Fail as exc:
-        raise _fail(str(exc), exc.code) from None
+        raise fail(str(exc), exc.code) from None
     except OSError as exc:
-        raise _fail(f"cannot write the report: {exc}", 1) from None
+        raise fail(f"cannot write the report: {exc}", 1) from None
     _print_replay(records, output, time_scale=time_scale, wall=wall, mix=bool(mix))
 
 
