@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 test: $(STAMP)
-	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff check src tests bench scripts
 	$(BIN)/lint-imports
 	$(BIN)/pytest
 
@@ -20,8 +20,8 @@ run: $(STAMP)
 	$(BIN)/python scripts/run_demo.py
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests bench
-	$(BIN)/ruff format --check src tests bench
+	$(BIN)/ruff check src tests bench scripts
+	$(BIN)/ruff format --check src tests bench scripts
 	$(BIN)/lint-imports
 
 # The documentation site (docs/, mkdocs.yml) into site/; a broken link or a warning fails it.
