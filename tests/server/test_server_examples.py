@@ -73,9 +73,12 @@ def test_every_example_runs_as_documented_on_a_fresh_server(db_url: str) -> None
         answer = api.admin.post("/v1/plan", content=(ROOT / "examples/what-if.yaml").read_bytes(),
                                 headers={"content-type": "application/yaml"})  # fmt: skip
         assert answer.status_code == 200, answer.text
-        assert {r["workload"] for r in answer.json()["results"]} == {
-            "team-a/what-if-infer", "team-a/what-if-train", "team-a/what-if-huge"
-        }  # fmt: skip
+        planned = {r["workload"]: r for r in answer.json()["results"]}
+        assert set(planned) == {"team-a/what-if-infer", "team-a/what-if-train", "team-a/what-if-huge"}
+        # as the file's comments say, beside the documented workloads: two fit, one fits nowhere
+        assert planned["team-a/what-if-infer"]["node"] and planned["team-a/what-if-train"]["node"], planned
+        huge = planned["team-a/what-if-huge"]
+        assert huge["node"] is None and "insufficient cpu" in huge["error"], huge
         assert (
             api.admin.get("/v1/jobs/default/clicks").status_code == 200
         )  # two-regions.yaml, where a fresh cluster has room
