@@ -26,16 +26,18 @@ from finesched.model.job import Job
 from finesched.model.node import Node
 from finesched.model.priority_class import PriorityClass
 from finesched.model.tenant import Tenant
+from finesched.model.topology import Topology
 from finesched.model.workload import Workload
 
 API_VERSION = "finesched.io/v1alpha1"
-Object = Node | Workload | Tenant | Job | PriorityClass
+Object = Node | Workload | Tenant | Job | PriorityClass | Topology
 KINDS: dict[str, type[Object]] = {
     "Node": Node,
     "Workload": Workload,
     "Tenant": Tenant,
     "Job": Job,
     "PriorityClass": PriorityClass,
+    "Topology": Topology,
 }
 #: Metadata the server sets on every kind and a manifest may carry back (as read with `get -o yaml`):
 #: accepted, checked for its form, and not part of the object itself (`manifest_uid` reads it).
@@ -47,6 +49,7 @@ METADATA_FIELDS: dict[str, tuple[str, ...]] = {
     "Tenant": ("name",),
     "Job": ("name", "namespace", "labels"),
     "PriorityClass": ("name",),
+    "Topology": ("name",),
 }
 
 
@@ -59,6 +62,7 @@ class Manifests:
     tenants: list[Tenant] = field(default_factory=list)
     jobs: list[Job] = field(default_factory=list)
     priority_classes: list[PriorityClass] = field(default_factory=list)
+    topologies: list[Topology] = field(default_factory=list)
     #: Where each object was read ("file doc N"), by (kind, key); filled by `load_manifests`.
     origins: dict[tuple[str, str], str] = field(default_factory=dict, repr=False, compare=False)
     #: The YAML node of each document read, by where ("file doc N"): the line of a field (`with_lines`).
@@ -66,7 +70,7 @@ class Manifests:
 
     def add(self, obj: Object, where: str = "") -> None:
         by_kind = {Node: self.nodes, Workload: self.workloads, Tenant: self.tenants, Job: self.jobs,
-                   PriorityClass: self.priority_classes}  # fmt: skip
+                   PriorityClass: self.priority_classes, Topology: self.topologies}  # fmt: skip
         by_kind[type(obj)].append(obj)
         if where:
             self.origins[(type(obj).__name__, object_key(obj))] = where
@@ -82,13 +86,15 @@ class Manifests:
 
     def __iter__(self) -> typing.Iterator[Object]:
         yield from self.priority_classes
+        yield from self.topologies
         yield from self.tenants
         yield from self.nodes
         yield from self.workloads
         yield from self.jobs
 
     def __len__(self) -> int:
-        return len(self.nodes) + len(self.workloads) + len(self.tenants) + len(self.jobs) + len(self.priority_classes)
+        kinds = (self.nodes, self.workloads, self.tenants, self.jobs, self.priority_classes, self.topologies)
+        return sum(len(objects) for objects in kinds)
 
 
 def parse_manifest(doc: object, *, where: str = "") -> Object:

@@ -22,6 +22,7 @@ from finesched.model.gpu_partitions import ALLOCATE_POLICIES, ANNOTATION_GPU_PAR
 from finesched.model.mig import MIG_RESOURCE_PREFIX, mig_profile_of
 from finesched.model.names import NamespaceName, ObjectName
 from finesched.model.resources import CPU, DEVICE_RESOURCE_NAMES, FPGA, MEMORY, RDMA, ResourceVector, canonical_name
+from finesched.model.topology import GangTopology
 
 QoS = Literal["LSE", "LSR", "LS", "BE"]
 K8sQoS = Literal["Guaranteed", "Burstable", "BestEffort"]
@@ -226,10 +227,23 @@ def _mig_problems(requests: ResourceVector) -> list[tuple[Loc, str, object]]:
 
 
 class Gang(Model):
-    """All-or-nothing group: `min_member` workloads of the gang are placed together or none is."""
+    """All-or-nothing group: `min_member` workloads of the gang are placed together or none is.
+
+    `topology`: the network domain its members must (or should) share (model/topology.py); members
+    are ordered by name, numbers compared as numbers (w-2 before w-10), so ranks that talk most
+    sit together."""
 
     name: str = Field(min_length=1)
     min_member: PositiveInt = Field(default=1, le=MAX_INT32)
+    topology: GangTopology | None = None
+
+    @model_validator(mode="after")
+    def _slices(self) -> Gang:
+        sliced = self.topology.slice if self.topology is not None else None
+        if sliced is not None and self.min_member % sliced.size:
+            rule = f"must divide minMember ({self.min_member}): the gang is cut into whole slices"
+            raise_problems([(("topology", "slice", "size"), rule, sliced.size)], "gang")
+        return self
 
 
 PreemptionPolicy = Literal["PreemptLowerPriority", "Never"]
