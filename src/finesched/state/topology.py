@@ -50,6 +50,15 @@ class DomainIndex:
         np.add.at(summed, ids[inside], per_node[: self.n][inside])  # exact int64 (bincount sums floats)
         return summed
 
+    def sum_rows(self, per_node: npt.NDArray[np.int64], level: int) -> IntArray:
+        """[R, domains of `level`] the row-wise sums of an [R, n] array (allocatable, free) per domain."""
+        ids = self.ids[level]
+        inside = ids >= 0
+        summed = np.zeros((per_node.shape[0], self.count(level)), dtype=np.int64)
+        for r in range(per_node.shape[0]):
+            np.add.at(summed[r], ids[inside], per_node[r, : self.n][inside])
+        return summed
+
     def nodes_of(self, level: int, domain: int) -> npt.NDArray[np.bool_]:
         """[n] True on the nodes of `domain` of level `level`."""
         return self.ids[level] == domain
@@ -110,3 +119,35 @@ class DomainIndexCache:
         built = build_index(state, topology)
         self._cached[topology] = (state.nodes_version, state.n, built)
         return built
+
+
+@dataclass(frozen=True)
+class DomainCapacity:
+    """One domain's size and capacity, for views (`describe topology`, the console's node map)."""
+
+    level: str
+    name: str
+    nodes: int
+    allocatable: dict[str, int]
+    free: dict[str, int]
+
+
+def domain_capacities(state: ClusterState, index: DomainIndex) -> list[DomainCapacity]:
+    """Every domain of every level of `index`, coarse levels first, with its node count and its
+    allocatable and free amount of each resource the cluster has (summed over its nodes)."""
+    out: list[DomainCapacity] = []
+    allocatable, free = state.allocatable, state.free
+    for depth, label in enumerate(index.topology.labels):
+        nodes = index.sum(np.ones(index.n, dtype=np.int64), depth)
+        alloc, avail = index.sum_rows(allocatable, depth), index.sum_rows(free, depth)
+        for domain in range(index.count(depth)):
+            out.append(
+                DomainCapacity(
+                    label,
+                    index.name(depth, domain),
+                    int(nodes[domain]),
+                    {r: int(alloc[i, domain]) for i, r in enumerate(state.resources) if alloc[i, domain]},
+                    {r: int(avail[i, domain]) for i, r in enumerate(state.resources) if alloc[i, domain]},
+                )
+            )
+    return out
