@@ -29,6 +29,7 @@ from finesched.errors import ValidationError
 from finesched.model.base import fast_construct
 from finesched.model.binding import Binding
 from finesched.model.tenant import Tenant
+from finesched.model.topology import Topology
 from finesched.model.workload import Workload
 from finesched.sched.cycle_state import CycleState
 from finesched.sched.diagnosis import FitError, InvalidRequest, QuotaWait, diagnose, gang_fit_error
@@ -71,9 +72,11 @@ class Scheduler:
         auto_commit: bool = True,
         memoize: bool = True,
         preemption: bool = True,
+        topologies: Iterable[Topology] = (),
     ):
         """`preemption=False` turns the profile's post_filter (DefaultPreemption) off: `run` then
-        never evicts anything (`finesched plan --no-preemption`)."""
+        never evicts anything (`finesched plan --no-preemption`). `topologies`: the network trees
+        gangs may name (`gang.topology`; model/topology.py)."""
         self.state = state
         self.profile = resolve_profile(profile)
         self.framework = Framework(self.profile, registry or default_registry(), state)
@@ -99,6 +102,13 @@ class Scheduler:
         #: Why preemption found nothing for a workload that fits nowhere (its latest attempt).
         self.preemption_misses: dict[str, str] = {}
         self._victims_committed: dict[str, set[str]] = {}
+        #: The Topology objects gangs may name, by name (`set_topologies` replaces them).
+        self.topologies: dict[str, Topology] = {t.name: t for t in topologies}
+
+    def set_topologies(self, topologies: Iterable[Topology]) -> None:
+        """Replace the known topologies; parked work is tried again (a gang may fit a new tree)."""
+        self.topologies = {t.name: t for t in topologies}
+        self.queue.cluster_changed()
 
     # One workload -----------------------------------------------------------------------------------
     def schedule_one(self, workload: Workload) -> Binding:
