@@ -6,10 +6,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from builders import make_node
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from builders import make_node
 from finesched import parse_manifest
 from finesched.errors import ValidationError
 from finesched.model.manifest import to_manifest
@@ -67,8 +67,11 @@ def test_a_gang_topology_round_trips_with_its_slice() -> None:
         (gang_doc(name="dc"), "spec.gang.topology", "exactly one of required and preferred"),
         (gang_doc(name="dc", required=RACK, preferred=BLOCK), "spec.gang.topology", "exactly one"),
         (gang_doc(name="dc", required="a b"), "spec.gang.topology.required", "label key"),
-        (gang_doc(name="dc", required=RACK, slice={"size": 3, "required": HOST}), "spec.gang.topology.slice.size",
-         "must divide minMember (4)"),  # fmt: skip
+        (
+            gang_doc(name="dc", required=RACK, slice={"size": 3, "required": HOST}),
+            "spec.gang.topology.slice.size",
+            "must divide minMember (4)",
+        ),
         (gang_doc(name="dc", required=RACK, slice={"size": 0, "required": HOST}), "spec.gang.topology.slice.size", ""),
         (gang_doc(name="dc", required=RACK, slice={"size": 2}), "spec.gang.topology.slice.required", ""),
         (gang_doc(name="dc", required=RACK, zone="a"), "spec.gang.topology.zone", ""),
