@@ -94,16 +94,24 @@ def copies_over_devices(per_device: Int64Array, count: int) -> Int64Array:
 
 
 def type_copies(accounts: DeviceAccounts, tr: TypeRequest, rule: FitRule | None, rows: Any, size: int) -> Int64Array:
-    """[size] copies of one type's request per node of `rows` (a slice of all nodes, or indices)."""
+    """[size] copies of one type's request per node of `rows` (a slice of all nodes, or indices).
+
+    Over all nodes the answer is kept in the accounts' per-node cache (`DeviceAccounts.cached`,
+    refreshed where devices changed), as the filter's fit counts are.
+    """
     acc = accounts.types.get(tr.type)
     if rule is None or acc is None:
         return np.zeros(size, dtype=np.int64)
-    free, total, healthy = node_rows(acc, rows)
-    if tr.hint is not None and tr.hint.apply_all:
-        # ApplyForAll takes every matching device: a second copy finds them taken unless shared.
-        # Upper bound: the devices' own count, each copy at least one device.
-        return copies_over_devices(device_copies(rule, free, total, healthy), 1)
-    return copies_over_devices(device_copies(rule, free, total, healthy), tr.count)
+    # ApplyForAll takes every matching device, so the count asked is only a lower bound (1):
+    # counted as one device per copy, an upper bound.
+    count = 1 if tr.hint is not None and tr.hint.apply_all else tr.count
+
+    def compute(part: Any) -> tuple[np.ndarray, ...]:
+        return (copies_over_devices(device_copies(rule, *node_rows(acc, part)), count),)
+
+    if isinstance(rows, slice):
+        return accounts.cached(("count", tr.type, rule, count), compute, size)[0]
+    return compute(rows)[0]
 
 
 def mig_copies(slices: MIGSlices, request: MIGRequest, n: int, index: npt.NDArray[np.intp] | None) -> Int64Array:
