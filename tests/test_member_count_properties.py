@@ -4,7 +4,8 @@ On random single nodes (GPUs with random existing shares, a CPU topology with so
 NUMA policies, MIG layouts) and random requests, `Framework.run_count` equals the number of copies
 `Scheduler.schedule_one` places one after another on that one-node cluster until FitError, for the
 requests the plugins count exactly; for the others (documented upper bounds: shares spread over
-several GPUs, several MIG profiles, exclusive policies) it is never below that number.
+several GPUs, several MIG profiles, exclusive policies) it is never below that number. Partition
+tables (Honor / Prefer, with and without a gpu-partition-spec) are counted exactly.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from builders import make_node
+from finesched.model.binding import Binding, DeviceGrant
 from finesched.model.mig import mig_resource
 from finesched.model.node import Node
 from finesched.model.workload import Workload
@@ -24,6 +26,7 @@ from finesched.sched.profile import Profile
 from finesched.sched.scheduler import Scheduler
 from finesched.state.cluster import ClusterState
 from member_counts import copy_of, counts, placed_one_by_one
+from test_member_count import table_node
 from test_mig_properties import PROFILES, mig_nodes
 
 MEMORY = [None, "16Gi", "40Gi", "80Gi"]
@@ -164,3 +167,29 @@ def test_cpu_counts_match_placing_one_by_one(node, qos, cpus, memory, numa, requ
         extra["requests"] = {"nvidia.com/gpu": gpus}
     data = cpu_workload(qos, cpus, threads, memory, extra)
     agrees(lambda: make_scheduler(base, held, CPU_PROFILE), data, True)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    policy=st.sampled_from(["Honor", "Prefer"]),
+    busy=st.sets(st.integers(0, 7), max_size=5),
+    gpus=st.sampled_from([1, 2, 4]),
+    spec=st.sampled_from([None, "Restricted", "BestEffort"]),
+)
+def test_partition_counts_match_placing_one_by_one(policy, busy, gpus, spec) -> None:
+    node = table_node(policy)
+
+    def make() -> Scheduler:
+        scheduler = Scheduler(ClusterState.from_nodes([node]))
+        for m in sorted(busy):
+            grants = {"gpu-core": 10, "gpu-memory-ratio": 10, "gpu-memory": 8 * 2**30}
+            binding = Binding(
+                workload=f"other/b{m}", node="hgx", devices={"gpu": [DeviceGrant(minor=m, resources=grants)]}
+            )
+            scheduler.state.assume(binding)
+        return scheduler
+
+    data: dict[str, Any] = {"name": "m", "requests": {"cpu": "1", "nvidia.com/gpu": gpus}}
+    if spec is not None:
+        data["gpuPartitionSpec"] = {"allocatePolicy": spec}
+    agrees(make, data, True)
