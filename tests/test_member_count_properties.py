@@ -153,20 +153,28 @@ def cpu_workload(qos: str, cpus: int, threads: int, memory: str, extra: dict[str
     cpus=st.integers(1, 4),
     memory=st.sampled_from(["1Gi", "12Gi"]),
     numa=st.sampled_from([None, "SingleNUMANode"]),
-    required=st.booleans(),
+    bind=st.sampled_from([None, "FullPCPUs", "SpreadByPCPUs"]),
+    exclusive=st.sampled_from([None, None, "PCPULevel", "NUMANodeLevel"]),
     gpus=st.integers(0, 2),
 )
-def test_cpu_counts_match_placing_one_by_one(node, qos, cpus, memory, numa, required, gpus) -> None:
+def test_cpu_counts_match_placing_one_by_one(node, qos, cpus, memory, numa, bind, exclusive, gpus) -> None:
+    """Exact but for an exclusive policy or a required SpreadByPCPUs (upper bounds, documented)."""
     base, held, threads = node
     extra: dict[str, Any] = {}
     if numa:
         extra["numaTopologyPolicy"] = numa
-    if required and qos != "LS":
-        extra["resourceSpec"] = {"requiredCPUBindPolicy": "FullPCPUs"}
+    spec = {}
+    if bind and qos != "LS":
+        spec["requiredCPUBindPolicy"] = bind
+    if exclusive:
+        spec["preferredCPUExclusivePolicy"] = exclusive
+    if spec:
+        extra["resourceSpec"] = spec
     if gpus:
         extra["requests"] = {"nvidia.com/gpu": gpus}
     data = cpu_workload(qos, cpus, threads, memory, extra)
-    agrees(lambda: make_scheduler(base, held, CPU_PROFILE), data, True)
+    exact = exclusive is None and bind != "SpreadByPCPUs"
+    agrees(lambda: make_scheduler(base, held, CPU_PROFILE), data, exact)
 
 
 @settings(max_examples=40, deadline=None)

@@ -59,6 +59,7 @@ from finesched.model.binding import Binding
 from finesched.model.resources import CPU, MEMORY
 from finesched.plugins.cpu.koordinator import split_by_numa
 from finesched.plugins.cpu.prefilter import (
+    BIND_CODE,
     NO_NUMA,
     POLICY_MISMATCH,
     RESTRICTED,
@@ -68,7 +69,6 @@ from finesched.plugins.cpu.prefilter import (
     filter_result,
     numa_checks,
     numa_inputs,
-    usable_cpus,
     usable_cpus_of,
 )
 from finesched.plugins.cpu.request import CPU_OFFER, NUMA_OFFER, CPURequest, NUMAOffer, cpu_request
@@ -191,9 +191,8 @@ class NUMAAlign:
             free = np.maximum(acc.numa_cpu_cap[rows] - acc.numa_cpu_used[rows], 0) // req.cpu_milli
             excl = np.ones(len(rows), dtype=bool) if req.exclusive else acc.kubelet_static[rows] & req.static_exclusive
             if excl.any() and req.cpus > 0:
-                free = np.where(
-                    excl[:, None], np.minimum(free, usable_cpus(acc, req, rows) * acc.max_ref_count // req.cpus), free
-                )
+                cpus = _countable_cpus(acc, req, rows) * acc.max_ref_count // req.cpus
+                free = np.where(excl[:, None], np.minimum(free, cpus), free)
             zones = np.where(acc.has_topo[rows][:, None], np.minimum(zones, free), zones)
         if req.memory > 0:
             mem = np.maximum(acc.numa_mem_cap[rows] - acc.numa_mem_used[rows], 0) // req.memory
@@ -402,6 +401,19 @@ class NUMAAlign:
             for n, amount in split_by_numa(req.memory, mem_free, chosen, what="memory").items():
                 grants.setdefault(n, {})[MEMORY] = amount
         return grants
+
+
+def _countable_cpus(acc: CPUAccounts, req: CPURequest, rows: np.ndarray) -> np.ndarray:
+    """[rows, NUMA slots] CPUs copies of an exclusive request can take one after another per NUMA
+    node: whole-core CPUs under a required FullPCPUs (each copy takes whole cores), else every
+    available CPU. (The filter's `usable_cpus` counts cores with a free CPU under SpreadByPCPUs,
+    right for one copy; a copy leaves the cores' other CPUs free for the next.)"""
+    pod_req = BIND_CODE.get(req.required_bind, 0)
+    if pod_req:
+        full = np.full(len(rows), pod_req == 1, dtype=bool)
+    else:  # as `usable_cpus`: kubelet-mode nodes count any available CPU
+        full = ~acc.kubelet_mode[rows] & (acc.required_bind[rows] == 1)
+    return np.where(full[:, None], acc.numa_whole[rows], acc.numa_avail[rows])
 
 
 def effective_policy(req: CPURequest, node_policy: str) -> str:
