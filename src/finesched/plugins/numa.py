@@ -169,8 +169,9 @@ class NUMAAlign:
         """[batch] copies of the request the node's NUMA nodes hold under SingleNUMANode.
 
         Each copy sits on one NUMA node, so the node holds the sum over its NUMA nodes of what
-        each holds alone: the least of free millicores // cpu (for an exclusive cpuset also the
-        CPUs its bind policy may use there // cpus), free memory // memory, and per requested
+        each holds alone: the least of free millicores // cpu (for an exclusive cpuset also its
+        CPUs there // cpus: whole-core CPUs under a required FullPCPUs, else every available CPU,
+        an upper bound under SpreadByPCPUs), free memory // memory, and per requested
         device type the copies of that type on the devices of that NUMA node (deviceshare/count.py).
         Exact where those counts are (nothing is shared between NUMA nodes); hinted device types
         are left to DeviceShare's count (an upper bound here). Restricted, BestEffort and no
