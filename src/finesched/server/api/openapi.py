@@ -8,9 +8,9 @@ the document is first asked for:
   msg, type}]}``) for 413 and 422 (every route may refuse a path or query value, every route with
   a body a bad body);
 * the bearer-token security every ``/v1`` operation requires;
-* the manifest bodies (Node, Workload, Tenant, Job, PriorityClass) as the JSON schemas of their models, instead
-  of free-form objects (the routes read them with `parse_manifest`, whose error paths are the
-  manifest's own);
+* the manifest bodies (Node, Workload, Tenant, Job, PriorityClass, Topology) as the JSON schemas of
+  their models, instead of free-form objects (the routes read them with `parse_manifest`, whose
+  error paths are the manifest's own);
 * the content types of ``/metrics`` (Prometheus text) and ``/v1/events/watch`` (Server-Sent Events).
 """
 
@@ -67,6 +67,8 @@ EXTRA: dict[tuple[str, str], tuple[int, ...]] = {
     ("post", "/v1/plan"): (409,),
     ("post", "/v1/priorityclasses"): (409,),
     ("put", "/v1/priorityclasses/{name}"): (409,),
+    ("post", "/v1/topologies"): (409,),
+    ("put", "/v1/topologies/{name}"): (409,),
 }
 #: Request bodies that are manifests: (method, path) -> the kind, and whether a list is accepted.
 MANIFEST_BODIES: dict[tuple[str, str], tuple[str, bool]] = {
@@ -79,6 +81,8 @@ MANIFEST_BODIES: dict[tuple[str, str], tuple[str, bool]] = {
     ("post", "/v1/plan"): ("Workload", True),
     ("post", "/v1/priorityclasses"): ("PriorityClass", False),
     ("put", "/v1/priorityclasses/{name}"): ("PriorityClass", False),
+    ("post", "/v1/topologies"): ("Topology", False),
+    ("put", "/v1/topologies/{name}"): ("Topology", False),
 }
 #: `metadata.uid`: set by the server; a manifest may carry it back (ignored on create, 409 on a replace
 #: when it names another object than the stored one of that name).
