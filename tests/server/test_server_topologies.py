@@ -288,3 +288,17 @@ def test_validate_and_plan_check_gang_topologies_against_the_files(tmp_path: Pat
     for refused, path in ((without, "spec.gang.topology.name"), (wrong, "spec.gang.topology.required")):
         planned = run("plan", str(refused))  # the plan's cluster is the files': an error
         assert planned.returncode == 1 and path in planned.stderr, planned.stderr
+
+
+def test_the_documented_label_key_pattern_is_the_models_rule(api: Api) -> None:
+    import re
+
+    from finesched.model.topology import label_key_problem
+
+    schemas = api.admin.get("/openapi.json").json()["components"]["schemas"]
+    pattern = schemas["TopologyLevel"]["properties"]["nodeLabel"]["pattern"]
+    assert schemas["TopologySlice"]["properties"]["required"]["pattern"] == pattern
+    assert schemas["GangTopology"]["properties"]["preferred"]["anyOf"][0]["pattern"] == pattern
+    keys = [RACK_LABEL, HOSTNAME_LABEL, "rack", "a.b/c_d.e", "x" * 63, "x" * 64, "Upper/x", "/x", "a/", "a//b",
+            "-a", "a-", "a/b/c", "a.-b/c", "0"]  # fmt: skip
+    assert [k for k in keys if re.match(pattern, k)] == [k for k in keys if label_key_problem(k) is None]
