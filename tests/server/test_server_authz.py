@@ -38,6 +38,7 @@ def topology(name: str) -> dict[str, Any]:
     return {"apiVersion": "finesched.io/v1alpha1", "kind": "Topology", "metadata": {"name": name},
             "spec": {"levels": [{"nodeLabel": "topology.finesched.io/rack"}]}}  # fmt: skip
 
+
 #: (method, path as the OpenAPI document names it, the path sent, a valid body, an invalid body,
 #: the callers refused, the status for a tenant when not 403, the callers whose right depends on what
 #: the body names: a body that is not JSON names nothing, and is a 422 for them)
