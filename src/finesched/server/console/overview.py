@@ -321,21 +321,26 @@ def domains_view(data: DomainInput, position: IntArray, missing: int) -> dict[st
     index, depth = data.index, data.depth
     ids = index.ids[depth]
     nodes = index.sum(np.ones(index.n, dtype=np.int64), depth)
-    sums = {r: (index.sum(alloc, depth), index.sum(free, depth)) for r, (alloc, free) in data.amounts.items()}
+    # Python lists, not numpy scalars: a level may have one domain per node (10,000 boxes' figures).
+    sums = {
+        r: (index.sum(alloc, depth).tolist(), index.sum(free, depth).tolist())
+        for r, (alloc, free) in data.amounts.items()
+    }
     # The members of every domain in one pass: node positions sorted by (domain, position).
     inside = np.flatnonzero(ids >= 0)
     order = np.lexsort((position[inside], ids[inside]))
-    members = position[inside][order]
-    bounds = np.concatenate(([0], np.cumsum(nodes)))
+    members = position[inside][order].tolist()
+    bounds = np.concatenate(([0], np.cumsum(nodes))).tolist()
+    counts = nodes.tolist()
     domains = []
     for domain in range(index.count(depth)):
         domains.append(
             {
                 "name": index.name(depth, domain),
-                "nodes": int(nodes[domain]),
-                "allocatable": {r: int(a[domain]) for r, (a, _) in sums.items() if a[domain]},
-                "free": {r: int(f[domain]) for r, (a, f) in sums.items() if a[domain]},
-                "members": members[bounds[domain] : bounds[domain + 1]].tolist(),
+                "nodes": counts[domain],
+                "allocatable": {r: a[domain] for r, (a, _) in sums.items() if a[domain]},
+                "free": {r: f[domain] for r, (a, f) in sums.items() if a[domain]},
+                "members": members[bounds[domain] : bounds[domain + 1]],
             }
         )
     outside = np.sort(position[ids < 0]).tolist() + list(range(len(position), len(position) + missing))
