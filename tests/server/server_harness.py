@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 import uvicorn
 
+from finesched.model.manifest import parse_manifest
 from finesched.server.api.auth import create_token
 from finesched.server.api.http_server import Timeouts, server_config
 from finesched.server.app import create_app
@@ -192,3 +193,16 @@ class ServerProcess:
                 self.proc.wait(timeout=15)
             except subprocess.TimeoutExpired:
                 self.kill()
+
+
+def add_topology(api: Api, doc: dict[str, Any]) -> None:
+    """Give the server's scheduler the Topology `doc`: through `POST /v1/topologies` where the server
+    has the route, else (a server without topology objects yet) straight onto the loop's scheduler."""
+    answer = api.admin.post("/v1/topologies", json=doc)
+    if answer.status_code != 404:
+        assert answer.status_code == 201, answer.text
+        return
+    loop = api.app.state.ctx.loop
+    with loop.lock:
+        scheduler = loop.scheduler
+        scheduler.set_topologies([*scheduler.topologies.values(), parse_manifest(doc)])
