@@ -20,7 +20,6 @@ from typing import Any
 import httpx
 import uvicorn
 
-from finesched.model.manifest import parse_manifest
 from finesched.server.api.auth import create_token
 from finesched.server.api.http_server import Timeouts, server_config
 from finesched.server.app import create_app
@@ -196,13 +195,6 @@ class ServerProcess:
 
 
 def add_topology(api: Api, doc: dict[str, Any]) -> None:
-    """Give the server's scheduler the Topology `doc`: through `POST /v1/topologies` where the server
-    has the route, else (a server without topology objects yet) straight onto the loop's scheduler."""
+    """Create the Topology `doc` through `POST /v1/topologies` (the admin's token)."""
     answer = api.admin.post("/v1/topologies", json=doc)
-    if answer.status_code != 404:
-        assert answer.status_code == 201, answer.text
-        return
-    loop = api.app.state.ctx.loop
-    with loop.lock:
-        scheduler = loop.scheduler
-        scheduler.set_topologies([*scheduler.topologies.values(), parse_manifest(doc)])
+    assert answer.status_code == 201, answer.text

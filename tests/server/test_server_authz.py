@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 import pytest
 from manifests import node, priority_class, tenant, workload
+from manifests import topology as topology_doc
 from server_harness import Api, inprocess_server
 
 from finesched.server.api.auth_limit import FailedAuthLimiter
@@ -35,8 +36,7 @@ BAD_WORKLOAD = workload("w9", cpu="lots")
 
 
 def topology(name: str) -> dict[str, Any]:
-    return {"apiVersion": "finesched.io/v1alpha1", "kind": "Topology", "metadata": {"name": name},
-            "spec": {"levels": [{"nodeLabel": "topology.finesched.io/rack"}]}}  # fmt: skip
+    return topology_doc(name, "topology.finesched.io/rack")
 
 
 #: (method, path as the OpenAPI document names it, the path sent, a valid body, an invalid body,

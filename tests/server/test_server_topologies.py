@@ -17,6 +17,7 @@ import pytest
 import sqlalchemy as sa
 import yaml
 from manifests import API, node, workload
+from manifests import topology as topology_doc
 from server_harness import FINESCHED, Api, wait_until
 
 from finesched.model.manifest import parse_manifest
@@ -28,8 +29,7 @@ RACKS = [BLOCK_LABEL, RACK_LABEL]
 
 
 def topology(name: str = "dc", *labels: str) -> dict[str, Any]:
-    levels = [{"nodeLabel": label} for label in (labels or RACKS)]
-    return {"apiVersion": API, "kind": "Topology", "metadata": {"name": name}, "spec": {"levels": levels}}
+    return topology_doc(name, *(labels or RACKS))
 
 
 def racked(name: str, block: str | None, rack: str | None, **kwargs: Any) -> dict[str, Any]:
