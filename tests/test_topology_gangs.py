@@ -39,7 +39,8 @@ def scheduler(nodes: Iterable[Node], profile: str | dict[str, object] = "default
 
 def gang(
     name: str, size: int, *, required: str | None = None, preferred: str | None = None, slice_: dict | None = None,
-    priority: int = 0, tenant: str | None = None, **req: str | int,
+    priority: int = 0, tenant: str | None = None, requests: dict[str, str | int] | None = None,
+    spec: dict[str, object] | None = None,
 ) -> list[Workload]:  # fmt: skip
     topology: dict[str, object] = {"name": "dc"}
     if required:
@@ -50,7 +51,11 @@ def gang(
         topology["slice"] = slice_
     out = []
     for i in range(size):
-        b = make_workload(f"{name}-{i}").req(**(req or {"cpu": "1"})).priority(priority)
+        b = make_workload(f"{name}-{i}").priority(priority)
+        for resource, amount in (requests or {"cpu": "1"}).items():
+            b = b.request(resource, amount)
+        if spec:
+            b = b.set(**spec)
         if tenant:
             b = b.tenant(tenant)
         b = b.set(gang={"name": name, "minMember": size, "topology": topology})
@@ -124,3 +129,125 @@ def test_nodes_without_the_level_label_are_outside_every_domain() -> None:
     assert racks_of(s.schedule_gang(gang("g", 8, required=RACK_LABEL))) == {"b1-r1"}  # not the big bare node
     with pytest.raises(FitError, match=r"best topology\.finesched\.io/rack b1/r1 holds 0 of 1 members"):
         s.schedule_gang(gang("h", 1, required=RACK_LABEL))
+
+
+def test_slices_keep_consecutive_members_on_one_node() -> None:
+    # one rack: n1 and n2 take 3 members each, n3 takes 2; slices of 2 on hostname: one per node
+    nodes = [placed_node("b1-r1-n1", make_node("b1-r1-n1").cpu("3").memory("8Gi"))]
+    nodes.append(placed_node("b1-r1-n2", make_node("b1-r1-n2").cpu("3").memory("8Gi")))
+    nodes.append(placed_node("b1-r1-n3", make_node("b1-r1-n3").cpu("2").memory("8Gi")))
+    s = scheduler(nodes)
+    bound = s.schedule_gang(gang("sl", 6, required=RACK_LABEL, slice_={"size": 2, "required": HOSTNAME_LABEL}))
+    pairs = [{bound[i].node, bound[i + 1].node} for i in range(0, 6, 2)]
+    assert all(len(p) == 1 for p in pairs)  # each slice on one node
+    assert len(set().union(*pairs)) == 3  # three nodes, one slice each
+    s.state.check_invariants()
+
+
+def test_a_slice_that_no_node_holds_waits() -> None:
+    nodes = [placed_node(f"b1-r1-n{i}", make_node(f"b1-r1-n{i}").cpu("3").memory("8Gi")) for i in (1, 2)]
+    s = scheduler(nodes)  # 6 members fit the rack, but slices of 4 fit no node
+    with pytest.raises(FitError) as info:
+        s.schedule_gang(gang("sl", 4, required=RACK_LABEL, slice_={"size": 4, "required": HOSTNAME_LABEL}))
+    assert info.value.message == (
+        f"gang sl: topology dc: best {RACK_LABEL} b1/r1 holds 0 of 1 slices of 4 ({HOSTNAME_LABEL}): "
+        f"4 need room for 4 on one {HOSTNAME_LABEL}"
+    )
+    assert not s.state.bindings
+
+
+def half_gpu(name: str, node: str) -> Workload:
+    amounts = {"koordinator.sh/gpu-core": 50, "koordinator.sh/gpu-memory-ratio": 50}
+    return (
+        make_workload(name)
+        .req(cpu="100m", **{k.replace("/", "__"): v for k, v in amounts.items()})
+        .set(nodeSelector={HOSTNAME_LABEL: node})
+        .obj()
+    )
+
+
+def test_gpu_shares_a_scalar_estimate_misses_send_whole_gpu_members_to_the_other_rack() -> None:
+    """Rack r1: 2 nodes of 4 GPUs, every card half used (4 GPUs of scalar room, no whole card);
+    rack r2: 2 nodes of 2 free cards (4 whole GPUs, more cpu). By scalar totals r1 is the tighter
+    fit for 4 one-GPU members; only r2 holds them."""
+    nodes = [placed_node(f"b1-r1-n{i}", make_node(f"b1-r1-n{i}").cpu("4").memory("64Gi").gpus(4)) for i in (1, 2)]
+    nodes += [placed_node(f"b1-r2-n{i}", make_node(f"b1-r2-n{i}").cpu("16").memory("64Gi").gpus(2)) for i in (1, 2)]
+    s = scheduler(nodes)
+    for i in (1, 2):
+        for k in range(4):
+            s.schedule_one(half_gpu(f"share-{i}-{k}", f"b1-r1-n{i}"))
+    bound = s.schedule_gang(gang("train", 4, required=RACK_LABEL, requests={"cpu": "1", "nvidia.com/gpu": "1"}))
+    assert racks_of(bound) == {"b1-r2"}
+    s.state.check_invariants()
+
+
+def test_exclusive_cpusets_a_scalar_estimate_misses_send_full_core_members_to_the_other_rack() -> None:
+    """Rack r1: one 8-CPU node (4 cores x 2 threads) with one thread of every core taken: 4 CPUs
+    free by scalar, no whole core. Rack r2: a 16-CPU node. Two members of 2 CPUs on whole cores
+    (FullPCPUs) fit r1 by scalar (the tighter fit) but only r2 in truth."""
+    r1 = make_node("b1-r1-n1").topology(1, 1, 4, 2).memory("64Gi")
+    r2 = make_node("b1-r2-n1").topology(1, 1, 8, 2).memory("64Gi")
+    s = scheduler([placed_node("b1-r1-n1", r1), placed_node("b1-r2-n1", r2)])
+    spread = {"requiredCPUBindPolicy": "SpreadByPCPUs"}
+    filler = make_workload("filler").req(cpu="4", memory="1Gi").lim(cpu="4", memory="1Gi").qos("LSE")
+    bound_filler = s.schedule_one(filler.set(resourceSpec=spread, nodeSelector={RACK_LABEL: "r1"}).obj())
+    assert len(bound_filler.cpuset) == 4  # one thread of each of the 4 cores
+    two = {"cpu": "2", "memory": "1Gi"}
+    full = {"resourceSpec": {"requiredCPUBindPolicy": "FullPCPUs"}, "qos": "LSE", "limits": two}
+    members = gang("cores", 2, required=RACK_LABEL, requests=two, spec=full)
+    bound = s.schedule_gang(members)
+    assert racks_of(bound) == {"b1-r2"}
+    s.state.check_invariants()
+
+
+def test_preemption_evicts_inside_one_domain_only() -> None:
+    nodes = [placed_node(n, make_node(n).cpu("4").memory("8Gi")) for n in ("b1-r1-n1", "b1-r2-n1")]
+    s = scheduler(nodes)
+    low_a = make_workload("low-a").req(cpu="3").selector(**{RACK_LABEL: "r1"}).obj()
+    low_b = make_workload("low-b").req(cpu="2").selector(**{RACK_LABEL: "r2"}).obj()
+    s.schedule_one(low_a)
+    s.schedule_one(low_b)
+    # 4 members of 1 cpu at priority 10: no rack holds them (r1 has 1 free, r2 has 2); anywhere
+    # they would fit with one eviction spread over both racks; inside r2 evicting low-b does it
+    s.submit(gang("hi", 4, required=RACK_LABEL, priority=10))
+    results = s.run()
+    assert all(isinstance(r, Binding) for r in results)
+    assert racks_of(results) == {"b1-r2"}  # type: ignore[arg-type]
+    victims = [v.workload for p in s.take_preemptions() for v in p.victims]
+    assert victims == ["default/low-b"] and "default/low-a" in s.state.bindings
+    s.state.check_invariants()
+
+
+def test_a_topology_gang_over_its_tenant_quota_waits_whole() -> None:
+    from finesched.model.tenant import Tenant
+    from finesched.sched.diagnosis import QuotaWait
+
+    s = scheduler([placed_node("b1-r1-n1")], tenants=[Tenant(name="t", quota={"cpu": "3"})])
+    s.submit(gang("q", 4, required=RACK_LABEL, tenant="t"))
+    results = s.run()
+    assert len(results) == 4 and all(isinstance(r, QuotaWait) for r in results)
+    assert not s.state.bindings
+
+
+@pytest.mark.parametrize(("policy", "waiting"), [("BestFit", 1), ("KeepDomainsWhole", 0)])
+def test_keep_domains_whole_leaves_room_for_the_gangs_still_waiting(policy: str, waiting: int) -> None:
+    """r1 holds 6 members, r2 holds 8. A 2-member gang, then two 6-member gangs wait. BestFit takes
+    r1 (the tightest) and leaves (4, 8): one 6-gang fits. KeepDomainsWhole scores r1: 6//6 - 4//6
+    = 1 gang of 6 lost, r2: 8//6 - 6//6 = 0, so it takes r2 and leaves (6, 6): both fit."""
+    nodes = [placed_node("b1-r1-n1", make_node("b1-r1-n1").cpu("6").memory("8Gi")), placed_node("b1-r2-n1")]
+    profile = {"name": "p", "plugins": [{"name": "ResourcesFit"}, {"name": "LeastRequested"}], "topologyPolicy": policy}
+    s = scheduler(nodes, profile)
+    s.submit(gang("small", 2, required=RACK_LABEL, priority=5))
+    s.submit(gang("six-a", 6, required=RACK_LABEL) + gang("six-b", 6, required=RACK_LABEL))
+    results = s.run()
+    assert sum(isinstance(r, FitError) for r in results) == 6 * waiting
+    s.state.check_invariants()
+
+
+def test_profile_topology_policy_is_validated() -> None:
+    from finesched.errors import ValidationError
+    from finesched.sched.profile import Profile
+
+    assert Profile.parse({"plugins": [{"name": "ResourcesFit"}]}).topology_policy == "BestFit"
+    with pytest.raises(ValidationError, match="topologyPolicy"):
+        Profile.parse({"plugins": [{"name": "ResourcesFit"}], "topologyPolicy": "Random"})

@@ -337,22 +337,24 @@ class TopologyPlacer:
         size: int,
     ) -> list[int]:
         """The slice-level domain of each slice, in slice order (Kueue's descent): the sub-domains of
-        `domain` sorted by slices held (most first, then name), filled greedily, the last one the
+        `domain` sorted by slices held (most first, then fewest members, then name), filled greedily, the last one the
         tightest that holds what is left; FitError when they hold too few slices."""
         m = len(members)
         slices = m // size
         need = np.array([len(f.members) for f in fits], dtype=np.int64)
-        caps = (np.stack([index.sum(f.count, slice_depth) for f in fits]) * slices // need[:, None]).min(axis=0)
+        counts = np.stack([index.sum(f.count, slice_depth) for f in fits])  # [S, sub-domains]
+        caps = (counts * slices // need[:, None]).min(axis=0)
+        held = (counts * m // need[:, None]).min(axis=0)
         anc = self._ancestors(index, slice_depth, depth)
         subs = np.flatnonzero((anc == (0 if depth < 0 else domain)) & (caps > 0))
-        subs = subs[np.lexsort([subs, -caps[subs]])]
+        subs = subs[np.lexsort([subs, held[subs], -caps[subs]])]  # most slices, then fewest members, name
         out: list[int] = []
         left = slices
-        pool = list(subs.tolist())
+        pool = [int(x) for x in subs]
         while left > 0 and pool:
             head = pool[0]
-            if caps[head] >= left:
-                tight = min((s for s in pool if caps[s] >= left), key=lambda s: (caps[s], s))
+            if caps[head] >= left:  # the last one: the tightest that holds what is left
+                tight = min((x for x in pool if caps[x] >= left), key=lambda x: (caps[x], held[x], x))
                 out += [tight] * left
                 left = 0
                 break
@@ -411,7 +413,9 @@ class TopologyPlacer:
         else:
             what = f"{held} of {m} members"
         reasons = self._reasons_on(fits, index, depth, best)
-        need = ", ".join(_need(r) for r, _ in reasons.most_common(3)) or "room"
+        need = ", ".join(_need(r) for r, _ in reasons.most_common(3))
+        if not need:
+            need = f"room for {size} on one {topology.labels[slice_depth]}" if slice_depth is not None else "room"
         short = max(m - held, 1)
         detail = f"{head}: best {label} {index.name(depth, best)} holds {what}: {short} need {need}"
         return FitError(
