@@ -254,6 +254,8 @@ def place_gang_or_preempt(sched: SchedulerView, workloads: Sequence[Workload]) -
             raise
         name = workloads[0].gang.name if workloads[0].gang else "gang"
         raise gang_fit_error(name, exc, "none placed, none evicted") from None
+    if len(steps) > 1:
+        sched.topology.history.append(len(steps))
     return [binding for binding, _ in steps]
 
 

@@ -31,9 +31,9 @@ from __future__ import annotations
 
 import re
 from collections import Counter, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -49,7 +49,10 @@ from finesched.sched.request import ScheduleRequest
 from finesched.state.topology import DomainIndex, DomainIndexCache
 
 if TYPE_CHECKING:
-    from finesched.sched.scheduler import Scheduler
+    from finesched.sched.profile import Profile
+    from finesched.sched.queue import SchedulingQueue
+    from finesched.sched.runtime import Framework
+    from finesched.state.cluster import ClusterState
 
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
@@ -104,10 +107,26 @@ class Level:
     allocated: npt.NDArray[np.float64]  # [D] fraction of allocatable used with the gang in it
 
 
+class TopologyHost(Protocol):
+    """What the placer reads of the Scheduler (sched/scheduler.py), which passes itself."""
+
+    state: ClusterState
+    framework: Framework
+    queue: SchedulingQueue
+    profile: Profile
+    topologies: dict[str, Topology]
+
+    def _prepare(self, workload: Workload) -> tuple[ScheduleRequest, CycleState, set[str], Hashable | None]: ...
+
+    def _evaluate(
+        self, cycle: CycleState, request: ScheduleRequest, skipped: set[str], shape: Hashable | None
+    ) -> tuple[BoolArray, IntArray]: ...
+
+
 class TopologyPlacer:
     """The scheduler's topology step (module docstring); one per Scheduler."""
 
-    def __init__(self, scheduler: Scheduler):
+    def __init__(self, scheduler: TopologyHost):
         self.scheduler = scheduler
         self.indexes = DomainIndexCache()
         #: Sizes of the gangs placed so far (newest last), for KeepDomainsWhole.
