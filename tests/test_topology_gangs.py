@@ -251,3 +251,47 @@ def test_profile_topology_policy_is_validated() -> None:
     assert Profile.parse({"plugins": [{"name": "ResourcesFit"}]}).topology_policy == "BestFit"
     with pytest.raises(ValidationError, match="topologyPolicy"):
         Profile.parse({"plugins": [{"name": "ResourcesFit"}], "topologyPolicy": "Random"})
+
+
+def test_whole_gpu_members_wait_naming_the_rack_that_holds_most_by_real_fit() -> None:
+    """r1's 8 half-used cards hold no whole-GPU member (a scalar estimate would say 4); r2's node has
+    2 free cards: r2 is the closest, and the rest need GPUs."""
+    nodes = [placed_node(f"b1-r1-n{i}", make_node(f"b1-r1-n{i}").cpu("4").memory("64Gi").gpus(4)) for i in (1, 2)]
+    nodes.append(placed_node("b1-r2-n1", make_node("b1-r2-n1").cpu("16").memory("64Gi").gpus(2)))
+    s = scheduler(nodes)
+    for i in (1, 2):
+        for k in range(4):
+            s.schedule_one(half_gpu(f"share-{i}-{k}", f"b1-r1-n{i}"))
+    before = dict(s.state.bindings)
+    with pytest.raises(FitError) as info:
+        s.schedule_gang(gang("train", 4, required=RACK_LABEL, requests={"cpu": "1", "nvidia.com/gpu": "1"}))
+    assert (
+        info.value.message
+        == f"gang train: topology dc: best {RACK_LABEL} b1/r2 holds 2 of 4 members: 2 need nvidia.com/gpu"
+    )
+    assert dict(s.state.bindings) == before
+
+
+def test_full_core_members_wait_naming_the_exclusive_cpuset_they_need() -> None:
+    r1 = make_node("b1-r1-n1").topology(1, 1, 4, 2).memory("64Gi")
+    s = scheduler([placed_node("b1-r1-n1", r1)])
+    filler = make_workload("filler").req(cpu="4", memory="1Gi").lim(cpu="4", memory="1Gi").qos("LSE")
+    s.schedule_one(filler.set(resourceSpec={"requiredCPUBindPolicy": "SpreadByPCPUs"}).obj())
+    two = {"cpu": "2", "memory": "1Gi"}
+    full = {"resourceSpec": {"requiredCPUBindPolicy": "FullPCPUs"}, "qos": "LSE", "limits": two}
+    with pytest.raises(FitError) as info:  # 4 CPUs free by scalar, but no whole core
+        s.schedule_gang(gang("cores", 2, required=RACK_LABEL, requests=two, spec=full))
+    assert info.value.message == (
+        f"gang cores: topology dc: best {RACK_LABEL} b1/r1 holds 0 of 2 members: 2 need CPUs for an exclusive cpuset"
+    )
+
+
+def test_preferred_gang_preempts_in_one_domain_before_spilling() -> None:
+    nodes = [placed_node(n, make_node(n).cpu("4").memory("8Gi")) for n in ("b1-r1-n1", "b1-r2-n1")]
+    s = scheduler(nodes)
+    s.schedule_one(make_workload("low-a").req(cpu="3").selector(**{RACK_LABEL: "r1"}).obj())
+    s.schedule_one(make_workload("low-b").req(cpu="2").selector(**{RACK_LABEL: "r2"}).obj())
+    s.submit(gang("hi", 4, preferred=RACK_LABEL, priority=10))
+    results = s.run()
+    assert racks_of(results) == {"b1-r2"}  # type: ignore[arg-type]
+    assert [v.workload for p in s.take_preemptions() for v in p.victims] == ["default/low-b"]

@@ -64,8 +64,6 @@ HISTORY = 256
 #: The reason counted on the nodes a member could take but that lie outside its domain.
 OUTSIDE_DOMAIN = "outside the gang's topology domain"
 _DIGITS = re.compile(r"(\d+)")
-#: A count standing for "no limit" (a request with no scalar row).
-_MANY = np.int64(1 << 40)
 
 
 def member_key(workload: Workload) -> tuple[object, ...]:
@@ -192,7 +190,6 @@ class TopologyPlacer:
         for i, w in enumerate(members):
             groups.setdefault(request_shape(w), []).append(i)
         fits = []
-        run_count = getattr(sched.framework, "run_count", None)
         for indices in groups.values():
             workload = members[indices[0]]
             try:
@@ -201,12 +198,8 @@ class TopologyPlacer:
             except FitError as exc:
                 fits.append(ShapeFit(indices, None, None, set(), np.zeros(index.n, dtype=np.int64), exc))
                 continue
-            feasible = feasible[: index.n]
-            if run_count is not None:
-                count = np.asarray(run_count(cycle, request, NodeBatch(state), feasible), dtype=np.int64)[: index.n]
-            else:
-                count = scalar_count(state.free, request, feasible, index.n)
-            fits.append(ShapeFit(indices, request, cycle, skipped, np.where(feasible, count, 0), None))
+            count = sched.framework.run_count(cycle, request, NodeBatch(state), feasible, skipped)[: index.n]
+            fits.append(ShapeFit(indices, request, cycle, skipped, count, None))
         return fits
 
     def _level(
@@ -476,21 +469,15 @@ class TopologyPlacer:
                     free = int(state.free[row, : index.n][inside[: index.n]].sum())
                     if free - have * amount < missing * amount:
                         counts[f"insufficient {state.resources[row]}"] += 1
+                if not counts:  # no scalar runs out: what the plugins allocate (devices) does
+                    owned = [r for r, a in f.request.workload.requests.items() if a > 0 and sched.framework.owns(r)]
+                    counts.update({f"insufficient {r}": 1 for r in owned})
         return counts
 
 
 def _need(reason: str) -> str:
     """A filter reason as what a member needs (``insufficient gpu-core`` -> ``gpu-core``)."""
     return reason.removeprefix("insufficient ").removeprefix("Insufficient ")
-
-
-def scalar_count(free: IntArray, request: ScheduleRequest, feasible: BoolArray, n: int) -> IntArray:
-    """Copies of `request` each node holds by its scalar rows alone (an upper bound where plugins
-    allocate devices or cpusets): min over the requested rows of free // amount, 0 where infeasible."""
-    if len(request.rows) == 0:
-        return np.where(feasible[:n], _MANY, 0)
-    per_row = free[request.rows, :n] // np.maximum(request.amounts[:, None], 1)
-    return np.where(feasible[:n], per_row.min(axis=0), 0)
 
 
 def keep_whole_loss(held: IntArray, members: int, typical: dict[int, int]) -> IntArray:
