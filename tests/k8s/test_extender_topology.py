@@ -8,7 +8,6 @@ node, one member after the other. Kueue's Topology objects are read from the in-
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -117,13 +116,6 @@ class KubeScheduler:
         return chosen
 
 
-#: The domain choice itself is the Scheduler's (sched/topology.py, topology-aware schedule_gang).
-needs_topology_gangs = pytest.mark.skipif(
-    importlib.util.find_spec("finesched.sched.topology") is None,
-    reason="needs the topology-aware Scheduler.schedule_gang (sched/topology.py)",
-)
-
-
 # Members end in one rack -------------------------------------------------------------------------------------
 TWO_RACKS = {"a1": ("r1", [100, 0]), "a2": ("r1", [0, 0]), "c1": ("r2", [0, 0]), "c2": ("r2", [0, 0])}
 
@@ -136,7 +128,6 @@ def two_racks(tmp_path: Path) -> Iterator[KubeScheduler]:
         yield KubeScheduler(url, list(TWO_RACKS))
 
 
-@needs_topology_gangs
 @pytest.mark.parametrize("ask", [REQUIRED, PREFERRED])
 def test_four_whole_gpu_members_end_in_the_rack_that_holds_them_all(two_racks: KubeScheduler, ask: str) -> None:
     placed = [two_racks.schedule(member("train", i, 4, {ask: RACK_LABEL})) for i in range(4)]
@@ -159,7 +150,6 @@ def test_a_later_member_is_kept_to_the_rack_of_the_bound_ones(two_racks: KubeSch
     assert "outside" in reply["Error"] and RACK_LABEL in reply["Error"]
 
 
-@needs_topology_gangs
 def test_slices_keep_each_pair_on_one_host(two_racks: KubeScheduler) -> None:
     asks = {REQUIRED: RACK_LABEL, SLICE_REQUIRED: HOSTNAME_LABEL, SLICE_SIZE: "2"}
     placed = [two_racks.schedule(member("pairs", i, 4, asks)) for i in range(4)]
@@ -196,7 +186,6 @@ def test_a_rack_that_holds_the_scalar_count_but_not_the_shares_is_avoided(tmp_pa
         assert {SHARES[n][0] for n in placed} == {"r2"}
 
 
-@needs_topology_gangs
 def test_a_gang_no_rack_holds_is_refused_on_every_node_with_the_reason(two_racks: KubeScheduler) -> None:
     body = two_racks.filter(member("big", 0, 6, {REQUIRED: RACK_LABEL}))
     assert body["NodeNames"] == [] and set(body["FailedNodes"]) == set(TWO_RACKS)
