@@ -295,3 +295,17 @@ def test_preferred_gang_preempts_in_one_domain_before_spilling() -> None:
     results = s.run()
     assert racks_of(results) == {"b1-r2"}  # type: ignore[arg-type]
     assert [v.workload for p in s.take_preemptions() for v in p.victims] == ["default/low-b"]
+
+
+@pytest.mark.parametrize("profile", ["default", "spread"])
+def test_consecutive_members_share_a_node_inside_the_domain(profile: str) -> None:
+    """Without slices, members go to the rack's nodes in index order, filling one node before the
+    next (Kueue's descent), whatever the profile's node scores prefer: ranks 0-1 share a node,
+    ranks 2-3 the other, and a third node of the rack stays free."""
+    nodes = [placed_node(n) for n in ("b1-r1-n1", "b1-r1-n2", "b1-r1-n3")]
+    nodes.append(placed_node("b1-r1-n0", make_node("b1-r1-n0").cpu("1").memory("32Gi")))  # room for one
+    s = scheduler(nodes, profile)
+    bound = s.schedule_gang(gang("g", 4, required=RACK_LABEL, requests={"cpu": "4"}))
+    on = [b.node for b in bound]
+    assert on[0] == on[1] and on[2] == on[3] and on[0] != on[2], on
+    assert len(set(on)) == 2

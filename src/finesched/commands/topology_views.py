@@ -7,6 +7,7 @@ resource, what is free of what is allocatable (summed over its nodes, by the sch
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from rich.console import Console
@@ -69,14 +70,23 @@ def domains_table(domains: list[dict[str, Any]], wide: bool) -> Table:
     resources = [r for r in SHOWN if r in present]
     if wide:
         resources += sorted(r for r in present if r not in SHOWN)
-    headers: list[Any] = ["level", "domain", col("nodes", right=True)]
-    headers += [col(f"{r} free/alloc", right=True) for r in resources]
+    headers: list[Any] = [col("level", keep=True), "domain", col("nodes", right=True, keep=True)]
+    headers += [col(f"{r}\nfree/alloc", right=True, keep=True) for r in resources]  # figures never cut
+    short = short_level_names([str(domain["level"]) for domain in domains])
     rows = []
     for domain in domains:
         free, alloc = domain.get("free") or {}, domain.get("allocatable") or {}
         amounts = [_free_of(r, free, alloc) for r in resources]
-        rows.append((escape(domain["level"]), escape(domain["name"]), str(domain["nodes"]), *amounts))
+        rows.append((escape(short[domain["level"]]), escape(domain["name"]), str(domain["nodes"]), *amounts))
     return simple_table(f"{len(domains)} domain(s)", headers, rows)
+
+
+def short_level_names(labels: list[str]) -> dict[str, str]:
+    """Each level label by the part after its prefix ("topology.finesched.io/rack" -> "rack"), the
+    levels being listed in full above the table; the whole label where two levels share that part."""
+    tails = {label: label.rpartition("/")[2] for label in labels}
+    uses = Counter(tails.values())
+    return {label: tail if uses[tail] == 1 else label for label, tail in tails.items()}
 
 
 def _free_of(resource: str, free: dict[str, Any], allocatable: dict[str, Any]) -> str:

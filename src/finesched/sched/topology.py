@@ -173,7 +173,9 @@ class TopologyPlacer:
             order = self.order_domains(level, len(members), evicting=evicting)
             for domain in order[:MAX_DOMAIN_TRIES]:
                 try:
-                    steps = self._place_in(members, fits, index, d, int(domain), level, slice_depth, size, place, undo)
+                    steps = self._place_in(
+                        members, fits, index, d, int(domain), level, slice_depth, size, place, undo, evicting
+                    )
                 except FitError as exc:
                     tried.append((self._name(index, d, int(domain)), exc))
                     continue
@@ -313,18 +315,40 @@ class TopologyPlacer:
         size: int,
         place: PlaceMember,
         undo: Undo,
+        evicting: bool = False,
     ) -> list[object]:
-        """All members inside `domain` of `depth` (slices in their sub-domains), or none (FitError)."""
+        """All members inside `domain` of `depth` (slices in their sub-domains), or none (FitError).
+
+        Without slices, consecutive members are first offered the same finest-level domain (a host
+        with `kubernetes.io/hostname` last): Kueue's descent assigns the members, in index order, to
+        the finest domains that hold the most of them, so ranks that talk most share a node and the
+        gang uses as few nodes as it can. That is a preference: a member the assigned domain cannot
+        take (counts are upper bounds where a plugin's are) goes anywhere in the gang's domain. Not
+        while evicting, where a narrower offer could evict for nothing."""
         state = self.scheduler.state
         whole = np.ones(state.n, dtype=bool) if depth < 0 else self._mask(index, depth, domain)
+        near: list[BoolArray | None] = [None] * len(members)
         if slice_depth is None:
             masks = [whole] * len(members)
+            finest = len(index.topology.levels) - 1
+            if finest > depth and not evicting:
+                try:
+                    subs = self._slice_domains(members, fits, index, depth, domain, finest, 1)
+                    near = [self._mask(index, finest, sub) for sub in subs]
+                except FitError:
+                    pass  # the finest domains' counts do not add up: no preference
         else:
             subs = self._slice_domains(members, fits, index, depth, domain, slice_depth, size)
             masks = [self._mask(index, slice_depth, subs[i // size]) for i in range(len(members))]
         steps: list[object] = []
         try:
-            for workload, mask in zip(members, masks, strict=True):
+            for workload, mask, offer in zip(members, masks, near, strict=True):
+                if offer is not None:
+                    try:
+                        steps.append(place(workload, offer))
+                        continue
+                    except FitError:
+                        pass  # the assigned finest domain cannot take it: anywhere in the domain
                 steps.append(place(workload, mask))
         except (FitError, ValidationError):
             for step in reversed(steps):
