@@ -309,3 +309,21 @@ def test_consecutive_members_share_a_node_inside_the_domain(profile: str) -> Non
     on = [b.node for b in bound]
     assert on[0] == on[1] and on[2] == on[3] and on[0] != on[2], on
     assert len(set(on)) == 2
+
+
+def test_a_wait_names_what_the_closest_domain_lacks_not_what_other_nodes_lack() -> None:
+    """Every GPU taken: the reason speaks of the racks' cards, not of a GPU-less node elsewhere
+    (whose "node has no gpu" is the reason of the whole cluster, not of the closest rack)."""
+    gpus = [placed_node(n, make_node(n).cpu("8").memory("32Gi").gpus(2, memory="16Gi"))
+            for n in ("b1-r1-n1", "b1-r1-n2", "b1-r2-n1", "b1-r2-n2")]  # fmt: skip
+    s = scheduler([*gpus, make_node("cpu-only").cpu("8").memory("32Gi").obj()])
+    whole = {"cpu": "500m", "gpu-core": 100, "gpu-memory-ratio": 100}
+    s.schedule_gang(gang("a", 4, required=RACK_LABEL, requests=whole))
+    s.schedule_gang(gang("b", 4, required=RACK_LABEL, requests=whole))
+    with pytest.raises(FitError) as info:
+        s.schedule_gang(gang("c", 2, required=RACK_LABEL, requests=whole))
+    assert info.value.message == (
+        f"gang c: topology dc: best {RACK_LABEL} b1/r1 holds 0 of 2 members: 2 need gpu-core on any single GPU, "
+        "gpu-memory on any single GPU"
+    )
+    assert "node has no gpu" not in info.value.reasons

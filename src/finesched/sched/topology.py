@@ -194,11 +194,16 @@ class TopologyPlacer:
         fits = []
         for indices in groups.values():
             workload = members[indices[0]]
+            none = np.zeros(index.n, dtype=np.int64)
             try:
                 request, cycle, skipped, memo_shape = sched._prepare(workload)
+            except FitError as exc:  # pre_filter refused the request everywhere
+                fits.append(ShapeFit(indices, None, None, set(), none, exc))
+                continue
+            try:
                 feasible, _ = sched._evaluate(cycle, request, skipped, memo_shape)
-            except FitError as exc:
-                fits.append(ShapeFit(indices, None, None, set(), np.zeros(index.n, dtype=np.int64), exc))
+            except FitError as exc:  # no node passes the filters: the domains' own reasons still explain it
+                fits.append(ShapeFit(indices, request, cycle, skipped, none, exc))
                 continue
             count = sched.framework.run_count(cycle, request, NodeBatch(state), feasible, skipped)[: index.n]
             fits.append(ShapeFit(indices, request, cycle, skipped, count, None))
