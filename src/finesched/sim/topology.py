@@ -321,6 +321,8 @@ class TopologyRun:
     #: the trace's long-running pods keep a few GPUs busy long after the last arrival.
     window: float = 0.0
     level_violations: int = 0
+    #: Per placed gang (``g00012``): its members' nodes, in member order (what the bindings say).
+    gang_nodes: dict[str, tuple[str, ...]] = field(default_factory=dict)
     by_size: dict[int, dict[str, Any]] = field(default_factory=dict)
 
     def record(self) -> dict[str, Any]:
@@ -397,6 +399,7 @@ class _TopologyReplay(_Replay):
         self._members: dict[int, list[Workload]] = {}
         #: Per placed gang: (whether in one rack, in one block, whether its required level held).
         self.placements: dict[int, tuple[bool, bool, bool]] = {}
+        self.nodes_of: dict[str, tuple[str, ...]] = {}
 
     def workload(self, i: int) -> Workload:
         if i < len(self.pods):
@@ -426,7 +429,9 @@ class _TopologyReplay(_Replay):
         state = self.scheduler.state
         members = int(self.gangs.members[g])
         keys = [f"{GANG_NAMESPACE}/g{g:05d}-{m}" for m in range(members)]
-        rows = np.array([state.index[state.bindings[k].node] for k in keys], dtype=np.int64)
+        nodes = tuple(state.bindings[k].node for k in keys)
+        self.nodes_of[f"g{g:05d}"] = nodes
+        rows = np.array([state.index[name] for name in nodes], dtype=np.int64)
         rack_level, block_level = 1, 0
         racks = set(self.index.ids[rack_level][rows].tolist())
         blocks = set(self.index.ids[block_level][rows].tolist())
@@ -501,6 +506,7 @@ def run_topology(
         wall_s=time.perf_counter() - started,
         window=config.hours * 3600.0,
         level_violations=0 if policy == UNAWARE else sum(not p[2] for p in loop.placements.values()),
+        gang_nodes=loop.nodes_of,
         by_size=_by_size(gangs, loop),
     )
 
