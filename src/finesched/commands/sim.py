@@ -9,6 +9,8 @@
   arrivals), waiting in the scheduler's DRF queue; reports utilization and queueing delay. Like
   ``fill``, ``--priorities`` gives pods seeded priority classes and ``--preemption`` lets a waiting
   pod evict lower-priority running ones (the victims queue again); evictions per class are reported.
+* ``sim topology``: gangs of 2-64 GPUs in a cluster cut into racks and blocks, beside the trace's
+  pods, placed topology-unaware, by BestFit and by KeepDomainsWhole (sim/topology.py).
 
 Errors are one line on stderr: exit 1 for unusable input files or ``--out`` directory, 2 for bad
 options. Inputs and the ``--out`` directory are checked before the first run starts.
