@@ -108,7 +108,7 @@ class TopologyConfig:
     gang_mix: tuple[tuple[int, float], ...] = parse_gang_mix(DEFAULT_GANG_MIX)
     fractional_share: float = 0.3
     share_milli: int = 500
-    gang_rate: float = 50.0
+    gang_rate: float = 120.0
     gang_duration: float = 4 * 3600.0
     hours: float = 24.0
     time_scale: float = 25.0
