@@ -562,7 +562,9 @@ def topology(
         float, typer.Option("--fractional-share", help="Share of gangs whose members ask a GPU share.")
     ] = 0.3,
     share_milli: Annotated[int, typer.Option("--share-milli", help="A fractional member's GPU share (milli).")] = 500,
-    gang_rate: Annotated[float, typer.Option("--gang-rate", help="Gang arrivals per simulated hour (Poisson).")] = 120.0,
+    gang_rate: Annotated[
+        float, typer.Option("--gang-rate", help="Gang arrivals per simulated hour (Poisson).")
+    ] = 120.0,
     gang_duration: Annotated[
         float, typer.Option("--gang-duration", help="Mean gang run time (s, exponential).")
     ] = 14400.0,
