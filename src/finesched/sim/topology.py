@@ -328,6 +328,7 @@ class TopologyRun:
     def record(self) -> dict[str, Any]:
         waits = metrics.queueing_stats(self.gang_waits)
         end = self.window
+        inside = int(np.searchsorted(self.times, end, side="right"))  # samples in the arrival window
         return {
             "policy": self.policy,
             "seed": self.seed,
@@ -342,7 +343,7 @@ class TopologyRun:
             "alloc_mean": round(_time_mean(self.times, self.alloc, end), 3),
             "alloc_peak": round(float(self.alloc.max()), 3) if len(self.alloc) else 0.0,
             "free_racks_mean": round(_time_mean(self.times, self.free_racks.astype(np.float64), end), 2),
-            "free_racks_min": int(self.free_racks.min()) if len(self.free_racks) else 0,
+            "free_racks_min": int(self.free_racks[: max(inside, 1)].min()) if len(self.free_racks) else 0,
             "racks": self.racks,
             "level_violations": self.level_violations,
             "by_size": {str(k): v for k, v in sorted(self.by_size.items())},
