@@ -11,10 +11,11 @@ from typing import Any
 
 import pytest
 import yaml
-from manifests import node, workload
-from server_harness import Api, create_tenants, inprocess_server
+from manifests import node, topology, workload
+from server_harness import Api, add_topology, create_tenants, inprocess_server
 
 from finesched.cpuset import CPUSet
+from finesched.model.topology import BLOCK_LABEL, HOSTNAME_LABEL, RACK_LABEL
 from finesched.server.api.auth import create_token
 from finesched.server.loop.loop import LoopConfig
 
@@ -218,3 +219,45 @@ def test_job_page_shows_regions_groups_and_slots(admin: Console, cluster: Api) -
     assert page.locator("table.groups tbody tr").count() == 2  # one slot sharing group per region
     listed = admin.open("/ui/jobs")
     assert listed.locator("table.jobs a[href='/ui/jobs/demo/clicks']").count() == 1
+
+
+def test_node_map_grouped_by_rack_shows_each_racks_free_capacity(browser: Any, tmp_path: Path) -> None:
+    # Two racks of one block, two nodes each with 2 GPUs; the map grouped by rack, then a binding.
+    with inprocess_server(f"sqlite:///{tmp_path / 'racks.db'}", LoopConfig(idle_wait_s=0.05)) as api:
+        for name, rack in (("a1", "r1"), ("a2", "r1"), ("b1n", "r2"), ("b2n", "r2")):
+            labels = {BLOCK_LABEL: "b1", RACK_LABEL: rack, HOSTNAME_LABEL: name}
+            api.admin.post("/v1/nodes", json=node(name, gpus=2, **labels))
+        add_topology(api, topology("dc", BLOCK_LABEL, RACK_LABEL, HOSTNAME_LABEL))
+        console = Console(browser, api, api.token("admin"))
+        page = console.open("/ui")
+        page.select_option("#map-group", label=f"dc: {RACK_LABEL}")
+        racks = page.locator("#node-domains [data-domain]")
+        racks.first.wait_for()
+        assert [r.get_attribute("data-domain") for r in racks.all()] == ["b1/r1", "b1/r2"]  # no "outside" box
+        assert [r.get_attribute("data-nodes") for r in racks.all()] == ["2", "2"]
+
+        def free(rack: str, resource: str) -> Any:
+            return page.locator(f'[data-domain="b1/{rack}"] [data-resource="{resource}"] .free')
+
+        for rack in ("r1", "r2"):
+            assert free(rack, "gpu-core").inner_text() == "4 free of 4"
+            assert free(rack, "cpu").inner_text() == "16 free of 16"
+            assert free(rack, "memory").inner_text() == "64Gi free of 64Gi"
+        # Half a GPU, 2 cpu and 1Gi bound on b1n: rack r2's free figures follow without a reload.
+        page.locator('body[data-live="live"]').wait_for(state="attached")
+        page.evaluate("() => { window.notReloaded = true; }")
+        half = {"cpu": "2", "memory": "1Gi", "gpu-core": 50, "gpu-memory-ratio": 50}
+        api.admin.post("/v1/workloads", json=workload("infer", requests=half, nodeSelector={HOSTNAME_LABEL: "b1n"}))
+        api.wait_phase("team-a/infer", ("Bound",))
+        page.locator('[data-domain="b1/r2"] [data-resource="gpu-core"] .free', has_text="3.5 free of 4").wait_for()
+        assert (
+            free("r2", "cpu").inner_text() == "14 free of 16"
+            and free("r2", "memory").inner_text() == "63Gi free of 64Gi"
+        )
+        assert free("r1", "gpu-core").inner_text() == "4 free of 4"
+        assert page.evaluate("() => window.notReloaded === true")
+        # The choice is in the address: a reload shows the same grouping.
+        page.reload()
+        page.locator('[data-domain="b1/r2"] [data-resource="gpu-core"] .free', has_text="3.5 free of 4").wait_for()
+        assert page.locator("#map-group").input_value() != ""
+        console.close()

@@ -139,3 +139,25 @@ def test_trimming_leaves_unknown_specs_on_the_default_slot_but_shares_it_among_p
     assert c.slot_profile("region-0", 1) == c.profiles["region-0"]  # the default slot
     # slot 0 holds x and y: 256Mi each of 512Mi; slot 1 holds x alone: all 512Mi
     assert [c.slot_quotas("region-0", i) for i in (0, 1)] == [{"x": 256 * MiB, "y": 256 * MiB}, {"x": 512 * MiB}]
+
+
+def test_the_jobs_topology_is_its_slots_gangs_and_a_slice_must_divide_the_slots() -> None:
+    from finesched.dataflow.compile import CompileError
+    from finesched.model.topology import GangTopology
+
+    rack = "topology.finesched.io/rack"
+    asked = {"name": "dc", "required": rack}
+    job = _job().model_copy(update={"topology": GangTopology.model_validate(asked)})
+    workloads = gang_workloads(job, compile_job(job))  # 3 slots
+    assert {w.gang.topology for w in workloads} == {job.topology} and {w.gang.min_member for w in workloads} == {3}
+    assert gang_workloads(_job(), compile_job(_job()))[0].gang.topology is None
+    sliced = GangTopology.model_validate({**asked, "slice": {"size": 2, "required": rack}})
+    uneven = _job().model_copy(update={"topology": sliced})
+    with pytest.raises(CompileError) as refused:
+        gang_workloads(uneven, compile_job(uneven))
+    (problem,) = refused.value.errors
+    assert problem.path == "spec.topology.slice.size" and problem.value == 2 and "slot count (3)" in problem.message
+    parsed = make_job(
+        _job().model_dump(by_alias=True)["tasks"], topology={**asked, "slice": {"size": 3, "required": rack}}
+    )
+    assert parsed.topology is not None and parsed.topology.slice is not None and parsed.topology.slice.size == 3

@@ -4,7 +4,8 @@ No real kube-apiserver can run here, so the extender's API side is tested agains
 through the real `kubernetes` client. It keeps objects of four kinds with one resourceVersion
 counter, as etcd does, and serves:
 
-* ``GET`` lists of pods, nodes, Koordinator devices and NodeResourceTopologies, and watches of
+* ``GET`` lists of pods, nodes, Koordinator devices, NodeResourceTopologies and Kueue Topologies
+  (404, as for an absent CRD, while the kind is in `missing`), and watches of
   them from a resourceVersion (``?watch=true``), streamed as JSON lines until ``timeoutSeconds``
   (capped short) pass; a resourceVersion older than `compact` allowed answers an ERROR event
   with code 410, or an HTTP 410 when `gone_as_status` is set;
@@ -31,6 +32,7 @@ KIND_PATHS = {
     "/api/v1/nodes": "nodes",
     "/apis/scheduling.koordinator.sh/v1alpha1/devices": "devices",
     "/apis/topology.node.k8s.io/v1alpha1/noderesourcetopologies": "noderesourcetopologies",
+    "/apis/kueue.x-k8s.io/v1beta2/topologies": "topologies",
 }
 POD_PATH = re.compile(r"^/api/v1/namespaces/([^/]+)/pods/([^/]+?)(/binding)?$")
 WATCH_CAP = 2.0  # seconds a watch stays open at most (tests stay bounded)
@@ -70,6 +72,7 @@ class FakeAPI:
         self.compacted = 0  # watches from a resourceVersion below this get 410 Gone
         self.gone_as_status = False
         self.fail_bindings: list[int] = []
+        self.missing: set[str] = set()  # kinds answered 404 (a CRD not installed)
         self.calls: list[tuple[str, str]] = []
         self.cond = threading.Condition()
         self.server = _Server(("127.0.0.1", 0), self._handler())
@@ -150,6 +153,9 @@ class FakeAPI:
                 api.calls.append(("GET", url.path))
                 query = {k: v[0] for k, v in parse_qs(url.query).items()}
                 kind = KIND_PATHS.get(url.path)
+                if kind in api.missing:
+                    self._status(404, "NotFound", "the server could not find the requested resource")
+                    return
                 if kind is not None:
                     if query.get("watch") in ("true", "1"):
                         self._watch(kind, query)

@@ -52,6 +52,7 @@ def test_rbac_is_exactly_what_the_extender_calls() -> None:
     expected |= {("", "nodes", v) for v in read}
     expected |= {("scheduling.koordinator.sh", "devices", v) for v in read}
     expected |= {("topology.node.k8s.io", "noderesourcetopologies", v) for v in read}
+    expected |= {("kueue.x-k8s.io", "topologies", v) for v in read}
     assert granted == expected
     account = next(d for d in docs("rbac.yaml") if d["kind"] == "ServiceAccount")["metadata"]["name"]
     deployment = next(d for d in docs("extender.yaml") if d["kind"] == "Deployment")

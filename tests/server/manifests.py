@@ -42,3 +42,9 @@ def priority_class(name: str, value: int, **spec: Any) -> dict:
 def tenant_with_classes(name: str, *classes: str) -> dict:
     """Tenant `name` whose workloads may name the PriorityClasses `classes`."""
     return {"apiVersion": API, "kind": "Tenant", "metadata": {"name": name}, "spec": {"priorityClasses": list(classes)}}
+
+
+def topology(name: str, *labels: str) -> dict:
+    """A Topology manifest whose levels are the node labels `labels`, coarse to fine."""
+    levels = [{"nodeLabel": label} for label in labels]
+    return {"apiVersion": API, "kind": "Topology", "metadata": {"name": name}, "spec": {"levels": levels}}

@@ -192,3 +192,9 @@ class ServerProcess:
                 self.proc.wait(timeout=15)
             except subprocess.TimeoutExpired:
                 self.kill()
+
+
+def add_topology(api: Api, doc: dict[str, Any]) -> None:
+    """Create the Topology `doc` through `POST /v1/topologies` (the admin's token)."""
+    answer = api.admin.post("/v1/topologies", json=doc)
+    assert answer.status_code == 201, answer.text

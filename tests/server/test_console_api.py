@@ -7,11 +7,12 @@ import re
 from importlib import resources
 
 import pytest
-from manifests import node, workload
-from server_harness import Api, wait_until
+from manifests import node, topology, workload
+from server_harness import Api, add_topology, wait_until
 
 from finesched.codec import encode
 from finesched.cpuset import CPUSet
+from finesched.model.topology import BLOCK_LABEL, HOSTNAME_LABEL, RACK_LABEL
 
 
 def share(name: str, core: int, namespace: str = "team-a", **spec: object) -> dict:
@@ -157,3 +158,59 @@ def test_a_tenant_reads_no_other_tenants_names_or_the_agents_notes_in_a_node_rep
         ]  # fmt: skip
     assert mine["discovery"] == {"sources": {"gpu": "not found"}}
     assert "secret-project" not in str(mine) and "team-b" not in str(mine)
+
+
+def test_node_map_grouped_by_a_topologys_domains(api: Api) -> None:
+    # Rack r1 of block b1: a1 (2 GPUs) and a2; rack r2: b1n; x1 has no rack label: outside every rack.
+    place = {"a1": "r1", "a2": "r1", "b1n": "r2"}
+    for name, rack in place.items():
+        labels = {BLOCK_LABEL: "b1", RACK_LABEL: rack, HOSTNAME_LABEL: name}
+        api.admin.post("/v1/nodes", json=node(name, gpus=2 if name == "a1" else 0, **labels))
+    api.admin.post("/v1/nodes", json=node("x1", **{BLOCK_LABEL: "b1"}))
+    add_topology(api, topology("dc", BLOCK_LABEL, RACK_LABEL, HOSTNAME_LABEL))
+    api.admin.post("/v1/workloads", json=share("infer", 50, nodeSelector={"finesched.io/hostname": "a1"}))
+    api.wait_phase("team-a/infer", ("Bound",))
+    plain = api.admin.get("/ui/api/nodes").json()
+    assert plain["topologies"] == [{"name": "dc", "levels": [BLOCK_LABEL, RACK_LABEL, HOSTNAME_LABEL]}]
+    assert "groups" not in plain
+    answer = api.admin.get("/ui/api/nodes", params={"topology": "dc", "level": RACK_LABEL})
+    assert answer.status_code == 200, answer.text
+    data = answer.json()
+    assert data["names"] == plain["names"] == ["a1", "a2", "b1n", "x1"]
+    groups = data["groups"]
+    assert (groups["topology"], groups["level"]) == ("dc", RACK_LABEL)
+    named = {d["name"]: d for d in groups["domains"]}
+    assert list(named) == ["b1/r1", "b1/r2"]  # domains by their label values, top level down
+    assert {k: [data["names"][i] for i in d["members"]] for k, d in named.items()} == {
+        "b1/r1": ["a1", "a2"], "b1/r2": ["b1n"],
+    }  # fmt: skip
+    assert [data["names"][i] for i in groups["outside"]] == ["x1"]
+    r1, r2 = named["b1/r1"], named["b1/r2"]
+    assert r1["nodes"] == 2 and r2["nodes"] == 1
+    gib = 1 << 30
+    assert r1["allocatable"] == {"cpu": 16_000, "memory": 64 * gib, "gpu-core": 200}
+    assert r1["free"] == {"cpu": 15_000, "memory": 64 * gib, "gpu-core": 150}  # infer: 1 cpu, half a GPU
+    assert r2["allocatable"] == r2["free"] == {"cpu": 8_000, "memory": 32 * gib}  # no GPU: none shown
+    blocks = api.admin.get("/ui/api/nodes", params={"topology": "dc", "level": BLOCK_LABEL}).json()["groups"]
+    assert [(d["name"], d["nodes"], d["free"]["gpu-core"]) for d in blocks["domains"]] == [("b1", 4, 150)]
+    assert blocks["outside"] == []
+    # A tenant reads the same map: node amounts, which every token reads, and no workload at all.
+    tenant = api.client(api.token("tenant", tenant="team-b"))
+    assert tenant.get("/ui/api/nodes", params={"topology": "dc", "level": RACK_LABEL}).json() == data
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_node_map_grouping_refuses_an_unknown_topology_or_level(api: Api) -> None:
+    api.admin.post("/v1/nodes", json=node("n1", **{RACK_LABEL: "r1"}))
+    add_topology(api, topology("dc", RACK_LABEL))
+    cases = [
+        ({"topology": "dc"}, ["query", "level"], "give both"),
+        ({"level": RACK_LABEL}, ["query", "topology"], "give both"),
+        ({"topology": "nope", "level": RACK_LABEL}, ["query", "topology"], "knows: dc"),
+        ({"topology": "dc", "level": BLOCK_LABEL}, ["query", "level"], f"its levels: {RACK_LABEL}"),
+    ]
+    for params, loc, msg in cases:
+        answer = api.admin.get("/ui/api/nodes", params=params)
+        assert answer.status_code == 422, (params, answer.text)
+        (problem,) = answer.json()["detail"]
+        assert problem["loc"] == loc and msg in problem["msg"], (params, problem)

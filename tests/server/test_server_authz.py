@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 import pytest
 from manifests import node, priority_class, tenant, workload
+from manifests import topology as topology_doc
 from server_harness import Api, inprocess_server
 
 from finesched.server.api.auth_limit import FailedAuthLimiter
@@ -32,6 +33,11 @@ JOB = {"apiVersion": "finesched.io/v1alpha1", "kind": "Job", "metadata": {"name"
        "spec": {"tasks": [{"id": "t", "parallelism": 1, "operators": [{"id": "o"}], "command": ["true"]}]}}  # fmt: skip
 BAD_NODE = node("n9") | {"spec": {"allocatable": {"cpu": "lots"}}}
 BAD_WORKLOAD = workload("w9", cpu="lots")
+
+
+def topology(name: str) -> dict[str, Any]:
+    return topology_doc(name, "topology.finesched.io/rack")
+
 
 #: (method, path as the OpenAPI document names it, the path sent, a valid body, an invalid body,
 #: the callers refused, the status for a tenant when not 403, the callers whose right depends on what
@@ -71,6 +77,10 @@ ROUTES: list[tuple[str, str, str, Any, Any, tuple[str, ...], int, tuple[str, ...
      EVERYONE, 403, ()),
     ("put", "/v1/priorityclasses/{name}", "/v1/priorityclasses/p1", priority_class("p1", 2), [], EVERYONE, 403, ()),
     ("delete", "/v1/priorityclasses/{name}", "/v1/priorityclasses/p1", None, {"x": 1}, EVERYONE, 403, ()),
+    ("post", "/v1/topologies", "/v1/topologies", topology("t9"), {**topology("t9"), "spec": {"levels": []}},
+     EVERYONE, 403, ()),
+    ("put", "/v1/topologies/{name}", "/v1/topologies/t1", topology("t1"), [], EVERYONE, 403, ()),
+    ("delete", "/v1/topologies/{name}", "/v1/topologies/t1", None, {"x": 1}, EVERYONE, 403, ()),
 ]  # fmt: skip
 #: Routes outside the document: objects stored under names refused today (views.LegacyName).
 LEGACY = [
@@ -101,6 +111,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Api, dic
         assert api.admin.post("/v1/nodes", json=node("n1")).status_code == 201
         assert api.admin.post("/v1/workloads", json=workload("w1")).status_code == 201
         assert api.admin.post("/v1/priorityclasses", json=priority_class("p1", 1)).status_code == 201
+        assert api.admin.post("/v1/topologies", json=topology("t1")).status_code == 201
         api.wait_phase("team-a/w1", ("Bound",))
         offer = api.admin.post("/v1/offers", json={"tenant": "team-a", "demand": {"cpu": "1"}, "ttlSeconds": 3600})
         assert offer.status_code == 201, offer.text
@@ -117,6 +128,7 @@ def state(api: Api, offer: str) -> list[Any]:
         "/v1/workloads",
         "/v1/tokens",
         "/v1/priorityclasses",
+        "/v1/topologies",
         "/v1/jobs",
         "/v1/bindings",
         f"/v1/offers/{offer}",

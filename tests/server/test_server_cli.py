@@ -77,7 +77,8 @@ def test_client_commands(api: Api, tmp_path: Path) -> None:
     denied = run("get", "nodes", "--server", api.base, "--token", "fs_wrong")
     assert denied.returncode == 1 and "401" in denied.stderr
     usage = run("get", "pods", *common)
-    assert usage.returncode == 2 and "workloads, jobs, nodes, tenants, priorityclasses or events" in usage.stderr
+    assert usage.returncode == 2
+    assert "workloads, jobs, nodes, tenants, priorityclasses, topologies or events" in usage.stderr
 
 
 def test_serve_refuses_bad_options_in_one_line(tmp_path: Path) -> None:

@@ -128,7 +128,7 @@ def test_get_takes_every_form_kubectl_takes(api: Api) -> None:
     for args, message in (
         (("events", "x"), "get events takes no NAME"),
         (("workload", "web", "--phase", "Bound"), "takes no filter (--phase)"),
-        (("pods",), "use workloads, jobs, nodes, tenants, priorityclasses or events"),
+        (("pods",), "use workloads, jobs, nodes, tenants, priorityclasses, topologies or events"),
     ):
         done = cli(api, admin, "get", *args)
         assert done.returncode == 2 and message in done.stderr, (args, done.stderr)

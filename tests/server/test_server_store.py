@@ -23,7 +23,7 @@ def _binding(key: str, node_name: str = "n1") -> dict:
 
 
 def test_schema_is_migrated_to_head(store: Store) -> None:
-    assert current_revision(store.engines.writer) == "0004"
+    assert current_revision(store.engines.writer) == "0005"
 
 
 def test_two_writers_cannot_both_bind_one_workload(store: Store) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from manifests import node, priority_class, tenant, workload
+from manifests import API, node, priority_class, tenant, workload
 from server_harness import Api, inprocess_server, wait_until
 from sqlalchemy import create_engine, select
 from test_server_lifecycle import fast, start, status, unacked  # noqa: F401 - `fast` is a fixture
@@ -27,7 +27,9 @@ OBJECTS = [  # (create path, object path, manifest)
     ("/v1/nodes", "/v1/nodes/n9", node("n9")),
     ("/v1/tenants", "/v1/tenants/t9", tenant("t9")),
     ("/v1/priorityclasses", "/v1/priorityclasses/p9", priority_class("p9", 10)),
-]
+    ("/v1/topologies", "/v1/topologies/t9", {"apiVersion": API, "kind": "Topology", "metadata": {"name": "t9"},
+                                             "spec": {"levels": [{"nodeLabel": "topology.finesched.io/rack"}]}}),
+]  # fmt: skip
 
 
 def _uid(doc: dict[str, Any]) -> str:

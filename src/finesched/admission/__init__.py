@@ -20,6 +20,8 @@ fields that have one):
 * caps: a workload (or a job's slots together) asking more than its tenant's hard `quota`, or the
   `max` of its tenant or an ancestor, by itself is refused with `NotAllowed` (a 403, Kubernetes'
   "exceeded quota: ..."): nothing that is released could ever admit it, and it would only wait;
+* topologies: a gang's (or a job's) `topology` names a Topology that exists and levels of it
+  (`GangTopology.problems_in`); one deleted later leaves its gangs waiting (the scheduler says why);
 * priorities (`admission.priority`): a workload's `priorityClassName` resolves to the class's
   value and preemption policy, at most one class is the global default, and a tenant's own token
   may use only the classes its Tenant lists (`NotAllowed`, a 403, otherwise).
@@ -45,6 +47,7 @@ from finesched.admission.priority import (
     resolve_priority,
 )
 from finesched.dataflow import CompiledJob, compile_job, gang_workloads
+from finesched.dataflow.gang import topology_problems as slice_problems
 from finesched.errors import ErrorDetail, ValidationError
 from finesched.model.job import Job
 from finesched.model.manifest import Manifests, Object
@@ -52,6 +55,7 @@ from finesched.model.node import Node
 from finesched.model.priority_class import PriorityClass
 from finesched.model.resources import translate_gpu_shortcuts
 from finesched.model.tenant import Tenant
+from finesched.model.topology import GangTopology, Topology
 from finesched.model.workload import Workload
 from finesched.plugins.cpu.request import compile_cpu_request
 from finesched.plugins.deviceshare.request import InvalidDeviceRequest, normalize_device_request
@@ -76,6 +80,7 @@ __all__ = [
     "check_caps",
     "number_problems",
     "sound_tenants",
+    "topology_problems",
 ]
 
 #: The tenant of the ``default`` namespace exists without being created (as Kubernetes' namespace does).
@@ -95,6 +100,7 @@ class World:
     `tenants`: the tenants by name (an implicit ``default`` is added when absent);
     `device_types`: device types the nodes define besides gpu, rdma and fpga;
     `priority_classes`: the PriorityClasses by name;
+    `topologies`: the Topologies by name (a gang's `topology` names one);
     `strict`: references to objects not in `tenants` (or `priority_classes`) are errors (the
     server) or warnings (`finesched validate` on files that are not the whole cluster).
     """
@@ -103,6 +109,7 @@ class World:
     device_types: frozenset[str] = frozenset()
     priority_classes: Mapping[str, PriorityClass] = field(default_factory=dict)
     strict: bool = True
+    topologies: Mapping[str, Topology] = field(default_factory=dict)
     #: Warnings collected when not strict: (where, path, message, value).
     warnings: list[ErrorDetail] = field(default_factory=list, compare=False)
 
@@ -134,6 +141,9 @@ class World:
     def with_priority_class(self, cls: PriorityClass) -> World:
         return replace(self, priority_classes={**self.priority_classes, cls.name: cls})
 
+    def with_topology(self, topology: Topology) -> World:
+        return replace(self, topologies={**self.topologies, topology.name: topology})
+
     def missing(self, errors: list[ErrorDetail], detail: ErrorDetail) -> None:
         """A reference to an object this world does not hold: an error, or a warning when not strict."""
         (errors if self.strict else self.warnings).append(detail)
@@ -149,11 +159,16 @@ def _numbers(obj: object, where: str) -> list[ErrorDetail]:
 
 
 # Workloads ------------------------------------------------------------------------------------------
-def admit_workload(workload: Workload, world: World, *, where: str = "", as_tenant: bool = False) -> Workload:
+def admit_workload(
+    workload: Workload, world: World, *, where: str = "", as_tenant: bool = False, topology: bool = True
+) -> Workload:
     """`workload` as it will be stored (its tenant resolved from its namespace, its priority from its
     PriorityClass), or ValidationError. `as_tenant`: submitted by its tenant's own token, so the
-    tenant's PriorityClass rule applies (NotAllowed, before any ValidationError, when broken)."""
+    tenant's PriorityClass rule applies (NotAllowed, before any ValidationError, when broken).
+    `topology=False`: its gang's topology is checked by the caller (a job's, at ``spec.topology``)."""
     errors = _numbers(workload, where) + _request_problems(workload, world, where)
+    if topology and workload.gang is not None and workload.gang.topology is not None:
+        errors += topology_problems(workload.gang.topology, world, "spec.gang.topology", where)
     if workload.namespace in RESERVED_NAMESPACES:
         errors.append(ErrorDetail("metadata.namespace", "is reserved for the control plane", workload.namespace, where))
     else:
@@ -182,6 +197,21 @@ def check_caps(tenant: str, workloads: Iterable[Workload], world: World, where: 
         raise NotAllowed(
             ErrorDetail("", f"{problem} (no release can make room for it; ask an admin to raise it)", where=where)
         )
+
+
+def topology_problems(asked: GangTopology, world: World, path: str, where: str = "") -> list[ErrorDetail]:
+    """Why `asked` (a gang's topology, at `path`) does not fit the topologies of `world`: one that
+    does not exist (an error, or a warning when `world` is not the whole cluster), a level that is
+    not one of its levels, a slice level coarser than the gang's (errors)."""
+    errors: list[ErrorDetail] = []
+    topology = world.topologies.get(asked.name)
+    if topology is None:
+        rule = f"no Topology {asked.name} exists (known: {_names(world.topologies)})"
+        world.missing(errors, ErrorDetail(f"{path}.name", rule, asked.name, where))
+        return errors
+    for loc, rule, value in asked.problems_in(topology):
+        errors.append(ErrorDetail(".".join([path, *map(str, loc)]), rule, value, where))
+    return errors
 
 
 def admit_priority(workload: Workload, world: World, *, where: str = "") -> Workload:
@@ -332,6 +362,9 @@ def admit_job(
     see `admit_workload`); or ValidationError."""
     _fail(_numbers(job, where))
     compiled = compile_job(job)  # CompileError (a ValidationError) names the job's fields
+    if job.topology is not None:  # the slots' gang's, named where the job's manifest has it
+        sliced = [replace(e, where=where) for e in slice_problems(job, compiled)]
+        _fail(topology_problems(job.topology, world, "spec.topology", where) + sliced)
     if compiled.slots_needed > MAX_JOB_SLOTS:  # every slot is a workload of one gang, placed in one request
         rule = f"the job needs {compiled.slots_needed} slots; a job has at most {MAX_JOB_SLOTS}"
         _fail([ErrorDetail("spec.tasks", rule, where=where)])
@@ -344,7 +377,7 @@ def admit_job(
     admitted = []
     for workload in workloads:
         try:
-            admitted.append(admit_workload(workload, world, where=where, as_tenant=as_tenant))
+            admitted.append(admit_workload(workload, world, where=where, as_tenant=as_tenant, topology=False))
         except ValidationError as exc:
             errors += [e for e in exc.errors if e not in errors]
     _fail(errors)
@@ -362,10 +395,13 @@ def admit_manifests(manifests: Manifests, known: World | None = None) -> tuple[M
     world = World(
         {**known.tenants, **{t.name: t for t in manifests.tenants}},
         frozenset(d.type for n in manifests.nodes for d in n.devices) | known.device_types,
-        dict(known.priority_classes), strict=False,
+        dict(known.priority_classes), strict=False, topologies=dict(known.topologies),
     )  # fmt: skip
     out = Manifests(origins=manifests.origins, yaml_nodes=manifests.yaml_nodes)
     errors: list[ErrorDetail] = []
+    for topology in manifests.topologies:  # first: the gangs below may name them
+        world = world.with_topology(topology)
+        out.add(topology)
     for cls in manifests.priority_classes:  # each against those before it: a second default is the error
         try:
             admit_priority_class(cls, world, where=manifests.where(cls))

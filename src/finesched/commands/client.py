@@ -26,6 +26,7 @@ from finesched.commands.common import fail
 from finesched.commands.node_view import render_node
 from finesched.commands.priority_views import NAMES as PRIORITY_CLASS_NAMES
 from finesched.commands.tables import TABLE_OUTPUTS, Columns, col, event_time, print_table, simple_table
+from finesched.commands.topology_views import NAMES as TOPOLOGY_NAMES
 from finesched.model.manifest import load_manifests, to_manifest
 from finesched.model.resources import human_amount, human_amounts
 from finesched.tls import TransportError, client_options
@@ -157,7 +158,7 @@ def server_world(server: str, token: str, *, ca: Path | None = None, insecure: b
                             **client_options(server, ca, insecure))  # fmt: skip
     except TransportError as exc:
         return None, str(exc)
-    found: dict[str, dict[str, Any]] = {"tenants": {}, "priorityclasses": {}}
+    found: dict[str, dict[str, Any]] = {"tenants": {}, "priorityclasses": {}, "topologies": {}}
     with http:
         try:
             who = http.get("/v1/whoami")
@@ -169,8 +170,8 @@ def server_world(server: str, token: str, *, ca: Path | None = None, insecure: b
                     objects[item["metadata"]["name"]] = item
         except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError) as exc:
             return None, f"cannot ask {server}: {exc}"
-    parsed: dict[str, dict[str, Any]] = {"tenants": {}, "priorityclasses": {}}
-    for (kind, objects), name_of in zip(found.items(), ("Tenant", "PriorityClass"), strict=True):
+    parsed: dict[str, dict[str, Any]] = {"tenants": {}, "priorityclasses": {}, "topologies": {}}
+    for (kind, objects), name_of in zip(found.items(), ("Tenant", "PriorityClass", "Topology"), strict=True):
         for name, item in objects.items():
             doc = {"apiVersion": API_VERSION, "kind": name_of, "metadata": {"name": name}, "spec": item.get("spec")}
             try:
@@ -181,7 +182,7 @@ def server_world(server: str, token: str, *, ca: Path | None = None, insecure: b
     tenants = parsed["tenants"]
     if mine.get("role") == "tenant" and mine.get("tenant") and mine["tenant"] not in tenants:
         tenants[mine["tenant"]] = Tenant(name=mine["tenant"], namespaces=mine.get("namespaces") or [])
-    return World(tenants, priority_classes=parsed["priorityclasses"]), ""
+    return World(tenants, priority_classes=parsed["priorityclasses"], topologies=parsed["topologies"]), ""
 
 
 def refusal_hint(status: int, detail: Any, client: Client | None) -> str:
@@ -226,7 +227,9 @@ def _dump(data: Any, output: str) -> None:
 def submit(
     file: Annotated[
         list[Path],
-        typer.Option("-f", "--file", help="Manifest file(s): Workloads, Nodes, Tenants, Jobs, PriorityClasses."),
+        typer.Option(
+            "-f", "--file", help="Manifest file(s): Workloads, Nodes, Tenants, Jobs, PriorityClasses, Topologies."
+        ),
     ],
     server: ServerOption = DEFAULT_SERVER,
     token: TokenOption = "",
@@ -235,7 +238,7 @@ def submit(
     output: OutputOption = "table",
 ) -> None:
     """Send manifests to the server (checked here first by the server's own rules, as `finesched
-    validate` does): priority classes, tenants, nodes, then workloads, then jobs."""
+    validate` does): topologies, priority classes, tenants, nodes, then workloads, then jobs."""
     from finesched.commands.common import admit_or_exit
 
     _check_output(output)
@@ -244,6 +247,9 @@ def submit(
     client = Client(server, token, ca=ca, insecure=insecure)
     client.advice = "set metadata.namespace: {ns} in the manifests"
     results: list[dict[str, Any]] = []
+    for topology in manifests.topologies:  # first: the gangs below may name them
+        client.call("PUT", f"/v1/topologies/{topology.name}", json=to_manifest(topology))
+        results.append({"kind": "Topology", "name": topology.name, "status": "applied"})
     for cls in manifests.priority_classes:  # first: the workloads below may name them
         client.call("PUT", f"/v1/priorityclasses/{cls.name}", json=to_manifest(cls))
         results.append({"kind": "PriorityClass", "name": cls.name, "status": "applied"})
@@ -277,7 +283,7 @@ ChunkOption = Annotated[
 
 
 def get(
-    what: Annotated[str, typer.Argument(help="workloads, jobs, nodes, tenants, priorityclasses or events")],
+    what: Annotated[str, typer.Argument(help="workloads, jobs, nodes, tenants, priorityclasses, topologies or events")],
     name: Annotated[str | None, typer.Argument(help="Only this one: NAME (or NAMESPACE/NAME)")] = None,
     server: ServerOption = DEFAULT_SERVER,
     token: TokenOption = "",
@@ -294,13 +300,13 @@ def get(
     chunk_size: ChunkOption = 500,
 ) -> None:
     """List workloads (filters: namespace, tenant, phase, node, job), jobs (namespace), nodes, tenants,
-    priority classes or events (kind, object); every page of the answer is read, --chunk-size items at
-    a time. With NAME, that one object (`get workload web`, `get nodes n1`: singular or plural, as
-    kubectl takes them; short names `no`, `ev`, `pc`)."""
+    priority classes, topologies (levels, domains per level) or events (kind, object); every page of
+    the answer is read, --chunk-size items at a time. With NAME, that one object (`get workload web`,
+    `get nodes n1`: singular or plural, as kubectl takes them; short names `no`, `ev`, `pc`, `topo`)."""
     _check_output(output)
     kind = kind_of(what)
     if kind is None:
-        _fail(f"get {what!r}: use workloads, jobs, nodes, tenants, priorityclasses or events", code=2)
+        _fail(f"get {what!r}: use workloads, jobs, nodes, tenants, priorityclasses, topologies or events", code=2)
     if name is not None:
         given = {"--tenant": tenant, "--phase": phase, "--node": node, "--job": job, "--kind": kind_filter,
                  "--object": obj}  # fmt: skip
@@ -332,6 +338,7 @@ KIND_NAMES: dict[str, tuple[str, ...]] = {
     "nodes": ("node", "nodes", "no"),
     "tenants": ("tenant", "tenants"),
     "priorityclasses": PRIORITY_CLASS_NAMES,
+    "topologies": TOPOLOGY_NAMES,
     "events": ("event", "events", "ev"),
 }
 #: The kinds whose objects live in a namespace (NAME, NAMESPACE/NAME or -n).
@@ -438,6 +445,12 @@ def _classes_table(items: list[dict[str, Any]], wide: bool) -> Table:
     return classes_table(items, wide)
 
 
+def _topologies_table(items: list[dict[str, Any]], wide: bool) -> Table:
+    from finesched.commands.topology_views import topologies_table
+
+    return topologies_table(items, wide)
+
+
 def _events_table(items: list[dict[str, Any]], wide: bool) -> Table:
     rows = [(str(e["id"]), event_time(e["time"], wide), e["kind"], escape(e["object"]), escape(e["reason"]),
              escape(e["message"])) for e in items]  # fmt: skip
@@ -446,11 +459,11 @@ def _events_table(items: list[dict[str, Any]], wide: bool) -> Table:
 
 
 _TABLES = {"workloads": _workloads_table, "nodes": _nodes_table, "tenants": _tenants_table, "jobs": _jobs_table,
-           "priorityclasses": _classes_table, "events": _events_table}  # fmt: skip
+           "priorityclasses": _classes_table, "topologies": _topologies_table, "events": _events_table}  # fmt: skip
 
 
 def describe(
-    what: Annotated[str, typer.Argument(help="workload, job, node, tenant or priorityclass")],
+    what: Annotated[str, typer.Argument(help="workload, job, node, tenant, priorityclass or topology")],
     name: Annotated[str, typer.Argument(help="NAME or NAMESPACE/NAME")],
     server: ServerOption = DEFAULT_SERVER,
     token: TokenOption = "",
@@ -462,12 +475,13 @@ def describe(
     """A workload's status, binding (node, cpuset, devices, NUMA), what its agent applied, and events;
     a job's phase, failover regions and slots; a node's state, discovery, devices, CPU pools as its
     agent applies them, cgroup enforcement, and events; a tenant's spec and events; a priority
-    class's value, policy and events; for nodes and tenants their conditions first (SetAside: why
+    class's value, policy and events; a topology's levels and each domain's nodes and free capacity;
+    for nodes and tenants their conditions first (SetAside: why
     the scheduler leaves one out)."""
     _check_output(output)
     kind = kind_of(what)
     if kind is None or kind == "events":
-        _fail(f"describe {what!r}: use workload, job, node, tenant or priorityclass", code=2)
+        _fail(f"describe {what!r}: use workload, job, node, tenant, priorityclass or topology", code=2)
     client = Client(server, token, ca=ca, insecure=insecure)
     if kind == "nodes":
         _describe_node(name, client, output)
@@ -477,6 +491,9 @@ def describe(
         return
     if kind == "priorityclasses":
         _describe_class(name, client, output)
+        return
+    if kind == "topologies":
+        _describe_topology(name, client, output)
         return
     namespace, name = client.key(name, namespace)
     if kind == "jobs":
@@ -580,6 +597,14 @@ def _describe_class(name: str, client: Client, output: str) -> None:
                           lambda item: print_class(out, item))  # fmt: skip
 
 
+def _describe_topology(name: str, client: Client, output: str) -> None:
+    """A topology: its levels, then each domain's nodes and free/allocatable capacity, and its events."""
+    from finesched.commands.topology_views import print_topology
+
+    _describe_with_events(client, output, f"/v1/topologies/{name}", "Topology", name,
+                          lambda item: print_topology(out, item, output == "wide"))  # fmt: skip
+
+
 def _describe_with_events(
     client: Client, output: str, path: str, kind: str, name: str, show: Callable[[dict[str, Any]], None]
 ) -> None:
@@ -605,7 +630,7 @@ def _describe_job(path: str, client: Client, output: str) -> None:
 
 
 def delete(
-    what: Annotated[str, typer.Argument(help="workload, job, node, tenant or priorityclass")],
+    what: Annotated[str, typer.Argument(help="workload, job, node, tenant, priorityclass or topology")],
     name: Annotated[str | None, typer.Argument(help="NAME (workloads: NAME or NAMESPACE/NAME)")] = None,
     server: ServerOption = DEFAULT_SERVER,
     token: TokenOption = "",
@@ -619,7 +644,8 @@ def delete(
 ) -> None:
     """Delete a workload (its binding is released), a job (all its slots at once), a node (its
     workloads are requeued), a tenant (refused while workloads, child tenants or open offers
-    refer to it) or a priority class (workloads admitted under it keep their priority).
+    refer to it), a priority class (workloads admitted under it keep their priority) or a topology
+    (gangs placed under it stay; gangs waiting on it wait until it exists again).
     `delete workloads -n NS --all` or `-l SELECTOR` deletes many workloads at once (a job's slots go
     with their job)."""
     kind = kind_of(what)
@@ -630,7 +656,7 @@ def delete(
         hint = " (or --all, or -l SELECTOR)" if kind == "workloads" else ""
         _fail(f"delete {what}: give a NAME{hint}", code=2)
     if kind is None or kind == "events":
-        _fail(f"delete {what!r}: use workload, job, node, tenant or priorityclass", code=2)
+        _fail(f"delete {what!r}: use workload, job, node, tenant, priorityclass or topology", code=2)
     client = Client(server, token, ca=ca, insecure=insecure)
     if many:
         namespace = client.namespace(namespace)
@@ -655,6 +681,9 @@ def delete(
     elif kind == "tenants":
         client.call("DELETE", f"/v1/tenants/{name}")
         out.print(f"tenant {escape(name)} deleted")
+    elif kind == "topologies":
+        client.call("DELETE", f"/v1/topologies/{name}")
+        out.print(f"topology {escape(name)} deleted")
     else:
         client.call("DELETE", f"/v1/priorityclasses/{name}")
         out.print(f"priorityclass {escape(name)} deleted")

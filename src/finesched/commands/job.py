@@ -132,7 +132,8 @@ def _place(job: Job, compiled: CompiledJob, files: list[Path], profile: str) -> 
 
     try:
         manifests = load_manifests(*files)
-        scheduler = Scheduler(ClusterState.from_nodes(manifests.nodes), resolve_profile(profile), manifests.tenants)
+        state = ClusterState.from_nodes(manifests.nodes)
+        scheduler = Scheduler(state, resolve_profile(profile), manifests.tenants, topologies=manifests.topologies)
     except ValidationError as exc:
         raise _exit_with(exc.errors) from None
     workloads = gang_workloads(job, compiled)

@@ -3,6 +3,8 @@
 Nodes come from the API server (``--kubeconfig PATH``, default ~/.kube/config, or ``--in-cluster``),
 which is also where binds are written and what the watches follow; or from finesched manifests
 (``--cluster FILE``), to try the extender without a cluster: binds then commit at once.
+``--topology FILE`` gives finesched Topology manifests (network levels for Kueue's TAS
+annotations); Kueue's own Topology objects are read from the API server too.
 ``--tls-cert``/``--tls-key`` serve HTTPS; ``--tls-client-ca`` also requires kube-scheduler's client
 certificate.
 """
@@ -28,6 +30,12 @@ def k8s_extender(
     cluster: Annotated[
         list[Path] | None,
         typer.Option(help="finesched manifest file(s) with Node documents, instead of an API server."),
+    ] = None,
+    topology: Annotated[
+        list[Path] | None,
+        typer.Option(
+            help="finesched manifest file(s) with Topology documents (levels the pods' Kueue TAS annotations name)."
+        ),
     ] = None,
     profile: Annotated[str, typer.Option("--profile", "-p", help="Built-in profile name or a profile YAML file.")] = (
         "default"
@@ -63,11 +71,13 @@ def k8s_extender(
         raise fail(f"--kubeconfig {kubeconfig}: no such file")
     tls = server_tls_options(tls_cert, tls_key, tls_client_ca)
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    topologies = load_or_exit(topology).topologies if topology else []
     if cluster:
-        extender = build_extender(load_or_exit(cluster).nodes, profile=profile)
+        manifests = load_or_exit(cluster)
+        extender = build_extender(manifests.nodes, profile=profile, topologies=[*manifests.topologies, *topologies])
         sync = None
     else:
-        extender, sync = _api_extender(kubeconfig, in_cluster, profile, assume_ttl)
+        extender, sync = _api_extender(kubeconfig, in_cluster, profile, assume_ttl, topologies)
     try:
         uvicorn.run(create_app(extender), host=host, port=port, log_level=log_level.lower(), access_log=False, **tls)
     finally:
@@ -75,7 +85,9 @@ def k8s_extender(
             sync.stop.set()  # daemon threads: the process does not wait for their watches to end
 
 
-def _api_extender(kubeconfig: Path | None, in_cluster: bool, profile: str, assume_ttl: float) -> tuple[Any, Any]:
+def _api_extender(
+    kubeconfig: Path | None, in_cluster: bool, profile: str, assume_ttl: float, topologies: list[Any]
+) -> tuple[Any, Any]:
     """The extender on an API server: binds written there, nodes and pods followed by the watches of a
     started ClusterSync (returned, to be stopped); a client that cannot be configured, or a cluster that
     cannot be listed, is one line and exit 1."""
@@ -88,7 +100,7 @@ def _api_extender(kubeconfig: Path | None, in_cluster: bool, profile: str, assum
         api = KubeAPI(load_client(str(kubeconfig) if kubeconfig else None, in_cluster))
     except Exception as exc:  # no kubeconfig, no service account: one clear line
         raise fail(f"cannot configure the Kubernetes client: {exc}") from None
-    extender = build_extender(profile=profile, binder=api, assume_ttl=assume_ttl)
+    extender = build_extender(profile=profile, binder=api, assume_ttl=assume_ttl, topologies=topologies)
     sync = ClusterSync(extender, api)
     extender.pod_source = sync.pod
     try:

@@ -65,7 +65,7 @@ def run_plan(
     preemption is for); without, all workloads are submitted at once.
     """
     state = ClusterState.from_nodes(manifests.nodes)
-    scheduler = Scheduler(state, profile, manifests.tenants, preemption=preemption)
+    scheduler = Scheduler(state, profile, manifests.tenants, preemption=preemption, topologies=manifests.topologies)
     results: list[Result] = []
     for wave in waves if waves is not None else [manifests.workloads]:
         scheduler.submit(wave)
@@ -79,14 +79,25 @@ def resolve_classes(
 ) -> tuple[Manifests, list[list[Workload]] | None]:
     """The workloads (and waves) with their PriorityClasses of the files resolved, as the server's
     admission resolves them; a class the files do not define is a warning (`warn`), an inconsistent
-    workload (a class and another raw priority) a ValidationError."""
-    from finesched.admission import World, admit_priority, admit_priority_class
+    workload (a class and another raw priority) a ValidationError. A gang's topology must be one the
+    files define, with its levels (the plan's cluster is the files'): a ValidationError otherwise."""
+    from finesched.admission import World, admit_priority, admit_priority_class, topology_problems
+    from finesched.errors import ValidationError
 
-    world = World(strict=False)
+    world = World(strict=False, topologies={t.name: t for t in manifests.topologies})
     for cls in manifests.priority_classes:  # a second global default is an error, as on the server
         world = world.with_priority_class(admit_priority_class(cls, world, where=manifests.where(cls)))
+    strict = dataclasses.replace(world, strict=True)
 
     def resolved(workloads: Sequence[Workload]) -> list[Workload]:
+        problems = [
+            problem
+            for w in workloads
+            if w.gang is not None and w.gang.topology is not None
+            for problem in topology_problems(w.gang.topology, strict, "spec.gang.topology", manifests.where(w))
+        ]
+        if problems:
+            raise ValidationError(problems)
         return [admit_priority(w, world, where=manifests.where(w)) for w in workloads]
 
     out = dataclasses.replace(manifests, workloads=resolved(manifests.workloads))
@@ -270,7 +281,8 @@ def server_plan_problem(manifests: Manifests, offline_flags: Sequence[str]) -> t
     """Why `plan --server` cannot run with these files and flags: (message, exit code), or None."""
     if offline_flags:
         return f"{', '.join(offline_flags)}: only for an offline plan, not with --server", 2
-    objects = (*manifests.nodes, *manifests.tenants, *manifests.jobs, *manifests.priority_classes)
+    objects = (*manifests.nodes, *manifests.tenants, *manifests.jobs, *manifests.priority_classes,
+               *manifests.topologies)  # fmt: skip
     others = [f"{type(o).__name__} {o.name}" for o in objects]
     if others or not manifests.workloads:
         what = f"not {', '.join(others)}" if others else "none given"

@@ -12,9 +12,9 @@ profile) in finesched resources:
 and carries its operators' absolute managed-memory quotas as the annotation
 ``finesched.io/managed-memory-quotas`` (JSON ``{operator: bytes}``), which the scheduler copies
 onto the slot's binding for the node agent. All slots form one gang (the job's name, min member =
-every slot): `Scheduler.schedule_gang` reserves all of them or none. A slot's command is the one
-`finesched.dataflow.commands` builds (none when the job names none), and its labels say its job,
-group, index and failover region (`finesched.dataflow.failover`).
+every slot, the job's `topology`): `Scheduler.schedule_gang` reserves all of them or none. A
+slot's command is the one `finesched.dataflow.commands` builds (none when the job names none),
+and its labels say its job, group, index and failover region (`finesched.dataflow.failover`).
 """
 
 from __future__ import annotations
@@ -22,9 +22,10 @@ from __future__ import annotations
 import json
 
 from finesched.dataflow.commands import slot_command
-from finesched.dataflow.compile import CompiledJob
+from finesched.dataflow.compile import CompiledJob, CompileError
 from finesched.dataflow.failover import failover_regions
 from finesched.dataflow.graph import ResourceSpec
+from finesched.errors import ErrorDetail
 from finesched.model.binding import Binding
 from finesched.model.job import Job
 from finesched.model.resources import CPU, GPU_CORE, GPU_MEMORY_RATIO, MEMORY, ResourceVector
@@ -57,8 +58,22 @@ def slot_name(job: Job, group: str, index: int) -> str:
     return f"{job.name}-{group}-{index}"
 
 
+def topology_problems(job: Job, compiled: CompiledJob) -> list[ErrorDetail]:
+    """Why the job's `topology` cannot cut its slots into slices: the slice size must divide the
+    number of slots (the gang's members), as a gang's must divide its minMember."""
+    sliced = job.topology.slice if job.topology is not None else None
+    if sliced is None or compiled.slots_needed % sliced.size == 0:
+        return []
+    rule = f"must divide the job's slot count ({compiled.slots_needed}): its slots are cut into whole slices"
+    return [ErrorDetail("spec.topology.slice.size", rule, sliced.size)]
+
+
 def gang_workloads(job: Job, compiled: CompiledJob) -> list[Workload]:
-    """One workload per slot of `compiled` (`compile_job(job)`), all in one gang, group by group."""
+    """One workload per slot of `compiled` (`compile_job(job)`), all in one gang, group by group; the
+    job's `topology` is the gang's (CompileError when its slice size does not divide the slots)."""
+    problems = topology_problems(job, compiled)
+    if problems:
+        raise CompileError(problems)
     total = compiled.slots_needed
     region_of = {slot: k for k, region in enumerate(failover_regions(compiled)) for slot in region}
     out: list[Workload] = []
@@ -75,7 +90,7 @@ def gang_workloads(job: Job, compiled: CompiledJob) -> list[Workload]:
                     labels=labels,
                     annotations={QUOTAS_ANNOTATION: quotas, GROUP_LABEL: group},
                     requests=requests,
-                    gang=Gang(name=job.name, min_member=total),
+                    gang=Gang(name=job.name, min_member=total, topology=job.topology),
                     command=slot_command(job, compiled, group, index),
                     priority_class_name=job.priority_class_name,
                 )

@@ -1,6 +1,7 @@
 """The few Kubernetes API calls the extender makes, through the official `kubernetes` client.
 
-* list and watch Pods, Nodes, Koordinator Device CRs and NodeResourceTopologies as plain dicts
+* list and watch Pods, Nodes, Koordinator Device CRs, NodeResourceTopologies and Kueue's Topology
+  objects (``kueue.x-k8s.io/v1beta2``) as plain dicts
   (``_preload_content=False`` and our own JSON parsing: the extender converts raw objects, and
   the client's typed models would only be turned back into dicts). A watch resumes from a
   resourceVersion; a ``410 Gone`` (an HTTP status or an ERROR event) raises `Gone`, and the
@@ -21,6 +22,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
 from finesched.k8s.extender import BindError
+from finesched.k8s.kueue import KUEUE_TOPOLOGY_API
 
 
 class Gone(Exception):
@@ -48,7 +50,7 @@ def _status_error(exc: ApiException) -> str:
 class KubeAPI:
     """Lists, watches and binds (see the module docstring)."""
 
-    KINDS = ("nodes", "devices", "noderesourcetopologies", "pods")
+    KINDS = ("nodes", "devices", "noderesourcetopologies", "topologies", "pods")
 
     def __init__(self, api_client: client.ApiClient, request_timeout: float = 10.0):
         self.core = client.CoreV1Api(api_client)
@@ -62,6 +64,7 @@ class KubeAPI:
             "noderesourcetopologies": lambda **kw: custom(
                 "topology.node.k8s.io", "v1alpha1", "noderesourcetopologies", **kw
             ),
+            "topologies": lambda **kw: custom(*KUEUE_TOPOLOGY_API, **kw),
         }
 
     def list(self, kind: str) -> tuple[list[dict[str, Any]], str]:

@@ -11,6 +11,11 @@
   API error) the binding is released and the error returned, and kube-scheduler retries. A
   binding whose Pod the API never shows as bound expires after `assume_ttl` seconds (as
   kube-scheduler's cache expires assumed pods); `confirm` commits it when the watch sees it.
+* topology gangs (Kueue's TAS annotations on a Kueue pod group, k8s/kueue.py): filter keeps a
+  member to the nodes of its gang's domain (k8s/gangs.py: the first member's domain is chosen by
+  placing the whole gang with `Scheduler.schedule_gang`, later members follow the bound ones),
+  prioritize scores nodes outside it 0, and bind refuses a node outside a required domain.
+  Topologies come from `set_topologies` (finesched manifests, Kueue Topology objects).
 * preempt: a candidate node is kept when the Pod fits there once the victims finesched knows on
   it are gone (released, tested, and assumed again, all under the lock).
 
@@ -33,11 +38,14 @@ import numpy.typing as npt
 from finesched.errors import ValidationError
 from finesched.k8s.assess import Assessor
 from finesched.k8s.convert import PodError, pod_key, pod_workload
+from finesched.k8s.gangs import TopologyGangs
+from finesched.k8s.kueue import TopologyAsk, topology_ask, with_topology_gang
 from finesched.k8s.nodes import NODE_NAME_LABEL, NodeError, node_from_k8s
 from finesched.k8s.wire import BindingArgs, ExtenderArgs, Victims, filter_result
 from finesched.model.base import FrozenDict
 from finesched.model.binding import Binding
 from finesched.model.device_allocated import DEVICE_ALLOCATED, format_device_allocated
+from finesched.model.topology import Topology
 from finesched.model.workload import Workload
 from finesched.plugins.resource_status import ANNOTATION_RESOURCE_STATUS
 from finesched.sched.diagnosis import FitError
@@ -100,7 +108,14 @@ class Extender:
         self.assessor = Assessor(scheduler)
         #: Pods seen in filter/prioritize calls by UID (bind is given names only), most recent last.
         self._pods: OrderedDict[str, Mapping[str, Any]] = OrderedDict()
-        self._workloads: OrderedDict[tuple[str, str, str], Workload | PodError] = OrderedDict()
+        self._workloads: OrderedDict[tuple[str, str, str, int], tuple[Workload, TopologyAsk | None] | PodError] = (
+            OrderedDict()
+        )
+        #: Topology gangs: membership and domain choice (k8s/gangs.py).
+        self.gangs = TopologyGangs(scheduler)
+        #: Topologies by source ("manifests": --topology/--cluster files, "kueue": Kueue's objects).
+        self._topology_sources: dict[str, list[Topology]] = {}
+        self._topology_version = 0
         #: Workload key -> UID of every Pod holding a binding (preemption names victims by UID).
         self.uids: dict[str, str] = {}
         #: Assumed bindings waiting for the API to show the Pod bound: key -> deadline.
@@ -113,17 +128,40 @@ class Extender:
         self._learned: dict[str, str] = {}
         self._learn_problems: dict[str, str] = {}
 
+    # Topologies --------------------------------------------------------------------------------------------
+    def set_topologies(self, source: str, topologies: list[Topology]) -> None:
+        """Replace the topologies of `source`; the scheduler gets them all ("manifests" wins a name
+        both sources use: the operator gave it on the command line)."""
+        with self.lock:
+            self._topology_sources[source] = list(topologies)
+            merged: dict[str, Topology] = {}
+            for name in ("kueue", *sorted(s for s in self._topology_sources if s not in ("kueue", "manifests")),
+                         "manifests"):  # fmt: skip
+                merged.update((t.name, t) for t in self._topology_sources.get(name, ()))
+            self.scheduler.set_topologies(merged.values())
+            self._topology_version += 1
+
     # Pods --------------------------------------------------------------------------------------------------
     def workload(self, pod: Any) -> Workload:
         """The Pod's Workload (cached by UID and resourceVersion); raise PodError for a bad Pod."""
+        return self.workload_and_ask(pod)[0]
+
+    def workload_and_ask(self, pod: Any) -> tuple[Workload, TopologyAsk | None]:
+        """The Pod's Workload, a topology gang's member when Kueue's TAS annotations ask for a domain,
+        and that ask; raise PodError for a bad Pod or annotation."""
         meta = pod.get("metadata") if isinstance(pod, dict) else None
         if not isinstance(meta, dict):
             raise PodError("Pod: expected an object with metadata")
-        ident = (str(meta.get("uid", "")), str(meta.get("resourceVersion", "")), pod_key(pod))
+        key = pod_key(pod)
+        ident = (str(meta.get("uid", "")), str(meta.get("resourceVersion", "")), key, self._topology_version)
         found = self._workloads.get(ident)
         if found is None:
             try:
-                found = pod_workload(pod)
+                workload = pod_workload(pod)
+                ask = topology_ask(workload.labels, dict(meta.get("annotations") or {}))
+                if ask is not None:
+                    workload = with_topology_gang(workload, ask, self.scheduler.topologies)
+                found = (workload, ask)
             except PodError as exc:
                 found = exc
             self._workloads[ident] = found
@@ -135,7 +173,21 @@ class Extender:
                     self._pods.popitem(last=False)
         if isinstance(found, PodError):
             raise found
+        workload, ask = found
+        if ask is not None and ask.group is not None:
+            self.gangs.note(key, f"{workload.namespace}/{ask.group}", ask.index)
         return found
+
+    def note_bound_pod(self, pod: Mapping[str, Any]) -> None:
+        """A bound Pod the sync placed: remember its pod group (later members join its domain)."""
+        meta = pod.get("metadata") or {}
+        labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
+        try:
+            ask = topology_ask(labels, annotations)
+        except PodError:
+            return
+        if ask is not None and ask.group is not None:
+            self.gangs.note(pod_key(pod), f"{meta.get('namespace') or 'default'}/{ask.group}", ask.index)
 
     # Filter and prioritize --------------------------------------------------------------------------------
     def learn_nodes(self, nodes: list[dict[str, Any]] | None) -> None:
@@ -166,16 +218,19 @@ class Extender:
             self.expire()
             self.learn_nodes(args.nodes)
             try:
-                workload = self.workload(args.pod)
+                workload, ask = self.workload_and_ask(args.pod)
             except PodError as exc:
                 reason = f"invalid pod: {exc}"
                 return filter_result(args, [], {}, dict.fromkeys(args.names, reason))
-            assessment = self.assessor.assess(workload, self._identity(args.pod))
             names = args.names
             positions = self._positions(names)
-            ok = np.zeros(len(names), dtype=bool)
             known = positions >= 0
+            if ask is not None:
+                self.gangs.prepare(workload, ask, self._offered(positions))
+            assessment = self.assessor.assess(workload, self._identity(args.pod))
+            ok = np.zeros(len(names), dtype=bool)
             ok[known] = assessment.feasible[positions[known]]
+            domain = self._domain(workload, ask, positions, assessment.feasible)
             failed: dict[str, str] = {}
             unresolvable: dict[str, str] = {}
             for position in np.flatnonzero(~ok).tolist():
@@ -186,18 +241,53 @@ class Extender:
                 else:
                     reason, final = assessment.reason(i)
                     (unresolvable if final else failed)[name] = reason
+            if domain is not None:
+                mask, reason = domain
+                for position in np.flatnonzero(ok & known).tolist():
+                    i = int(positions[position])
+                    if not mask[i]:
+                        ok[position] = False
+                        failed[names[position]] = reason
             return filter_result(args, np.flatnonzero(ok).tolist(), failed, unresolvable)
+
+    def _offered(self, positions: npt.NDArray[np.intp]) -> npt.NDArray[np.bool_]:
+        offered = np.zeros(self.state.n, dtype=bool)
+        offered[positions[positions >= 0]] = True
+        return offered
+
+    def _domain(
+        self,
+        workload: Workload,
+        ask: TopologyAsk | None,
+        positions: npt.NDArray[np.intp],
+        feasible: npt.NDArray[np.bool_],
+    ) -> tuple[npt.NDArray[np.bool_], str] | None:
+        """The nodes a topology gang's member may take and why the others not (None: anywhere)."""
+        if ask is None:
+            return None
+        allowed = self.gangs.allowed(workload, ask, self._offered(positions), feasible)
+        if allowed.mask is None:
+            return None
+        mask = np.zeros(self.state.n, dtype=bool)
+        mask[: len(allowed.mask)] = allowed.mask[: self.state.n]
+        return mask, allowed.reason
 
     def prioritize(self, args: ExtenderArgs) -> list[int]:
         """Each of `args.names`' score 0..10 (0 for unknown nodes and for a Pod that cannot be read)."""
         with self.lock:
             self.learn_nodes(args.nodes)
             try:
-                workload = self.workload(args.pod)
+                workload, ask = self.workload_and_ask(args.pod)
             except PodError:
                 return [0] * len(args.names)
-            scores = self.assessor.assess(workload, self._identity(args.pod)).scores()
             positions = self._positions(args.names)
+            if ask is not None:
+                self.gangs.prepare(workload, ask, self._offered(positions))
+            assessment = self.assessor.assess(workload, self._identity(args.pod))
+            scores = assessment.scores()
+            domain = self._domain(workload, ask, positions, assessment.feasible)
+            if domain is not None:
+                scores = np.where(domain[0], scores, 0)
             return np.where(positions >= 0, scores[positions], 0).tolist()
 
     def _positions(self, names: list[str]) -> npt.NDArray[np.intp]:
@@ -237,10 +327,15 @@ class Extender:
                     return ""  # a retried bind of what we already bound
                 return f"bind {key}: already bound to {existing.node}"
             try:
-                workload = self.workload(pod)
+                workload, ask = self.workload_and_ask(pod)
             except PodError as exc:
                 return f"bind {key}: invalid pod: {exc}"
-            pinned = workload.model_copy(update={"node_selector": FrozenDict({NODE_NAME_LABEL: args.node})})
+            outside = self.gangs.outside_required(workload, ask, self.state.index[args.node]) if ask else None
+            if outside is not None:
+                return f"bind {key} to {args.node}: {outside}"
+            # the gang's domain was kept by filter: the member is placed on its node alone
+            pin = FrozenDict({NODE_NAME_LABEL: args.node})
+            pinned = workload.model_copy(update={"gang": None, "node_selector": pin})
             try:
                 binding = self.scheduler.schedule_one(pinned)
             except FitError as exc:
@@ -266,6 +361,7 @@ class Extender:
         """Forget what finesched holds for Pod `key` (released, no longer pending)."""
         self.pending.pop(key, None)
         self.uids.pop(key, None)
+        self.gangs.forget(key)
         if key in self.state.bindings:
             self.scheduler.release(key)
 

@@ -1,4 +1,4 @@
-"""Keeping the extender's state equal to the API server's: list + watch of four kinds (S1.6).
+"""Keeping the extender's state equal to the API server's: list + watch of five kinds (S1.6).
 
 Nodes, Device CRs and NodeResourceTopologies are kept raw per node name; any change to one of
 them converts the three again (k8s/nodes.py) and adds, updates or removes the finesched node.
@@ -11,7 +11,9 @@ Pod this extender bound confirms the assumed binding (commit) when the API shows
 A bound Pod that cannot be placed yet (its node is unknown, or its amounts do not fit what the
 node reports) waits in `waiting` with the reason, and is tried again whenever a node changes;
 a node that cannot be converted is left out and its reason kept in `node_problems` (the filter
-names it). Each kind is listed, then watched from the list's resourceVersion; a 410 Gone lists
+names it). Kueue's Topology objects (none when the CRD is absent) become the extender's "kueue"
+topologies (k8s/kueue.py); one that cannot be converted is left out, its reason kept in
+`topology_problems`. Each kind is listed, then watched from the list's resourceVersion; a 410 Gone lists
 again and reconciles (objects missing from the new list are deletions).
 """
 
@@ -26,6 +28,7 @@ from finesched.cpuset import CPUSet
 from finesched.k8s.api import Gone, KubeAPI
 from finesched.k8s.convert import PodError, pod_binding, pod_holds_resources, pod_key
 from finesched.k8s.extender import Extender
+from finesched.k8s.kueue import kueue_topology
 from finesched.k8s.nodes import NodeError, kubelet_cpusets, node_from_k8s
 from finesched.plugins.resource_status import ANNOTATION_RESOURCE_STATUS
 from finesched.state.cluster import StateError
@@ -48,6 +51,7 @@ class ClusterSync:
         self.versions: dict[str, str] = dict.fromkeys(KubeAPI.KINDS, "")
         self.waiting: dict[str, str] = {}
         self.node_problems: dict[str, str] = {}
+        self.topology_problems: dict[str, str] = {}
         extender.node_problems = self.node_problems
         self.stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -74,6 +78,9 @@ class ClusterSync:
         changed |= {k for k, obj in keyed.items() if stored.get(k) != obj}
         self.objects[kind] = keyed
         if reconcile:
+            if kind == "topologies":
+                self._topologies()
+                return changed
             for key in sorted(changed):
                 if kind == "pods":
                     self._pod(key, keyed.get(key))
@@ -93,6 +100,7 @@ class ClusterSync:
                 names |= self._replace(kind, lists[kind][0], reconcile=False)
             for name in sorted(names):
                 self._node(name)
+            self._replace("topologies", lists["topologies"][0])
             self._replace("pods", lists["pods"][0])
         for kind, (_, version) in lists.items():
             self.versions[kind] = version
@@ -165,9 +173,23 @@ class ClusterSync:
             self.objects[kind][key] = obj
         if kind == "pods":
             self._pod(key, None if event == "DELETED" else obj)
+        elif kind == "topologies":
+            self._topologies()
         else:
             self._node(key)
             self._retry_waiting()
+
+    def _topologies(self) -> None:
+        """Give the extender every Kueue Topology object that converts (the others are logged)."""
+        converted = []
+        self.topology_problems.clear()
+        for name, obj in sorted(self.objects["topologies"].items()):
+            try:
+                converted.append(kueue_topology(obj))
+            except ValueError as exc:
+                log.warning("Kueue topology %s left out: %s", name, exc)
+                self.topology_problems[name] = str(exc)
+        self.extender.set_topologies("kueue", converted)
 
     def _node(self, name: str) -> None:
         state = self.extender.state
@@ -243,6 +265,7 @@ class ClusterSync:
             return
         self.waiting.pop(key, None)
         self.extender.uids[key] = str((pod.get("metadata") or {}).get("uid", ""))
+        self.extender.note_bound_pod(pod)
 
     def _retry_waiting(self) -> None:
         for key in list(self.waiting):

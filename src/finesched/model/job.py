@@ -18,6 +18,7 @@ from pydantic import Field, PositiveInt, model_validator
 from finesched.model.base import FrozenDict, FrozenStrDict, Loc, Model, raise_problems
 from finesched.model.names import NamespaceName, ObjectName
 from finesched.model.resources import ByteQuantity, CountQuantity, CPUQuantity, ResourceVector
+from finesched.model.topology import GangTopology
 from finesched.model.workload import DEFAULT_BACKOFF_LIMIT, RestartPolicy
 
 MiB = 2**20
@@ -182,6 +183,10 @@ class Job(Model):
     #: The PriorityClass of every slot (a Kubernetes Job's pod template names one the same way);
     #: none: the global default class, if any.
     priority_class_name: ObjectName | None = None
+    #: Where the job's slots go in the network tree (a gang's `topology`, model/topology.py): its
+    #: slots are the gang's members, in slot order (group by group, index by index); a slice size
+    #: must divide the job's slot count (checked when it is compiled: dataflow/gang.py).
+    topology: GangTopology | None = None
 
     @model_validator(mode="after")
     def _structure(self) -> Job:

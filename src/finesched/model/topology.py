@@ -75,11 +75,16 @@ class Topology(Model):
     """A named tree of levels, coarse to fine (see the module docstring)."""
 
     name: ObjectName
-    levels: tuple[TopologyLevel, ...] = Field(min_length=1, max_length=MAX_LEVELS)
+    #: 1..MAX_LEVELS, checked with the rest in `_levels` (a length constraint here would add a
+    #: second, misleading error whenever one level is invalid).
+    levels: tuple[TopologyLevel, ...] = Field(json_schema_extra={"minItems": 1, "maxItems": MAX_LEVELS})
 
     @model_validator(mode="after")
     def _levels(self) -> Topology:
         problems: list[tuple[Loc, str, object]] = []
+        if not 1 <= len(self.levels) <= MAX_LEVELS:
+            levels = [level.node_label for level in self.levels]
+            problems.append((("levels",), f"a topology has 1 to {MAX_LEVELS} levels, coarse to fine", levels))
         seen: set[str] = set()
         for i, level in enumerate(self.levels):
             if level.node_label in seen:

@@ -38,6 +38,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
+import numpy as np
+
 from finesched.cpuset import CPUSet
 from finesched.errors import ValidationError
 from finesched.model.base import fast_copy
@@ -47,6 +49,7 @@ from finesched.plugins.cpu.koordinator import allocate_cpus, filter_required, sa
 from finesched.plugins.cpu.kubelet import kubelet_static_allocate, kubelet_take_by_topology
 from finesched.plugins.cpu.prefilter import (
     BAD_NODE_POLICY,
+    BIND_CODE,
     BIND_CONFLICT,
     NO_SHARED_POOL,
     NO_TOPOLOGY,
@@ -62,7 +65,7 @@ from finesched.plugins.resource_status import (
 )
 from finesched.plugins.shared_keys import NUMA_AFFINITY, NUMAAffinity
 from finesched.sched.cycle_state import CycleState
-from finesched.sched.framework import SKIP, SUCCESS, FilterResult, NodeBatch, Status
+from finesched.sched.framework import NO_LIMIT, SKIP, SUCCESS, CountArray, FilterResult, NodeBatch, Status
 from finesched.sched.request import ScheduleRequest
 from finesched.state.cluster import ClusterState
 from finesched.state.cpu_packed import kubelet_reserved_cpus
@@ -163,6 +166,33 @@ class CPUOrchestration:
     def filter(self, cycle: CycleState, request: ScheduleRequest, nodes: NodeBatch) -> FilterResult:
         req = cycle.read(CPU_REQUEST)
         return filter_result(exclusive_checks(self.accounts, req, nodes), nodes.n)
+
+    def count(self, cycle: CycleState, request: ScheduleRequest, nodes: NodeBatch) -> CountArray:
+        """[batch] exclusive cpusets of the request each node can still give, one after another.
+
+        On nodes where the workload gets an exclusive cpuset of r CPUs: under required FullPCPUs
+        ``CPUs of fully free cores // r`` (each copy takes r / threads-per-core whole cores), else
+        ``available CPUs // r``. Exact with maxRefCount 1 and exclusive policy None; with an
+        exclusive policy (PCPULevel / NUMANodeLevel keep siblings or NUMA nodes from other
+        exclusive sets), under required SpreadByPCPUs (one CPU per core) or with maxRefCount m > 1
+        (``m · available // r``) it is an upper bound. Per-NUMA limits are NUMAAlign's count.
+        Shared-pool (LS) and ConstrainedBurst workloads are limited by ResourcesFit's cpu count
+        only (NO_LIMIT here).
+        """
+        req = cycle.read(CPU_REQUEST)
+        acc, take = self.accounts, nodes.take
+        out = np.full(nodes.n, NO_LIMIT, dtype=np.int64)
+        r = req.cpus
+        excl = np.ones(nodes.n, dtype=bool) if req.exclusive else take(acc.kubelet_static).copy()
+        if not (req.exclusive or req.static_exclusive) or r <= 0 or not excl.any():
+            return out
+        pod_req = BIND_CODE.get(req.required_bind, 0)
+        effective = np.full(nodes.n, pod_req, dtype=np.int8) if pod_req else take(acc.required_bind)
+        avail = np.where(effective == 1, take(acc.numa_whole).sum(axis=1), take(acc.numa_avail).sum(axis=1)) * np.int64(
+            acc.max_ref_count
+        )
+        out[excl] = avail[excl] // r
+        return out
 
     # Reserve -------------------------------------------------------------------------------------------------
     def reserve(self, cycle: CycleState, request: ScheduleRequest, node: int) -> Status:

@@ -59,6 +59,7 @@ from finesched.model.binding import Binding
 from finesched.model.resources import CPU, MEMORY
 from finesched.plugins.cpu.koordinator import split_by_numa
 from finesched.plugins.cpu.prefilter import (
+    BIND_CODE,
     NO_NUMA,
     POLICY_MISMATCH,
     RESTRICTED,
@@ -71,6 +72,7 @@ from finesched.plugins.cpu.prefilter import (
     usable_cpus_of,
 )
 from finesched.plugins.cpu.request import CPU_OFFER, NUMA_OFFER, CPURequest, NUMAOffer, cpu_request
+from finesched.plugins.deviceshare.count import copies_over_devices, device_copies
 from finesched.plugins.deviceshare.hints import device_labels
 from finesched.plugins.deviceshare.request import compile_rule, fit_mask
 from finesched.plugins.numa_devices import device_fits, device_request, idle_counts, type_counts
@@ -78,11 +80,13 @@ from finesched.plugins.numa_hints import Hints, TopologyHint, generate_hints, hi
 from finesched.plugins.resource_status import merge_numa_grants, with_resource_status
 from finesched.plugins.shared_keys import NUMA_AFFINITY, NUMAAffinity
 from finesched.sched.cycle_state import CycleState, MissingState
-from finesched.sched.framework import SKIP, SUCCESS, FilterResult, NodeBatch, Status
+from finesched.sched.framework import NO_LIMIT, SKIP, SUCCESS, CountArray, FilterResult, NodeBatch, Status
 from finesched.sched.request import ScheduleRequest
 from finesched.state.cluster import ClusterState
+from finesched.state.cpu_config import NUMA_POLICY_CODE
 from finesched.state.cpu_topology import InsufficientCPUs
 from finesched.state.cpus import CPUAccounts
+from finesched.state.devices import node_rows
 
 #: Bound on NUMAAlign's memo of reserve decisions (cleared when full).
 _DECIDED_LIMIT = 4096
@@ -160,6 +164,58 @@ class NUMAAlign:
         if SINGLE_NUMA not in checks:
             return result
         return FilterResult(result.mask, lambda: self._explain(cycle, req, nodes, checks))
+
+    def count(self, cycle: CycleState, request: ScheduleRequest, nodes: NodeBatch) -> CountArray:
+        """[batch] copies of the request the node's NUMA nodes hold under SingleNUMANode.
+
+        Each copy sits on one NUMA node, so the node holds the sum over its NUMA nodes of what
+        each holds alone: the least of free millicores // cpu (for an exclusive cpuset also its
+        CPUs there // cpus: whole-core CPUs under a required FullPCPUs, else every available CPU,
+        an upper bound under SpreadByPCPUs), free memory // memory, and per requested
+        device type the copies of that type on the devices of that NUMA node (deviceshare/count.py).
+        Exact where those counts are (nothing is shared between NUMA nodes); hinted device types
+        are left to DeviceShare's count (an upper bound here). Restricted, BestEffort and no
+        policy put no limit of their own (NO_LIMIT: a copy may span NUMA nodes).
+        """
+        req = cpu_request(cycle, request.workload, request.shape)
+        acc, n = self.accounts, nodes.n
+        out = np.full(n, NO_LIMIT, dtype=np.int64)
+        node_policy = nodes.take(acc.numa_policy)
+        pod = NUMA_POLICY_CODE.get(req.numa_policy, 0) if req.numa_policy else 0
+        policy = np.where((node_policy == pod) | (node_policy == 0), pod, -1) if pod else node_policy
+        at = np.flatnonzero(policy == SINGLE)
+        if not len(at):
+            return out
+        rows = at if nodes.index is None else nodes.index[at]  # state indices
+        zones = acc.numa_valid[rows].astype(np.int64) * NO_LIMIT  # [rows, NUMA slots]
+        if req.cpu_milli > 0:
+            free = np.maximum(acc.numa_cpu_cap[rows] - acc.numa_cpu_used[rows], 0) // req.cpu_milli
+            excl = np.ones(len(rows), dtype=bool) if req.exclusive else acc.kubelet_static[rows] & req.static_exclusive
+            if excl.any() and req.cpus > 0:
+                cpus = _countable_cpus(acc, req, rows) * acc.max_ref_count // req.cpus
+                free = np.where(excl[:, None], np.minimum(free, cpus), free)
+            zones = np.where(acc.has_topo[rows][:, None], np.minimum(zones, free), zones)
+        if req.memory > 0:
+            mem = np.maximum(acc.numa_mem_cap[rows] - acc.numa_mem_used[rows], 0) // req.memory
+            zones = np.where(acc.mem_tracked[rows][:, None], np.minimum(zones, mem), zones)
+        found = device_request(cycle, self.state)
+        if found is not None:
+            dreq, devices = found
+            numa_id = acc.numa_id[rows]
+            for kind, tr in dreq.types.items():
+                typed = devices.types.get(kind)
+                if typed is None:
+                    zones[:] = 0
+                    continue
+                if tr.hint is not None:
+                    continue
+                per_device = device_copies(compile_rule(tr, typed.dims), *node_rows(typed, rows))
+                dev_numa = typed.numa.take(rows, axis=0)
+                for z in range(numa_id.shape[1]):
+                    here = np.where(dev_numa == numa_id[:, z : z + 1], per_device, 0)
+                    np.minimum(zones[:, z], copies_over_devices(here, tr.count), out=zones[:, z])
+        out[at] = np.minimum(zones.sum(axis=1), NO_LIMIT)
+        return out
 
     def _explain(self, cycle: CycleState, req: CPURequest, nodes: NodeBatch, checks: Checks) -> Checks:
         """The checks with "cannot fit on a single NUMA node" unresolvable where no NUMA node of the
@@ -346,6 +402,19 @@ class NUMAAlign:
             for n, amount in split_by_numa(req.memory, mem_free, chosen, what="memory").items():
                 grants.setdefault(n, {})[MEMORY] = amount
         return grants
+
+
+def _countable_cpus(acc: CPUAccounts, req: CPURequest, rows: np.ndarray) -> np.ndarray:
+    """[rows, NUMA slots] CPUs copies of an exclusive request can take one after another per NUMA
+    node: whole-core CPUs under a required FullPCPUs (each copy takes whole cores), else every
+    available CPU. (The filter's `usable_cpus` counts cores with a free CPU under SpreadByPCPUs,
+    right for one copy; a copy leaves the cores' other CPUs free for the next.)"""
+    pod_req = BIND_CODE.get(req.required_bind, 0)
+    if pod_req:
+        full = np.full(len(rows), pod_req == 1, dtype=bool)
+    else:  # as `usable_cpus`: kubelet-mode nodes count any available CPU
+        full = ~acc.kubelet_mode[rows] & (acc.required_bind[rows] == 1)
+    return np.where(full[:, None], acc.numa_whole[rows], acc.numa_avail[rows])
 
 
 def effective_policy(req: CPURequest, node_policy: str) -> str:

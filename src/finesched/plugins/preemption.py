@@ -155,10 +155,13 @@ class DefaultPreemption:
         verdicts = self._verdicts_of(request)
         picked: list[int] = []
         chunk = self.candidates
+        allowed = getattr(handle, "allowed", None)  # a topology gang's domain (sched/preempt.py Handle)
         while len(picked) < self.candidates:
             nodes = np.fromiter(itertools.islice(ranked, chunk), dtype=np.intp)
             if len(nodes) == 0:
                 break
+            if allowed is not None:
+                nodes = nodes[allowed[nodes]]
             unknown = nodes[verdicts[nodes] < 0]
             if len(unknown):
                 verdicts[unknown] = handle.unresolvable(cycle, request, unknown)

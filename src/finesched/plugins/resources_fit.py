@@ -13,7 +13,16 @@ import numpy as np
 
 from finesched.plugins.shares import add_shares
 from finesched.sched.cycle_state import CycleState
-from finesched.sched.framework import SUCCESS, Code, Explanation, FilterResult, NodeBatch, Status
+from finesched.sched.framework import (
+    NO_LIMIT,
+    SUCCESS,
+    Code,
+    CountArray,
+    Explanation,
+    FilterResult,
+    NodeBatch,
+    Status,
+)
 from finesched.sched.request import ScheduleRequest
 
 
@@ -40,6 +49,19 @@ class ResourcesFit:
             for r, amount in pairs[1:]:
                 mask &= nodes.row(free, r) >= amount
         return FilterResult(mask, lambda: self._explain(request, nodes))
+
+    def count(self, cycle: CycleState, request: ScheduleRequest, nodes: NodeBatch) -> CountArray:
+        """Exact: the least over requested scalar resources (pods included) of ``free // amount``.
+
+        Copies take the same amounts each, so nothing else can run out first.
+        """
+        if request.unknown:
+            return np.zeros(nodes.n, dtype=np.int64)
+        out = np.full(nodes.n, NO_LIMIT, dtype=np.int64)
+        for r, amount in request.pairs:
+            if amount > 0:
+                np.minimum(out, nodes.row(nodes.state.free, r) // amount, out=out)
+        return np.maximum(out, 0, out=out)
 
     @staticmethod
     def _explain(request: ScheduleRequest, nodes: NodeBatch) -> Explanation:

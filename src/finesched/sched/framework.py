@@ -36,6 +36,7 @@ MIN_SCORE = 0
 
 BoolArray = npt.NDArray[np.bool_]
 ScoreArray = npt.NDArray[np.int64]
+CountArray = npt.NDArray[np.int64]
 IndexArray = npt.NDArray[np.intp]
 
 
@@ -191,6 +192,26 @@ class FilterPlugin(Plugin, Protocol):
         ...
 
 
+#: What a count puts where it has no limit of its own (int32 max: far above any real member count,
+#: and safe to sum over 10,000s of nodes in int64).
+NO_LIMIT = 2**31 - 1
+
+
+@runtime_checkable
+class Count(Plugin, Protocol):
+    def count(self, cycle: CycleState, request: ScheduleRequest, nodes: NodeBatch) -> CountArray:
+        """[n] int64 >= 0: how many copies of `request` fit on each node of the batch as the state
+        is now, the copies placed one after another by this plugin's own rules (what a gang's
+        members of one shape can take of a node; sched/topology.py sums it over domains).
+
+        Implemented by filter plugins next to `filter`, after the same pre_filter (it reads what
+        pre_filter wrote in `cycle`). Exact where the plugin's reserve is exact; where it is not
+        (the plugin says so) an upper bound, never below what placing copies one by one achieves.
+        NO_LIMIT means "no limit of mine". Must not mutate any state.
+        """
+        ...
+
+
 @runtime_checkable
 class PreScorePlugin(Plugin, Protocol):
     def pre_score(self, cycle: CycleState, request: ScheduleRequest, nodes: NodeBatch) -> Status:
@@ -336,6 +357,8 @@ class ExtensionPoints:
 
     pre_filter: list[PreFilterPlugin] = field(default_factory=list)
     filter: list[FilterPlugin] = field(default_factory=list)
+    #: The filter plugins that also count copies (`Count`).
+    count: list[Count] = field(default_factory=list)
     pre_score: list[PreScorePlugin] = field(default_factory=list)
     score: list[tuple[ScorePlugin, int]] = field(default_factory=list)
     select: SelectPlugin | None = None

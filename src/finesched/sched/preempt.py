@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from finesched.sched.queue import SchedulingQueue
     from finesched.sched.request import RequestCompiler
     from finesched.sched.runtime import Framework
+    from finesched.sched.topology import TopologyPlacer
     from finesched.state.cluster import ClusterState
 
 
@@ -66,7 +67,14 @@ class SchedulerView(Protocol):
     _nominated: dict[str, str]
     _victims_committed: dict[str, set[str]]
 
+    @property
+    def topology(self) -> TopologyPlacer: ...
+
     def schedule_one(self, workload: Workload) -> Binding: ...
+
+    def schedule_gang(self, workloads: Sequence[Workload]) -> list[Binding]: ...
+
+    def _place(self, workload: Workload, allowed: npt.NDArray[np.bool_] | None = None) -> Binding: ...
 
     def _binding(self, request: ScheduleRequest, node: int, score: int) -> Binding: ...
 
@@ -77,9 +85,12 @@ INDEX_NAME = "PreemptionIndex"
 class Handle:
     """The scheduler's side of a post_filter call (framework.PreemptionHandle)."""
 
-    def __init__(self, scheduler: SchedulerView, skipped: set[str]):
+    def __init__(self, scheduler: SchedulerView, skipped: set[str], allowed: npt.NDArray[np.bool_] | None = None):
         self.scheduler = scheduler
         self.skipped = skipped
+        #: [n] the only nodes the preemptor may go to (a topology gang's domain), None: any node.
+        #: The post_filter plugin skips the others before asking anything about them.
+        self.allowed = allowed
         self._everywhere: npt.NDArray[np.bool_] | None = None  # unresolvable over all nodes, when computed
 
     def unresolvable(self, cycle: CycleState, request: ScheduleRequest, nodes: npt.NDArray[np.intp]) -> BoolArray:
@@ -137,8 +148,11 @@ class Handle:
             state.capacity_version = version  # the state is exactly as it was
 
 
-def find_preemption(sched: SchedulerView, workload: Workload) -> tuple[Preemption | None, str]:
-    """The post_filter plugin's decision for `workload` (no state change); see the module docstring."""
+def find_preemption(
+    sched: SchedulerView, workload: Workload, allowed: npt.NDArray[np.bool_] | None = None
+) -> tuple[Preemption | None, str]:
+    """The post_filter plugin's decision for `workload` (no state change); see the module docstring.
+    `allowed`: evict only on (and place only on) those nodes (a topology gang's domain)."""
     plugin = sched.framework.points.post_filter
     if plugin is None or not sched.preemption:
         return None, "preemption is off"
@@ -151,7 +165,10 @@ def find_preemption(sched: SchedulerView, workload: Workload) -> tuple[Preemptio
         skipped = sched.framework.run_pre_filter(cycle, request, NodeBatch(state))
     except PreFilterFailed as exc:
         return None, f"{exc.status.message()} ({exc.status.plugin})"
-    return plugin.post_filter(cycle, request, Handle(sched, skipped))
+    p, why = plugin.post_filter(cycle, request, Handle(sched, skipped, allowed))
+    if p is not None and allowed is not None and not allowed[state.index[p.node]]:
+        return None, "the preemption found lies outside the gang's topology domain"
+    return p, why
 
 
 def apply_preemption(sched: SchedulerView, p: Preemption) -> Binding:
@@ -196,14 +213,17 @@ def _readmit(sched: SchedulerView, victims: Sequence[Binding], committed: set[st
             sched.state.commit(victim.workload)
 
 
-def place_or_preempt(sched: SchedulerView, workload: Workload) -> tuple[Binding, Preemption | None]:
-    """Schedule `workload`; when it fits nowhere, preempt for it (raises the FitError when that fails too)."""
+def place_or_preempt(
+    sched: SchedulerView, workload: Workload, allowed: npt.NDArray[np.bool_] | None = None
+) -> tuple[Binding, Preemption | None]:
+    """Schedule `workload`; when it fits nowhere, preempt for it (raises the FitError when that fails too).
+    `allowed`: place and evict only on those nodes (a topology gang's domain)."""
     try:
-        return sched.schedule_one(workload), None
+        return (sched.schedule_one(workload) if allowed is None else sched._place(workload, allowed)), None
     except FitError as exc:
         if exc.unresolvable:  # evicting others cannot help (kube-scheduler skips these too)
             raise
-        p, why = find_preemption(sched, workload)
+        p, why = find_preemption(sched, workload, allowed)
         if p is None:
             sched.preemption_misses[workload.key] = why
             raise
@@ -211,7 +231,15 @@ def place_or_preempt(sched: SchedulerView, workload: Workload) -> tuple[Binding,
 
 
 def place_gang_or_preempt(sched: SchedulerView, workloads: Sequence[Workload]) -> list[Binding]:
-    """All members placed (preempting where needed) or none, and then nothing evicted either."""
+    """All members placed (preempting where needed) or none, and then nothing evicted either.
+
+    A topology gang (`gang.topology`) is first placed without evicting anything; when no domain
+    takes it so, its domains are tried in the topology policy's order (sched/topology.py), each
+    member placed or preempting for it only on that domain's nodes: every victim is in one domain.
+    """
+    gang = workloads[0].gang if workloads else None
+    if gang is not None and gang.topology is not None:
+        return _place_topology_gang_or_preempt(sched, workloads)
     steps: list[tuple[Binding, Preemption | None]] = []
     try:
         for workload in workloads:
@@ -226,4 +254,33 @@ def place_gang_or_preempt(sched: SchedulerView, workloads: Sequence[Workload]) -
             raise
         name = workloads[0].gang.name if workloads[0].gang else "gang"
         raise gang_fit_error(name, exc, "none placed, none evicted") from None
+    if len(steps) > 1:
+        sched.topology.history.append(len(steps))
     return [binding for binding, _ in steps]
+
+
+def _place_topology_gang_or_preempt(sched: SchedulerView, workloads: Sequence[Workload]) -> list[Binding]:
+    """`place_gang_or_preempt` for a topology gang: without evictions, else in one domain with them."""
+    try:
+        return sched.schedule_gang(workloads)
+    except FitError as exc:
+        if exc.unresolvable:
+            raise
+        first = exc
+
+    def place(workload: Workload, allowed: npt.NDArray[np.bool_]) -> object:
+        return place_or_preempt(sched, workload, allowed)
+
+    def undo(step: object) -> None:
+        binding, p = step  # type: ignore[misc]
+        if p is None:
+            sched.state.forget(binding.workload)
+        else:
+            undo_preemption(sched, p)
+
+    try:
+        steps = sched.topology.place(workloads, place, undo, evicting=True)
+    except FitError as exc:
+        sched.preemption_misses[workloads[0].key] = exc.message
+        raise first from None
+    return [binding for binding, _ in steps]  # type: ignore[misc]

@@ -12,6 +12,7 @@ plugins:
   - {name: MostAllocated, weight: 2}
 tieBreak: random      # lowest-index (default) | random
 seed: 7
+topologyPolicy: BestFit   # BestFit (default) | KeepDomainsWhole: a topology gang's domain
 ```
 """
 
@@ -43,6 +44,10 @@ class Profile(Model):
     seed: int = 0
     #: How many nodes the exact reserve step may try before the workload is reported unschedulable.
     max_reserve_attempts: int = Field(default=100, ge=1)
+    #: How a topology gang's domain is chosen among those that hold it (sched/topology.py):
+    #: BestFit (Kueue's: the tightest fit) or KeepDomainsWhole (the one whose use least reduces
+    #: how many of the typical gang sizes the domains can still hold).
+    topology_policy: Literal["BestFit", "KeepDomainsWhole"] = "BestFit"
     #: Where the profile came from (its file), so errors found when the scheduler starts name it.
     source: str = Field(default="", exclude=True)
 

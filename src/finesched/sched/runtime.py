@@ -16,9 +16,12 @@ from finesched.model.binding import Binding
 from finesched.sched.cycle_state import CycleState
 from finesched.sched.framework import (
     MAX_SCORE,
+    NO_LIMIT,
     SUCCESS,
     BoolArray,
     Code,
+    Count,
+    CountArray,
     ExtensionPoints,
     FilterPlugin,
     FilterResult,
@@ -104,6 +107,8 @@ class Framework:
             points.pre_filter.append(plugin)
         if isinstance(plugin, FilterPlugin):
             points.filter.append(plugin)
+            if isinstance(plugin, Count):
+                points.count.append(plugin)
         if isinstance(plugin, PreScorePlugin):
             points.pre_score.append(plugin)
         if isinstance(plugin, ScorePlugin):
@@ -166,6 +171,34 @@ class Framework:
             results.append((plugin, result))
             mask = result.mask.copy() if mask is None else np.logical_and(mask, result.mask, out=mask)
         return (np.ones(nodes.n, dtype=bool) if mask is None else mask), results
+
+    def run_count(
+        self,
+        cycle: CycleState,
+        request: ScheduleRequest,
+        nodes: NodeBatch,
+        feasible: BoolArray,
+        skipped: set[str] | frozenset[str] = frozenset(),
+    ) -> CountArray:
+        """[n] int64: how many copies of `request` fit on each node of `nodes` as the state is now.
+
+        Call it after `run_pre_filter` (same `cycle`; pass the `skipped` set it returned, as for
+        `run_filter`) and `run_filter` (`feasible` is its mask over the same batch). The answer is
+        the minimum over the filter plugins that implement `Count` and whose filter ran (a plugin
+        skipped at pre_filter has nothing to count); 0 where `feasible` is False; `NO_LIMIT`
+        (2**31 - 1) where no counting plugin limits the node (a profile without one, or a
+        request that none of them is asked about). Filters without `count` put no limit beyond
+        their mask, so the answer is exact only as far as the counting plugins are (each says
+        where it is an upper bound).
+        """
+        out = np.full(nodes.n, NO_LIMIT, dtype=np.int64)
+        for plugin in self.points.count:
+            if plugin.NAME in skipped:
+                continue
+            np.minimum(out, plugin.count(cycle, request, nodes), out=out)
+        np.maximum(out, 0, out=out)
+        out[~feasible] = 0
+        return out
 
     def run_pre_score(self, cycle: CycleState, request: ScheduleRequest, nodes: NodeBatch) -> None:
         for plugin in self.points.pre_score:

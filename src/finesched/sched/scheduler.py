@@ -48,6 +48,7 @@ from finesched.sched.registry import Registry, default_registry
 from finesched.sched.request import RequestCompiler, ScheduleRequest
 from finesched.sched.runtime import Framework, PreFilterFailed
 from finesched.sched.tenant_usage import TenantUsage, binding_amounts
+from finesched.sched.topology import OUTSIDE_DOMAIN, TopologyPlacer
 from finesched.state.cluster import ClusterState, StateError
 
 __all__ = ["CARRIED_ANNOTATIONS", "Result", "Scheduler", "binding_amounts"]
@@ -104,6 +105,8 @@ class Scheduler:
         self._victims_committed: dict[str, set[str]] = {}
         #: The Topology objects gangs may name, by name (`set_topologies` replaces them).
         self.topologies: dict[str, Topology] = {t.name: t for t in topologies}
+        #: Domain choice and placement of topology gangs (domain indexes, gang size history).
+        self.topology = TopologyPlacer(self)
 
     def set_topologies(self, topologies: Iterable[Topology]) -> None:
         """Replace the known topologies; parked work is tried again (a gang may fit a new tree)."""
@@ -115,7 +118,10 @@ class Scheduler:
         """Place `workload` and return its binding (applied to the state), or raise FitError."""
         return self._place(workload)
 
-    def _place(self, workload: Workload) -> Binding:
+    def _prepare(self, workload: Workload) -> tuple[ScheduleRequest, CycleState, set[str], Hashable | None]:
+        """Steps 1-2 of a cycle: the compiled request, its cycle state after pre_filter, the plugins
+        pre_filter skipped, and the memo shape (None: not memoized). Raises FitError when the
+        cluster has no nodes or pre_filter rejects the workload, ValidationError when it is bound."""
         state = self.state
         workload_key = workload.key
         if workload_key in state.bindings:
@@ -131,13 +137,26 @@ class Scheduler:
             skipped = self.framework.run_pre_filter(cycle, request, NodeBatch(state))
         except PreFilterFailed as exc:
             raise _prefilter_error(workload_key, state.n, exc) from None
-        # 3-4. filter and score every node (memoized per request shape where plugins allow)
         memo_shape: Hashable | None = shape if self.memoize and self.framework.node_local else None
         if memo_shape is not None and self.framework.shape_keys:
             keys = tuple(p.shape_key(workload) for p in self.framework.shape_keys)
             if any(k is not None for k in keys):
                 memo_shape = (shape, keys)
+        return request, cycle, skipped, memo_shape
+
+    def _place(self, workload: Workload, allowed: npt.NDArray[np.bool_] | None = None) -> Binding:
+        """Place `workload` (steps 1-6); with `allowed`, only on those nodes (a gang's topology
+        domain): the mask is applied to the memoized results, never stored in the memo."""
+        state = self.state
+        workload_key = workload.key
+        request, cycle, skipped, memo_shape = self._prepare(workload)
+        # 3-4. filter and score every node (memoized per request shape where plugins allow)
         feasible, key = self._evaluate(cycle, request, skipped, memo_shape)
+        outside = 0
+        if allowed is not None:
+            inside = feasible & allowed[: feasible.shape[0]]
+            outside = int(feasible.sum()) - int(inside.sum())
+            feasible, key = inside, np.where(inside, key, -1)
         # 5. select and reserve
         failures: Counter[str] | None = None
         for attempt, node in enumerate(self._candidates(cycle, request, feasible, key)):
@@ -164,6 +183,8 @@ class Scheduler:
         _, results = self.framework.run_filter(cycle, request, NodeBatch(state), skipped)
         failures = failures or Counter()
         error = diagnose(workload_key, state.n, results, failures)
+        if outside:
+            error.reasons[OUTSIDE_DOMAIN] = outside
         untried = int(feasible.sum()) - sum(failures.values())
         if untried > 0:
             error.reasons[f"not tried (limit of {self.profile.max_reserve_attempts} reserve attempts)"] = untried
@@ -308,7 +329,14 @@ class Scheduler:
 
     def schedule_gang(self, workloads: Sequence[Workload]) -> list[Binding]:
         """Place all of `workloads` or none of them (then raise the first member's FitError, or its
-        ValidationError when a member's request is invalid)."""
+        ValidationError when a member's request is invalid).
+
+        A gang with `gang.topology` goes inside one domain of its level (sched/topology.py): its
+        bindings come in member index order (names, numbers compared as numbers)."""
+        gang = workloads[0].gang if workloads else None
+        if gang is not None and gang.topology is not None:
+            steps = self.topology.place(workloads, self._place, self._forget_step)
+            return [step for step in steps if isinstance(step, Binding)]
         placed: list[Binding] = []
         try:
             for workload in workloads:
@@ -320,7 +348,13 @@ class Scheduler:
                 raise
             name = workloads[0].gang.name if workloads[0].gang else "gang"
             raise gang_fit_error(name, exc, "none placed") from None
+        self.topology.history.append(len(placed))
         return placed
+
+    def _forget_step(self, step: object) -> None:
+        """Undo one member placed by `_place` (a topology gang that did not fit all its domain)."""
+        assert isinstance(step, Binding)
+        self.state.forget(step.workload)
 
     def submit(self, workloads: Iterable[Workload]) -> None:
         """Queue workloads for `run` (priority, DRF between tenants, FIFO, quotas, gangs).

@@ -38,6 +38,7 @@ from finesched.server.api import (
     routes_priority,
     routes_tenants,
     routes_tokens,
+    routes_topologies,
     routes_whoami,
     routes_workloads,
 )
@@ -326,8 +327,8 @@ def _health_routes(app: FastAPI, metrics: Metrics) -> None:
 
 def _routers(app: FastAPI) -> None:
     """The resources' routes, the features' and the console's, then the legacy names last."""
-    for module in (routes_nodes, routes_workloads, routes_tenants, routes_priority, offers, jobs, logs, routes_plan,
-                   routes_tokens, routes_whoami, console):  # fmt: skip
+    for module in (routes_nodes, routes_workloads, routes_tenants, routes_priority, routes_topologies, offers, jobs,
+                   logs, routes_plan, routes_tokens, routes_whoami, console):  # fmt: skip
         app.include_router(module.router)
     for module in (routes_nodes, routes_workloads, routes_tenants):  # last: old names with "/" (views.LegacyName)
         app.include_router(module.legacy)

@@ -74,11 +74,12 @@ class WhatIf:
                 snapshot = self._snapshot(live.state)
                 profile, preemption = live.profile, live.preemption
                 tenants = list(live.queue.quotas.tenants.values())
+                topologies = list(live.topologies.values())
                 pending = len(self.loop.queued)
             fork = self._fork_for(profile)
             with _collector_paused():  # the restore allocates per-node accounts by the thousand
                 fork.restore(snapshot)
-                scheduler = Scheduler(fork, profile, tenants, preemption=preemption)
+                scheduler = Scheduler(fork, profile, tenants, preemption=preemption, topologies=topologies)
                 scheduler.submit(workloads)
                 results = scheduler.run(report_waiting=False)
                 results += scheduler.run()

@@ -136,7 +136,7 @@ def domain_capacities(state: ClusterState, index: DomainIndex) -> list[DomainCap
     """Every domain of every level of `index`, coarse levels first, with its node count and its
     allocatable and free amount of each resource the cluster has (summed over its nodes)."""
     out: list[DomainCapacity] = []
-    allocatable, free = state.allocatable, state.free
+    names, allocatable, free = _capacity_rows(state, index.n)
     for depth, label in enumerate(index.topology.labels):
         nodes = index.sum(np.ones(index.n, dtype=np.int64), depth)
         alloc, avail = index.sum_rows(allocatable, depth), index.sum_rows(free, depth)
@@ -146,8 +146,25 @@ def domain_capacities(state: ClusterState, index: DomainIndex) -> list[DomainCap
                     label,
                     index.name(depth, domain),
                     int(nodes[domain]),
-                    {r: int(alloc[i, domain]) for i, r in enumerate(state.resources) if alloc[i, domain]},
-                    {r: int(avail[i, domain]) for i, r in enumerate(state.resources) if alloc[i, domain]},
+                    {r: int(alloc[i, domain]) for i, r in enumerate(names) if alloc[i, domain]},
+                    {r: int(avail[i, domain]) for i, r in enumerate(names) if alloc[i, domain]},
                 )
             )
     return out
+
+
+def _capacity_rows(state: ClusterState, n: int) -> tuple[list[str], IntArray, IntArray]:
+    """Resource names and [R, n] allocatable and free rows: the scalar resources, then each device
+    dimension (gpu-core, gpu-memory, ...) summed over each node's healthy devices, which the device
+    accounts hold apart from the scalar columns."""
+    names = list(state.resources)
+    allocatable, free = [state.allocatable[:, :n]], [state.free[:, :n]]
+    accounts = state.extras.get("devices")
+    for acc in getattr(accounts, "types", {}).values():
+        for k, dim in enumerate(acc.dims):
+            if dim in names:
+                continue
+            names.append(dim)
+            allocatable.append(acc.htotal[k : k + 1, :n])
+            free.append(acc.hfree[k : k + 1, :n])
+    return names, np.concatenate(allocatable), np.concatenate(free)

@@ -40,6 +40,7 @@ from finesched.model.mig import mig_profile_of
 from finesched.model.resources import GPU
 from finesched.model.workload import Workload
 from finesched.plugins.deviceshare.allocator import DeviceAllocation, InsufficientDevices, allocate_devices
+from finesched.plugins.deviceshare.count import mig_copies, partition_copies, type_copies
 from finesched.plugins.deviceshare.hint_filter import HintChecks
 from finesched.plugins.deviceshare.hints import Labels
 from finesched.plugins.deviceshare.mig import choose_mig, explain_mig, mig_grants, mig_mask, mig_request, mig_share
@@ -65,7 +66,18 @@ from finesched.plugins.deviceshare.scoring import DEVICE_SHARES, DeviceShares, d
 from finesched.plugins.shared_keys import DEVICE_CHOOSER, NUMA_AFFINITY, NUMAAffinity
 from finesched.plugins.shares import add_shares
 from finesched.sched.cycle_state import CycleState, MissingState, StateKey
-from finesched.sched.framework import SKIP, SUCCESS, BoolArray, Code, Explanation, FilterResult, NodeBatch, Status
+from finesched.sched.framework import (
+    NO_LIMIT,
+    SKIP,
+    SUCCESS,
+    BoolArray,
+    Code,
+    CountArray,
+    Explanation,
+    FilterResult,
+    NodeBatch,
+    Status,
+)
 from finesched.sched.request import ScheduleRequest
 from finesched.state.cluster import ClusterState
 from finesched.state.devices import DeviceAccounts, attach_device_accounts, node_rows
@@ -266,6 +278,28 @@ class DeviceShare:
         if partition_rule is not None:
             mask &= partition_mask(accounts, self._tables(), dreq, partition_rule, everyone, index)
         return FilterResult(mask, lambda: self._explain(cycle, nodes, mask))
+
+    def count(self, cycle: CycleState, request: ScheduleRequest, nodes: NodeBatch) -> CountArray:
+        """[batch] copies of the device request each node holds, placed one after another
+        (deviceshare/count.py: exact for shares on one device, whole devices, partition tables and
+        one MIG profile; an upper bound for multi-device shares, hints, joint scopes, several MIG
+        profiles). Runs after this plugin's pre_filter (not called when it skipped)."""
+        accounts, everyone, index = self._acc(), nodes.state.n, nodes.index
+        rows: Any = slice(0, everyone) if index is None else index
+        rules = cycle.read(_RULES)
+        out = np.full(nodes.n, NO_LIMIT, dtype=np.int64)
+        for tr, rule in rules.items:
+            np.minimum(out, type_copies(accounts, tr, rule, rows, nodes.n), out=out)
+        dreq = cycle.read(DEVICE_REQUEST)
+        if dreq.mig is not None:
+            np.minimum(out, mig_copies(self._mig(), dreq.mig, everyone, index), out=out)
+        partition_rule = self._partition_fit_rule(rules, dreq)
+        if partition_rule is not None:
+            node_ids = np.arange(everyone) if index is None else index
+            picks = partition_copies(accounts, self._tables(), dreq, partition_rule, node_ids, rows)
+            if picks is not None:
+                np.minimum(out, picks, out=out)
+        return out
 
     def _partition_fit_rule(self, rules: _Rules, dreq: DeviceRequest) -> FitRule | None:
         """The gpu FitRule when partition tables can matter for `dreq` (whole GPUs, and some node

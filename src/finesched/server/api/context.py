@@ -15,6 +15,7 @@ from finesched.admission import World
 from finesched.errors import ValidationError
 from finesched.model.priority_class import PriorityClass
 from finesched.model.tenant import Tenant
+from finesched.model.topology import Topology
 from finesched.sched.scheduler import Scheduler
 from finesched.server.api.auth import TENANT, Identity, TokenCache, authenticate
 from finesched.server.loop.loop import SchedulerLoop
@@ -22,6 +23,7 @@ from finesched.server.metrics import Metrics
 from finesched.server.store.cluster_view import tenant_from_row
 from finesched.server.store.priority_store import class_from_row, list_priority_classes
 from finesched.server.store.store import Store
+from finesched.server.store.topology_store import list_topologies, topology_from_row
 from finesched.state.devices import attach_device_accounts
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
@@ -44,6 +46,8 @@ class ServerContext:
     _tenants: dict[str, tuple[Any, Tenant | None]] = field(default_factory=dict)
     #: Parsed PriorityClasses by name, likewise.
     _classes: dict[str, tuple[Any, PriorityClass | None]] = field(default_factory=dict)
+    #: Parsed Topologies by name, likewise.
+    _topologies: dict[str, tuple[Any, Topology | None]] = field(default_factory=dict)
 
     def scheduler(self) -> Scheduler:
         """The leader's scheduler, or 503 on a replica that does not hold the lease."""
@@ -53,16 +57,19 @@ class ServerContext:
         return scheduler
 
     def world(self, *, devices: bool = True) -> World:
-        """The stored objects admission needs: the tenants and PriorityClasses (those that parse; one
-        stored before today's rules is set aside, not trusted) and, with `devices`, the device types
-        of the nodes."""
+        """The stored objects admission needs: the tenants, PriorityClasses and Topologies (those that
+        parse; one stored before today's rules is set aside, not trusted) and, with `devices`, the
+        device types of the nodes."""
         tenant_rows, class_rows = self.store.list_tenants(), list_priority_classes(self.store)
+        topology_rows = list_topologies(self.store)
         with self._lock:
             self._tenants = {row["name"]: _parsed(self._tenants, row, tenant_from_row) for row in tenant_rows}
             self._classes = {row["name"]: _parsed(self._classes, row, class_from_row) for row in class_rows}
+            self._topologies = {r["name"]: _parsed(self._topologies, r, topology_from_row) for r in topology_rows}
             tenants = {name: tenant for name, (_, tenant) in self._tenants.items() if tenant is not None}
             classes = {name: cls for name, (_, cls) in self._classes.items() if cls is not None}
-        return World(tenants, self.device_types() if devices else frozenset(), classes)
+            topologies = {name: topo for name, (_, topo) in self._topologies.items() if topo is not None}
+        return World(tenants, self.device_types() if devices else frozenset(), classes, topologies=topologies)
 
     def device_types(self) -> frozenset[str]:
         """The device types of the cluster's nodes: the leader's state, else the stored nodes.

@@ -8,9 +8,9 @@ the document is first asked for:
   msg, type}]}``) for 413 and 422 (every route may refuse a path or query value, every route with
   a body a bad body);
 * the bearer-token security every ``/v1`` operation requires;
-* the manifest bodies (Node, Workload, Tenant, Job, PriorityClass) as the JSON schemas of their models, instead
-  of free-form objects (the routes read them with `parse_manifest`, whose error paths are the
-  manifest's own);
+* the manifest bodies (Node, Workload, Tenant, Job, PriorityClass, Topology) as the JSON schemas of
+  their models, instead of free-form objects (the routes read them with `parse_manifest`, whose
+  error paths are the manifest's own);
 * the content types of ``/metrics`` (Prometheus text) and ``/v1/events/watch`` (Server-Sent Events).
 """
 
@@ -67,6 +67,8 @@ EXTRA: dict[tuple[str, str], tuple[int, ...]] = {
     ("post", "/v1/plan"): (409,),
     ("post", "/v1/priorityclasses"): (409,),
     ("put", "/v1/priorityclasses/{name}"): (409,),
+    ("post", "/v1/topologies"): (409,),
+    ("put", "/v1/topologies/{name}"): (409,),
 }
 #: Request bodies that are manifests: (method, path) -> the kind, and whether a list is accepted.
 MANIFEST_BODIES: dict[tuple[str, str], tuple[str, bool]] = {
@@ -79,11 +81,23 @@ MANIFEST_BODIES: dict[tuple[str, str], tuple[str, bool]] = {
     ("post", "/v1/plan"): ("Workload", True),
     ("post", "/v1/priorityclasses"): ("PriorityClass", False),
     ("put", "/v1/priorityclasses/{name}"): ("PriorityClass", False),
+    ("post", "/v1/topologies"): ("Topology", False),
+    ("put", "/v1/topologies/{name}"): ("Topology", False),
 }
 #: `metadata.uid`: set by the server; a manifest may carry it back (ignored on create, 409 on a replace
 #: when it names another object than the stored one of that name).
 UID = {"type": "string", "format": "uuid",
        "description": "The object's uid, given by the server at creation; read-only"}  # fmt: skip
+#: A Kubernetes label key (model/topology.py `label_key_problem`): an optional DNS-subdomain prefix and
+#: "/", then a name of at most 63 characters. The prefix's limit of 253 characters is the server's to
+#: check (422 naming the field); the field's maxLength bounds the whole key.
+LABEL_KEY_PATTERN = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
+#: The fields that hold a label key: a topology's levels and the levels a gang asks for.
+LABEL_KEY_FIELDS = {"TopologyLevel": ("nodeLabel",), "TopologySlice": ("required",),
+                    "GangTopology": ("required", "preferred")}  # fmt: skip
 QUANTITY_PATTERN = r"^\+?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+|[numkMGTPE]|[KMGTPE]i)?$"
 QUANTITY = {
     "anyOf": [{"type": "string", "pattern": QUANTITY_PATTERN}, {"type": "number", "minimum": 0}],
@@ -221,6 +235,12 @@ def _fix(schemas: dict[str, Any]) -> None:
     """What the models accept beyond what pydantic's schema says: quantities also as numbers (YAML's
     ``cpu: 0.5``), and a CPU topology either listed or built from its shape."""
     _walk(schemas, _quantities)
+    for model, fields in LABEL_KEY_FIELDS.items():
+        for name in fields:
+            field = schemas[model]["properties"][name]
+            for option in field.get("anyOf", [field]):
+                if option.get("type") == "string":
+                    option["pattern"] = LABEL_KEY_PATTERN
     options = schemas["KubeletPolicy"]["properties"]["options"]
     options["propertyNames"] = {"enum": sorted(KUBELET_CPU_OPTIONS)}
     options["additionalProperties"] = {"anyOf": [{"type": "boolean"}, {"type": "string", "enum": ["true", "false"]}]}

@@ -23,7 +23,17 @@ import numpy as np
 import numpy.typing as npt
 
 from finesched.model.binding import Binding
-from finesched.model.resources import CPU, GPU, GPU_CORE, PODS, human_amount, resource_kind, translate_gpu_shortcuts
+from finesched.model.resources import (
+    CPU,
+    GPU,
+    GPU_CORE,
+    MEMORY,
+    PODS,
+    human_amount,
+    resource_kind,
+    translate_gpu_shortcuts,
+)
+from finesched.model.topology import Topology
 from finesched.model.workload import Workload
 from finesched.plugins.deviceshare.request import InvalidDeviceRequest, normalize_device_request
 from finesched.plugins.fragmentation.index import accessible, fragment_terms
@@ -32,6 +42,7 @@ from finesched.sched.queue import QueuedUnit, SchedulingQueue
 from finesched.sched.scheduler import Scheduler
 from finesched.state.cluster import ClusterState
 from finesched.state.devices import DeviceAccounts
+from finesched.state.topology import DomainIndex, DomainIndexCache
 
 IntArray = npt.NDArray[np.int64]
 #: At most this many bindings are read to learn the typical GPU request (an even sample beyond).
@@ -268,3 +279,74 @@ def tenants_view(data: OverviewInput, visible: set[str] | None) -> list[dict[str
 
 def _shown(amounts: Mapping[str, int], percent_dims: Collection[str]) -> dict[str, str]:
     return {name: amount_text(name, value, percent_dims) for name, value in amounts.items() if value}
+
+
+# The node map grouped by a topology's domains ------------------------------------------------------------
+#: The amounts a domain box shows: cpu and memory from the node arrays, whole GPUs from gpu-core.
+DOMAIN_RESOURCES = (CPU, MEMORY)
+
+
+@dataclass
+class DomainInput:
+    """One level of a topology over the nodes, captured under the loop's lock: the (cached, never
+    written) domain index and copies of the per-node amounts the boxes sum (allocatable, free)."""
+
+    topology: str
+    level: str
+    depth: int
+    index: DomainIndex
+    amounts: dict[str, tuple[IntArray, IntArray]]  # resource -> ([n] allocatable, [n] free)
+
+    @classmethod
+    def capture(cls, state: ClusterState, cache: DomainIndexCache, topology: Topology, depth: int) -> DomainInput:
+        """The caller holds the loop's lock; the index is rebuilt only when the nodes changed."""
+        index, n = cache.index(state, topology), state.n
+        amounts = {r: (state.allocatable[state.res_index[r]].copy(), state.free[state.res_index[r]].copy())
+                   for r in DOMAIN_RESOURCES if r in state.res_index}  # fmt: skip
+        devices = device_accounts(state)
+        gpu = devices.types.get(GPU) if devices is not None else None
+        if gpu is not None and GPU_CORE in gpu.dim_index:
+            k = gpu.dim_index[GPU_CORE]
+            amounts[GPU_CORE] = (gpu.htotal[k, :n].astype(np.int64), gpu.hfree[k, :n].astype(np.int64))
+        return cls(topology.name, topology.labels[depth], depth, index, amounts)
+
+
+def domains_view(data: DomainInput, position: IntArray, missing: int) -> dict[str, Any]:
+    """The boxes of the grouped map: per domain of the level (in the index's order: by label values)
+    its name, node count, allocatable and free amounts (raw: cpu in millicores, memory in bytes,
+    gpu-core in percent of one GPU, as the API writes them) and its nodes as positions in the map's
+    order (`position`: state slot -> position); `outside`: the positions of the nodes in no domain of
+    the level (a missing label) and of the `missing` stored nodes the scheduler does not hold, which
+    follow the state's nodes in the map."""
+    index, depth = data.index, data.depth
+    ids = index.ids[depth]
+    nodes = index.sum(np.ones(index.n, dtype=np.int64), depth)
+    # Python lists, not numpy scalars: a level may have one domain per node (10,000 boxes' figures).
+    sums = {
+        r: (index.sum(alloc, depth).tolist(), index.sum(free, depth).tolist())
+        for r, (alloc, free) in data.amounts.items()
+    }
+    # The members of every domain in one pass: node positions sorted by (domain, position).
+    inside = np.flatnonzero(ids >= 0)
+    order = np.lexsort((position[inside], ids[inside]))
+    members = position[inside][order].tolist()
+    bounds = np.concatenate(([0], np.cumsum(nodes))).tolist()
+    counts = nodes.tolist()
+    domains = []
+    for domain in range(index.count(depth)):
+        domains.append(
+            {
+                "name": index.name(depth, domain),
+                "nodes": counts[domain],
+                "allocatable": {r: a[domain] for r, (a, _) in sums.items() if a[domain]},
+                "free": {r: f[domain] for r, (a, f) in sums.items() if a[domain]},
+                "members": members[bounds[domain] : bounds[domain + 1]],
+            }
+        )
+    outside = np.sort(position[ids < 0]).tolist() + list(range(len(position), len(position) + missing))
+    return {"topology": data.topology, "level": data.level, "domains": domains, "outside": outside}
+
+
+def topologies_view(topologies: Mapping[str, Topology]) -> list[dict[str, Any]]:
+    """The topologies the map can be grouped by, with their levels coarse to fine."""
+    return [{"name": name, "levels": list(t.labels)} for name, t in sorted(topologies.items())]

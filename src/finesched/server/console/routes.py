@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+import weakref
 from importlib import resources
 from string import Template
 from typing import Any
@@ -24,12 +25,16 @@ from fastapi import APIRouter, HTTPException, Request, Response
 
 from finesched import __version__
 from finesched.model.resources import CPU, GPU, GPU_CORE, MEMORY
+from finesched.model.topology import Topology
 from finesched.server.api import routes_nodes, routes_tenants, routes_workloads
 from finesched.server.api.auth import ADMIN, TENANT
 from finesched.server.api.context import Caller, Ctx
 from finesched.server.api.visibility import visible_on_node
 from finesched.server.console import overview as ov
 from finesched.server.console.node_page import NodeInput, node_page
+from finesched.server.store.views import InputError
+from finesched.state.cluster import ClusterState
+from finesched.state.topology import DomainIndexCache
 
 router = APIRouter(tags=["console"], include_in_schema=False)
 
@@ -127,12 +132,21 @@ def _typical(request: Request, data: ov.OverviewInput, tenant: str | None) -> tu
 
 
 @router.get("/ui/api/nodes")
-def nodes(ctx: Ctx, caller: Caller) -> dict[str, Any]:
-    """Every node's state and use (cpu, memory, GPU core: percent; -1 without any), for the cluster map."""
+def nodes(
+    request: Request, ctx: Ctx, caller: Caller, topology: str | None = None, level: str | None = None
+) -> dict[str, Any]:
+    """Every node's state and use (cpu, memory, GPU core: percent; -1 without any), for the cluster map,
+    and the topologies it can be grouped by; with `topology` and `level` (one of its levels' node
+    labels) also the domains of that level with their capacity and nodes (`overview.domains_view`).
+    What the boxes sum, the nodes' amounts, is what every token already reads of the nodes."""
     caller.require(ADMIN, TENANT)
+    if (topology is None) != (level is None):
+        missing = "level" if level is None else "topology"
+        raise InputError([{"loc": ["query", missing], "msg": "give both topology and level to group the map"}])
     flags = {name: (ready, cordoned) for name, ready, cordoned, _ in ctx.store.node_flags()}
     with ctx.loop.lock:
-        state = ctx.scheduler().state
+        scheduler = ctx.scheduler()
+        state = scheduler.state
         n, names = state.n, list(state.names)
         used = {r: _used_percent(state.allocatable[state.res_index[r]], state.free[state.res_index[r]])
                 for r in (CPU, MEMORY) if r in state.res_index}  # fmt: skip
@@ -141,6 +155,13 @@ def nodes(ctx: Ctx, caller: Caller) -> dict[str, Any]:
         if gpu is not None and GPU_CORE in gpu.dim_index:
             k = gpu.dim_index[GPU_CORE]
             used["gpu"] = _used_percent(gpu.htotal[k, :n], gpu.hfree[k, :n])
+        topologies = dict(scheduler.topologies)
+        grouped = None
+        if topology is not None and level is not None:
+            depth = _level_of(topologies, topology, level)
+            grouped = ov.DomainInput.capture(
+                state, _domain_cache(request, state, topologies), topologies[topology], depth
+            )
     order = sorted(range(n), key=names.__getitem__)
     missing = sorted(set(flags) - set(names))  # stored, but the scheduler could not load them
     out: dict[str, Any] = {"names": [names[i] for i in order] + missing}
@@ -148,7 +169,38 @@ def nodes(ctx: Ctx, caller: Caller) -> dict[str, Any]:
     out["cordoned"] = [flags.get(name, (False, False))[1] for name in out["names"]]
     for key, values in used.items():
         out[key] = [int(values[i]) for i in order] + [-1] * len(missing)
+    out["topologies"] = ov.topologies_view(topologies)
+    if grouped is not None:
+        position = np.empty(n, dtype=np.int64)
+        position[order] = np.arange(n)
+        out["groups"] = ov.domains_view(grouped, position, len(missing))
     return out
+
+
+def _level_of(topologies: dict[str, Topology], topology: str, level: str) -> int:
+    """The depth of `level` in `topology`, or 422 naming the query parameter that is wrong."""
+    found = topologies.get(topology)
+    if found is None:
+        known = ", ".join(sorted(topologies)) or "none"
+        msg = f"no topology named {topology!r} (the scheduler knows: {known})"
+        raise InputError([{"loc": ["query", "topology"], "msg": msg, "input": topology}])
+    depth = found.depth_of(level)
+    if depth is None:
+        msg = f"topology {topology} has no level {level!r} (its levels: {', '.join(found.labels)})"
+        raise InputError([{"loc": ["query", "level"], "msg": msg, "input": level}])
+    return depth
+
+
+def _domain_cache(request: Request, state: ClusterState, topologies: dict[str, Topology]) -> DomainIndexCache:
+    """The domain indexes of this scheduler's state and topologies, started afresh for a new leader's
+    state (its nodes_version counts from its own start) and when the topologies change (so replaced
+    ones do not pile up). Called under the loop's lock."""
+    known = frozenset(topologies.values())
+    held = getattr(request.app.state, "console_domains", None)
+    if held is None or held[0]() is not state or held[1] != known:
+        held = (weakref.ref(state), known, DomainIndexCache())
+        request.app.state.console_domains = held
+    return held[2]
 
 
 def _used_percent(allocatable: np.ndarray, free: np.ndarray) -> np.ndarray:

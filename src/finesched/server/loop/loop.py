@@ -1,7 +1,7 @@
 """The scheduling loop: the one thread that decides, over a ClusterState rebuilt from the store.
 
 Cycle of the lease holder (DESIGN.md "State and concurrency rules"):
-1. follow the change feed (`events`): every node, workload or tenant another writer touched is
+1. follow the change feed (`events`): every node, workload, tenant or topology another writer touched is
    reloaded from the store and reconciled with the in-memory state (idempotent: level-triggered);
 2. decide a batch from the queue (`Scheduler.run(limit=...)`): bindings are *assumed*, not committed;
 3. write the batch in one transaction, fenced by the lease; only then commit the assumed
@@ -35,6 +35,7 @@ from finesched.errors import ValidationError
 from finesched.model.binding import Binding
 from finesched.model.names import key_problem
 from finesched.model.tenant import Tenant
+from finesched.model.topology import Topology
 from finesched.model.workload import Workload
 from finesched.sched.diagnosis import FitError, InvalidRequest
 from finesched.sched.framework import Preemption
@@ -47,10 +48,11 @@ from finesched.server.loop.memory import Trimmer
 from finesched.server.loop.setaside import SetAside, Unusable
 from finesched.server.loop.upkeep import EventPruner, HeartbeatMonitor, WaitingReasons
 from finesched.server.metrics import Metrics, cluster_figures
-from finesched.server.store import job_store
+from finesched.server.store import job_store, topology_store
 from finesched.server.store.cluster_view import binding_from_row, node_from_row, tenant_from_row, workload_from_row
 from finesched.server.store.locking import LoopLock
 from finesched.server.store.store import HOLDING, PENDING, REJECTED, Event, NotFound, Store, now
+from finesched.server.store.topology_store import topology_from_row
 from finesched.state.cluster import ClusterState, StateError
 from finesched.state.device_wire import EncodedUpdateError, apply_encoded_updates
 from finesched.state.mig_slices import apply_mig_report
@@ -232,7 +234,9 @@ class SchedulerLoop:
                 self.set_aside.clear("Node", row["name"])
             except Exception as exc:  # one node that cannot be loaded is left out, not the cluster
                 self.set_aside.node(row["name"], f"cannot be loaded: {exc}")
-        scheduler = Scheduler(state, self.config.profile, self._sound_tenants(), auto_commit=False)
+        scheduler = Scheduler(
+            state, self.config.profile, self._sound_tenants(), auto_commit=False, topologies=self._stored_topologies()
+        )
         for row in self.store.bindings():
             renew()
             refused = key_problem(row["workload"])
@@ -281,6 +285,26 @@ class SchedulerLoop:
         for tenant in good:
             self.set_aside.clear("Tenant", tenant.name)
         return good
+
+    def _stored_topologies(self) -> list[Topology]:
+        """The stored topologies that parse today; each other one is set aside with the reason (gangs
+        that name it wait, as for a topology that does not exist)."""
+        good = []
+        for row in topology_store.list_topologies(self.store):
+            try:
+                good.append(topology_from_row(row))
+            except ValidationError as exc:
+                self.set_aside.note("Topology", row["name"], f"the stored manifest is invalid: {exc}")
+                continue
+            self.set_aside.clear("Topology", row["name"])
+        return good
+
+    def reconcile_topologies(self, name: str = "") -> None:
+        """Give the scheduler every stored topology again (after any of them changed: they are few)."""
+        topologies = self._stored_topologies()
+        with self.lock:
+            if self.scheduler is not None:
+                self.scheduler.set_topologies(topologies)
 
     def _queue_row(self, scheduler: Scheduler, queued: dict[str, Queued], row: dict[str, Any]) -> None:
         key = f"{row['namespace']}/{row['name']}"
@@ -383,7 +407,8 @@ class SchedulerLoop:
     def changed(self, kind: str, obj: str) -> None:
         """This process just changed `obj` in the store: apply it now, so the next request sees it
         (the feed applies it again later, which changes nothing)."""
-        reconcile = {"Node": self.reconcile_node, "Workload": self.reconcile_workload, "Tenant": self.reconcile_tenant}
+        reconcile = {"Node": self.reconcile_node, "Workload": self.reconcile_workload, "Tenant": self.reconcile_tenant,
+                     "Topology": self.reconcile_topologies}  # fmt: skip
         if self.scheduler is not None:
             self._isolated(kind, obj, reconcile[kind], obj)
         self.wake()
@@ -410,6 +435,8 @@ class SchedulerLoop:
             self._isolated("Workload", key, self._apply_workload, key, row)
         for name, row in changes.tenants.items():
             self._isolated("Tenant", name, self._apply_tenant, name, row)
+        if "Topology" in objects:  # all of them read again: a cluster has a handful
+            self.reconcile_topologies()
 
     def _isolated(self, kind: str, obj: str, apply: Callable[..., Any], *args: Any) -> Any:
         """`apply(*args)`: one object's change; if that raises, set the object aside and go on with the others."""
@@ -426,7 +453,7 @@ class SchedulerLoop:
             elif kind == "Node":
                 self.set_aside.node(obj, why)
             else:
-                self.set_aside.tenant(obj, why)
+                self.set_aside.note(kind, obj, why)
             return None
 
     def reconcile_node(self, name: str) -> None:

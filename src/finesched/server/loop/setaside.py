@@ -44,6 +44,10 @@ class SetAside:
     def tenant(self, name: str, why: str) -> None:
         self._note("Tenant", name, why)
 
+    def note(self, kind: str, name: str, why: str) -> None:
+        """Any other object the loop leaves out (a Topology whose stored manifest is invalid today)."""
+        self._note(kind, name, why)
+
     def workload(self, key: str, why: str) -> None:
         """Reject a queued workload with the reason (it no longer waits in any queue)."""
         self._reject(key, why, lambda reason: self.store.set_phase(key, REJECTED, reason))

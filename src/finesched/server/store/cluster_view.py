@@ -25,13 +25,16 @@ from finesched.plugins.tenant_isolation import TENANT_ISOLATION_LABEL, isolation
 #: Every node the control plane hands the scheduler carries its own name under this label (as
 #: Kubernetes nodes carry kubernetes.io/hostname), so a workload can be pinned to one node.
 HOSTNAME_LABEL = "finesched.io/hostname"
+#: ... and under Kubernetes' own, unless its manifest gives that label another value, so a
+#: Topology's finest level can be `kubernetes.io/hostname` as in Kueue's examples.
+KUBERNETES_HOSTNAME_LABEL = "kubernetes.io/hostname"
 
 
 def node_from_row(row: Mapping[str, Any]) -> Node:
     """The scheduler's Node for a `nodes` row (raises ValidationError if the stored spec is invalid)."""
     doc = copy.deepcopy(row["spec"])
     metadata = doc.setdefault("metadata", {})
-    labels = {**(metadata.get("labels") or {}), HOSTNAME_LABEL: row["name"]}
+    labels = {KUBERNETES_HOSTNAME_LABEL: row["name"], **(metadata.get("labels") or {}), HOSTNAME_LABEL: row["name"]}
     why = "cordoned" if row.get("cordoned") else ("not-ready" if not row.get("ready", True) else "")
     if why:
         labels[UNSCHEDULABLE_LABEL] = why

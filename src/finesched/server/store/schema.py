@@ -6,9 +6,9 @@ Every row that can be changed by two writers carries a `version` column; writers
 touched, in the same transaction, so a scheduling replica that did not make the change itself
 reloads that object from here.
 
-Every object stored by name (nodes, workloads, tenants, jobs, priority classes) also has a `uid`,
-a UUID the server gives it when it is created (as Kubernetes' ``metadata.uid``): a new object of
-an old name is another object. Events name the uid of the object they are about, so what a
+Every object stored by name (nodes, workloads, tenants, jobs, priority classes, topologies) also
+has a `uid`, a UUID the server gives it when it is created (as Kubernetes' ``metadata.uid``): a
+new object of an old name is another object. Events name the uid of the object they are about, so what a
 deleted object went through is never shown as the history of a new one of its name.
 """
 
@@ -141,6 +141,16 @@ priority_classes = Table(
     Column("name", String(253), primary_key=True),
     Column("value", Integer, nullable=False),
     Column("spec", JSON, nullable=False),  # the PriorityClass manifest
+    Column("version", Integer, nullable=False, default=1),
+    Column("created", DateTime(timezone=True), nullable=False),
+    UidColumn(),
+)
+
+topologies = Table(
+    "topologies",
+    metadata,
+    Column("name", String(253), primary_key=True),
+    Column("spec", JSON, nullable=False),  # the Topology manifest
     Column("version", Integer, nullable=False, default=1),
     Column("created", DateTime(timezone=True), nullable=False),
     UidColumn(),

@@ -82,6 +82,7 @@ UID_TABLES: dict[str, tuple[Table, tuple[str, ...]]] = {
     "Tenant": (t.tenants, ("name",)),
     "Job": (t.jobs, ("namespace", "name")),
     "PriorityClass": (t.priority_classes, ("name",)),
+    "Topology": (t.topologies, ("name",)),
 }
 
 

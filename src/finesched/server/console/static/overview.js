@@ -2,22 +2,103 @@
 // every node (one cell each, coloured by use; click one to open it).
 
 import { api } from "./api.js";
-import { h, meter, nodeLink, number, pct, section, table, workloadLink } from "./dom.js";
+import { errorBox, h, meter, nodeLink, number, pct, resourceAmount, section, table, workloadLink } from "./dom.js";
 
 export function mount(main) {
   const summary = h("div", { id: "overview" }, h("p", { class: "muted" }, "Loading…"));
   const map = h("div", { id: "node-map" });
-  main.replaceChildren(h("h1", {}, "Cluster"), summary, section("Node map", map));
+  const grouping = groupChoice();
+  main.replaceChildren(h("h1", {}, "Cluster"), summary, section("Node map", grouping.control, map));
+  let drawn = 0; // the newest map request drawn: a change of grouping may overtake a periodic refresh
+  async function drawNodes() {
+    const asked = (drawn += 1);
+    const nodes = await nodesGrouped(grouping);
+    if (asked === drawn) map.replaceChildren(...drawMap(nodes));
+  }
+  grouping.onChange(() => drawNodes().catch((error) => map.replaceChildren(errorBox(error))));
   return {
     periodic: true,
     minInterval: 2000,
     wants: () => true,
     async refresh() {
-      const nodes = api("/ui/api/nodes");
+      const nodes = drawNodes();
       summary.replaceChildren(...draw(await api("/ui/api/overview")));
-      map.replaceChildren(...drawMap(await nodes));
+      await nodes;
     },
   };
+}
+
+// The map's "group by" choice: none, or one level of one of the scheduler's topologies. Kept in the
+// address (?topology=dc&level=...), so a reload or a shared link shows the same grouping.
+function groupChoice() {
+  const select = h("select", { id: "map-group", "aria-label": "group the node map by" });
+  const params = new URLSearchParams(location.search);
+  let chosen = params.get("topology") && params.get("level") ? [params.get("topology"), params.get("level")] : null;
+  let listed = null;
+  const note = h("span", { class: "muted", id: "map-group-note" });
+  const value = (choice) => (choice ? JSON.stringify(choice) : "");
+  const keep = () => {
+    const url = new URL(location.href);
+    url.searchParams.delete("topology");
+    url.searchParams.delete("level");
+    if (chosen) {
+      url.searchParams.set("topology", chosen[0]);
+      url.searchParams.set("level", chosen[1]);
+    }
+    history.replaceState(null, "", url);
+  };
+  return {
+    control: h("div", { class: "finder" }, h("label", {}, "Group by ", select), note),
+    get chosen() {
+      return chosen;
+    },
+    // The topologies the server knows now: the options follow them; a grouping whose topology or
+    // level is gone falls back to none, saying so.
+    offer(topologies) {
+      const text = JSON.stringify(topologies);
+      if (text === listed) return;
+      listed = text;
+      const options = [h("option", { value: "" }, "none (every node)")];
+      for (const t of topologies) {
+        for (const level of t.levels) options.push(h("option", { value: value([t.name, level]) }, `${t.name}: ${level}`));
+      }
+      select.replaceChildren(...options);
+      this.select(chosen && options.some((o) => o.value === value(chosen)) ? chosen : null, chosen);
+    },
+    select(choice, gone = null) {
+      chosen = choice;
+      select.value = value(choice);
+      note.textContent = gone && !choice ? `topology ${gone[0]} has no level ${gone[1]} now` : "";
+      keep();
+    },
+    onChange(handler) {
+      select.addEventListener("change", () => {
+        this.select(select.value ? JSON.parse(select.value) : null);
+        handler();
+      });
+    },
+  };
+}
+
+// The nodes for the map, grouped as chosen; a topology deleted (or changed) since it was chosen is
+// answered 422: the map then shows every node, and the choice says why.
+async function nodesGrouped(grouping) {
+  const chosen = grouping.chosen;
+  let nodes;
+  if (chosen) {
+    const query = new URLSearchParams({ topology: chosen[0], level: chosen[1] });
+    try {
+      nodes = await api(`/ui/api/nodes?${query}`);
+    } catch (error) {
+      if (error.status !== 422) throw error;
+      nodes = await api("/ui/api/nodes");
+    }
+  } else {
+    nodes = await api("/ui/api/nodes");
+  }
+  grouping.offer(nodes.topologies || []);
+  if (!grouping.chosen) delete nodes.groups;
+  return nodes;
 }
 
 function draw(data) {
@@ -124,13 +205,76 @@ function tenantTable(tenants) {
 }
 
 // The map: a canvas with one cell per node (GPU use where the node has GPUs, else CPU), NotReady
-// nodes red, cordoned ones grey; hover names a node, click opens it.
+// nodes red, cordoned ones grey; hover names a node, click opens it. Grouped by a topology's level:
+// one box per domain (its name, node count, free of allocatable cpu, memory and GPUs) holding its
+// nodes' cells, and the nodes in no domain of the level in a box of their own.
 function drawMap(nodes) {
   const count = nodes.names.length;
   const CELL = count <= 100 ? 28 : count <= 2000 ? 14 : 9;
-  const perRow = Math.max(1, Math.min(Math.floor(1300 / CELL), Math.ceil(Math.sqrt(count * 4))));
+  const tip = h("div", { class: "map-tip", id: "map-tip" }, "Hover a node; click to open it.");
+  const all = Array.from({ length: count }, (_, i) => i);
+  const body = nodes.groups ? domainBoxes(nodes, CELL, tip) : [cells(nodes, all, CELL, 1300, tip, "node-canvas")];
+  return [finder(nodes.names), ...body, tip, legend()];
+}
+
+// At most this many domain boxes are drawn (the first by name); a finer level than that is a list,
+// not a map: the note says how many are left out, and the finder still reaches every node.
+const MAX_BOXES = 300;
+
+function domainBoxes(nodes, CELL, tip) {
+  const groups = nodes.groups;
+  const shown = groups.domains.slice(0, MAX_BOXES);
+  const boxes = shown.map((d) =>
+    h(
+      "div",
+      { class: "domain", "data-domain": d.name, "data-nodes": d.nodes },
+      h("div", { class: "domain-head" }, h("strong", {}, d.name), h("span", { class: "muted" }, ` ${number(d.nodes)} nodes`)),
+      capacity(d),
+      cells(nodes, d.members, CELL, 420, tip),
+    ),
+  );
+  if (groups.outside.length) {
+    boxes.push(
+      h(
+        "div",
+        { class: "domain outside", "data-domain": "", "data-nodes": groups.outside.length },
+        h("div", { class: "domain-head" }, h("strong", {}, "outside"), h("span", { class: "muted" }, ` ${number(groups.outside.length)} nodes without ${groups.level}`)),
+        cells(nodes, groups.outside, CELL, 420, tip),
+      ),
+    );
+  }
+  const more = groups.domains.length - shown.length;
+  const note = more > 0 ? h("p", { class: "muted" }, `${number(more)} more domains of ${groups.level} not drawn; group by a coarser level.`) : null;
+  return [h("div", { class: "domains", id: "node-domains", "data-level": groups.level }, boxes), note];
+}
+
+// A domain's free and allocatable amounts: cpu and memory as every view writes them, GPUs whole.
+function capacity(domain) {
+  const rows = Object.keys(domain.allocatable).map((name) => {
+    const alloc = domain.allocatable[name];
+    const free = domain.free[name] || 0;
+    const gpus = name === "gpu-core";
+    const shown = (v) => (gpus ? number(v / 100) : resourceAmount(name, v));
+    return h(
+      "div",
+      { class: "domain-amount", "data-resource": name, "data-free": free, "data-allocatable": alloc },
+      h("span", { class: "name" }, gpus ? "GPUs" : name),
+      " ",
+      meter(1 - free / alloc, `${pct(1 - free / alloc)} allocated`),
+      " ",
+      h("span", { class: "free" }, `${shown(free)} free of ${shown(alloc)}`),
+    );
+  });
+  return h("div", { class: "domain-capacity" }, rows);
+}
+
+// One canvas with a cell for each node of `members` (positions in the map's arrays).
+function cells(nodes, members, CELL, width, tip, id) {
+  const count = members.length;
+  const perRow = Math.max(1, Math.min(Math.floor(width / CELL), Math.ceil(Math.sqrt(count * 4))));
   const canvas = h("canvas", {
-    id: "node-canvas",
+    id,
+    class: "node-cells",
     width: perRow * CELL,
     height: Math.max(1, Math.ceil(count / perRow)) * CELL,
     "data-nodes": count,
@@ -139,19 +283,19 @@ function drawMap(nodes) {
   });
   const ctx = canvas.getContext("2d");
   const use = (i) => (nodes.gpu && nodes.gpu[i] >= 0 ? nodes.gpu[i] : nodes.cpu ? nodes.cpu[i] : 0);
-  for (let i = 0; i < count; i += 1) {
-    const x = (i % perRow) * CELL;
-    const y = Math.floor(i / perRow) * CELL;
+  for (let k = 0; k < count; k += 1) {
+    const i = members[k];
+    const x = (k % perRow) * CELL;
+    const y = Math.floor(k / perRow) * CELL;
     ctx.fillStyle = !nodes.ready[i] ? "#263238" : nodes.cordoned[i] ? "#9e9e9e" : heat(use(i));
     ctx.fillRect(x, y, CELL - 1, CELL - 1);
   }
-  const tip = h("div", { class: "map-tip", id: "map-tip" }, "Hover a node; click to open it.");
   const index = (event) => {
     const rect = canvas.getBoundingClientRect();
     const col = Math.floor(((event.clientX - rect.left) * canvas.width) / rect.width / CELL);
     const row = Math.floor(((event.clientY - rect.top) * canvas.height) / rect.height / CELL);
-    const i = row * perRow + col;
-    return col < perRow && i < count ? i : -1;
+    const k = row * perRow + col;
+    return col < perRow && k < count ? members[k] : -1;
   };
   canvas.addEventListener("mousemove", (event) => {
     const i = index(event);
@@ -165,7 +309,7 @@ function drawMap(nodes) {
     const i = index(event);
     if (i >= 0) location.assign(`/ui/nodes/${encodeURIComponent(nodes.names[i])}`);
   });
-  return [finder(nodes.names), canvas, tip, legend()];
+  return canvas;
 }
 
 function heat(percent) {

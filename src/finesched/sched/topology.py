@@ -1,0 +1,495 @@
+"""Topology-aware gang placement: choose one network domain for a gang, then place it there.
+
+A gang with `gang.topology` (model/topology.py) is placed in four steps, per decision:
+
+1. **Members in index order**: by name, numbers compared as numbers (``w-2`` before ``w-10``), so
+   consecutive ranks (which talk most) go together, slice by slice.
+2. **How many members each domain holds**, with the real per-node fit: members are grouped by
+   request shape; per shape one pre_filter + filter pass over all nodes (the memoized one of
+   `Scheduler._evaluate`), then per node how many copies fit (`Framework.run_count`: GPU shares
+   on each card, MIG, partitions, exclusive cpusets), summed up the tree with one `np.add.at` per
+   level (`DomainIndex.sum`). With `slice: {size, required}` each slice-level domain holds
+   ``count // size`` slices (for mixed shapes ``min_s count_s * slices // members_s``), summed up
+   to the gang's level. A domain *holds* the gang when it holds every slice and, per shape, at
+   least that shape's members: an upper bound the placement then verifies.
+3. **Which domain**: the profile's `topologyPolicy` orders the domains that hold it (`order_domains`):
+   BestFit (Kueue's, the default) takes the tightest fit; KeepDomainsWhole keeps large domains
+   whole for the gang sizes still to come (the formula is in `keep_whole_loss`).
+4. **Placement inside it**, all or nothing: members in index order with the profile's normal
+   filters and scores, restricted to the domain's nodes (with slices: each slice's consecutive
+   members restricted to the slice-level sub-domain chosen for it by Kueue's descent). A member
+   that does not fit undoes what the gang took there and the next domain is tried (at most
+   `MAX_DOMAIN_TRIES`). A required level that no domain holds fails with a FitError naming the
+   level and the closest domain's shortfall, never spilling; a preferred level tries the next
+   level up, and at last anywhere.
+
+Nothing here loops over nodes in Python: per decision it is one filter pass per member shape,
+array arithmetic per level, and one restricted placement per member.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter, deque
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from finesched.errors import ValidationError
+from finesched.model.topology import GangTopology, Topology
+from finesched.model.workload import Workload
+from finesched.sched.cycle_state import CycleState
+from finesched.sched.diagnosis import FitError
+from finesched.sched.framework import NodeBatch
+from finesched.sched.memo import request_shape
+from finesched.sched.request import ScheduleRequest
+from finesched.state.topology import DomainIndex, DomainIndexCache
+
+if TYPE_CHECKING:
+    from finesched.sched.profile import Profile
+    from finesched.sched.queue import SchedulingQueue
+    from finesched.sched.runtime import Framework
+    from finesched.state.cluster import ClusterState
+
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+
+#: Domains tried per level before the gang is reported as not placed (each try places members).
+MAX_DOMAIN_TRIES = 8
+#: Gang sizes remembered for KeepDomainsWhole when nothing waits in the queue.
+HISTORY = 256
+#: The reason counted on the nodes a member could take but that lie outside its domain.
+OUTSIDE_DOMAIN = "outside the gang's topology domain"
+_DIGITS = re.compile(r"(\d+)")
+
+
+def member_key(workload: Workload) -> tuple[object, ...]:
+    """Sort key of a gang member: its name with numbers compared as numbers (w-2 before w-10)."""
+    parts = _DIGITS.split(workload.name)
+    return tuple(int(p) if i % 2 else p for i, p in enumerate(parts))
+
+
+def member_order(workloads: Sequence[Workload]) -> list[Workload]:
+    """A gang's members in index order (the member index is the position)."""
+    return sorted(workloads, key=member_key)
+
+
+#: Places one member, only on `allowed` nodes, and returns what `undo` takes back (raises FitError).
+PlaceMember = Callable[[Workload, BoolArray], object]
+Undo = Callable[[object], None]
+
+
+@dataclass
+class ShapeFit:
+    """One request shape of a gang: its members (indices) and how many copies fit on each node."""
+
+    members: list[int]
+    request: ScheduleRequest | None
+    cycle: CycleState | None
+    skipped: set[str]
+    count: IntArray
+    error: FitError | None  # no node is feasible for the shape at all
+
+
+@dataclass
+class Level:
+    """Per domain of one level (depth -1: the whole cluster as one domain) what the gang fits."""
+
+    depth: int
+    holds: BoolArray  # [D] the domain holds the gang (by count)
+    members: IntArray  # [D] member-equivalents it holds (slices * size with slices)
+    measure: IntArray  # [D] what BestFit compares: slices held, else members held
+    allocated: npt.NDArray[np.float64]  # [D] fraction of allocatable used with the gang in it
+
+
+class TopologyHost(Protocol):
+    """What the placer reads of the Scheduler (sched/scheduler.py), which passes itself."""
+
+    state: ClusterState
+    framework: Framework
+    queue: SchedulingQueue
+    profile: Profile
+    topologies: dict[str, Topology]
+
+    def _prepare(self, workload: Workload) -> tuple[ScheduleRequest, CycleState, set[str], Hashable | None]: ...
+
+    def _evaluate(
+        self, cycle: CycleState, request: ScheduleRequest, skipped: set[str], shape: Hashable | None
+    ) -> tuple[BoolArray, IntArray]: ...
+
+
+class TopologyPlacer:
+    """The scheduler's topology step (module docstring); one per Scheduler."""
+
+    def __init__(self, scheduler: TopologyHost):
+        self.scheduler = scheduler
+        self.indexes = DomainIndexCache()
+        #: Sizes of the gangs placed so far (newest last), for KeepDomainsWhole.
+        self.history: deque[int] = deque(maxlen=HISTORY)
+
+    # Entry ------------------------------------------------------------------------------------------
+    def resolve(self, workloads: Sequence[Workload]) -> tuple[GangTopology, Topology, DomainIndex]:
+        """The gang's request, its Topology and domain index; FitError when it names an unknown
+        topology or level (the gang waits: `Scheduler.set_topologies` wakes it)."""
+        first = workloads[0]
+        gang = first.gang
+        assert gang is not None and gang.topology is not None
+        ask = gang.topology
+        topology = self.scheduler.topologies.get(ask.name)
+        problems = ask.problems_in(topology)
+        if problems or topology is None:
+            text = "; ".join(f"{'.'.join(map(str, loc))}: {msg} ({value})" for loc, msg, value in problems)
+            n = self.scheduler.state.n
+            raise FitError(
+                first.key,
+                n,
+                {f"topology {ask.name}: {text}": n},
+                detail=f"gang {gang.name}: topology {ask.name}: {text}",
+            )
+        return ask, topology, self.indexes.index(self.scheduler.state, topology)
+
+    def place(
+        self, workloads: Sequence[Workload], place: PlaceMember, undo: Undo, *, evicting: bool = False
+    ) -> list[object]:
+        """Place the topology gang `workloads` all or nothing (module docstring); the steps `place`
+        returned, in member order. `evicting`: `place` may preempt, so domains are tried even where
+        the counts say the gang does not fit now (in the policy's order of what they hold)."""
+        members = member_order(workloads)
+        ask, topology, index = self.resolve(members)
+        gang = members[0].gang
+        assert gang is not None
+        fits = self._shape_fits(members, index)
+        depth = topology.depth_of(ask.level)
+        assert depth is not None
+        slice_depth = topology.depth_of(ask.slice.required) if ask.slice is not None else None
+        size = ask.slice.size if ask.slice is not None else 1
+        depths = [depth] if ask.required is not None else [*range(depth, -1, -1), -1]
+        tried: list[tuple[str, FitError]] = []
+        for d in depths:
+            level = self._level(members, fits, index, d, slice_depth, size)
+            order = self.order_domains(level, len(members), evicting=evicting)
+            for domain in order[:MAX_DOMAIN_TRIES]:
+                try:
+                    steps = self._place_in(members, fits, index, d, int(domain), level, slice_depth, size, place, undo)
+                except FitError as exc:
+                    tried.append((self._name(index, d, int(domain)), exc))
+                    continue
+                self.history.append(len(members))
+                return steps
+        raise self._failure(members, ask, topology, index, fits, depth, slice_depth, size, tried)
+
+    # Counts -----------------------------------------------------------------------------------------
+    def _shape_fits(self, members: list[Workload], index: DomainIndex) -> list[ShapeFit]:
+        """Per request shape: its members and per-node copy counts (one filter pass per shape)."""
+        sched = self.scheduler
+        state = sched.state
+        groups: dict[object, list[int]] = {}
+        for i, w in enumerate(members):
+            groups.setdefault(request_shape(w), []).append(i)
+        fits = []
+        for indices in groups.values():
+            workload = members[indices[0]]
+            try:
+                request, cycle, skipped, memo_shape = sched._prepare(workload)
+                feasible, _ = sched._evaluate(cycle, request, skipped, memo_shape)
+            except FitError as exc:
+                fits.append(ShapeFit(indices, None, None, set(), np.zeros(index.n, dtype=np.int64), exc))
+                continue
+            count = sched.framework.run_count(cycle, request, NodeBatch(state), feasible, skipped)[: index.n]
+            fits.append(ShapeFit(indices, request, cycle, skipped, count, None))
+        return fits
+
+    def _level(
+        self,
+        members: list[Workload],
+        fits: list[ShapeFit],
+        index: DomainIndex,
+        depth: int,
+        slice_depth: int | None,
+        size: int,
+    ) -> Level:
+        """What each domain of `depth` holds (-1: the whole cluster as one domain)."""
+        m = len(members)
+        need = np.array([len(f.members) for f in fits], dtype=np.int64)
+        counts = np.stack([self._sum(index, f.count, depth) for f in fits])  # [S, D]
+        held = (counts * m // need[:, None]).min(axis=0)  # member-equivalents
+        holds = (counts >= need[:, None]).all(axis=0)
+        measure = held
+        if slice_depth is not None:
+            slices = m // size
+            per_slice = (np.stack([index.sum(f.count, slice_depth) for f in fits]) * slices // need[:, None]).min(
+                axis=0
+            )
+            up = np.zeros(len(held), dtype=np.int64)
+            np.add.at(up, self._ancestors(index, slice_depth, depth), per_slice)
+            holds &= up >= slices
+            measure = up
+            held = np.minimum(held, up * size)
+        return Level(depth, holds, held, measure, self._allocated(fits, index, depth))
+
+    @staticmethod
+    def _sum(index: DomainIndex, per_node: IntArray, depth: int) -> IntArray:
+        if depth < 0:
+            return np.array([int(per_node[: index.n].sum())], dtype=np.int64)
+        return index.sum(per_node, depth)
+
+    @staticmethod
+    def _ancestors(index: DomainIndex, level: int, depth: int) -> IntArray:
+        """[domains of `level`] each one's domain at `depth` (depth -1: 0, the whole cluster)."""
+        anc = np.arange(index.count(level), dtype=np.int64)
+        if depth < 0:
+            return np.zeros_like(anc)
+        for lvl in range(level, depth, -1):
+            anc = index.parents[lvl][anc]
+        return anc
+
+    def _allocated(self, fits: list[ShapeFit], index: DomainIndex, depth: int) -> npt.NDArray[np.float64]:
+        """[D] mean over the requested resources of (used + the gang's demand) / allocatable: the
+        MostAllocated placement score of Kubernetes' topology-aware PodGroup scheduling."""
+        state = self.scheduler.state
+        demand: dict[int, int] = {}
+        for f in fits:
+            if f.request is not None:
+                for row, amount in f.request.share_pairs:
+                    demand[row] = demand.get(row, 0) + amount * len(f.members)
+        domains = 1 if depth < 0 else index.count(depth)
+        if not demand:
+            return np.zeros(domains)
+        rows = np.fromiter(demand, dtype=np.intp)
+        alloc = state.allocatable[rows, : index.n]
+        used = alloc - state.free[rows, : index.n]
+        if depth < 0:
+            a, u = alloc.sum(axis=1, keepdims=True), used.sum(axis=1, keepdims=True)
+        else:
+            a, u = index.sum_rows(alloc, depth), index.sum_rows(used, depth)
+        want = np.array(list(demand.values()), dtype=np.float64)[:, None]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            frac = np.where(a > 0, (u + want) / np.maximum(a, 1), 0.0)
+        return frac.mean(axis=0)
+
+    # Policies -----------------------------------------------------------------------------------------
+    def order_domains(self, level: Level, members: int, *, evicting: bool = False) -> IntArray:
+        """The domains to try, best first: those that hold the gang in the profile's policy order
+        (BestFit: smallest measure >= needed, then most allocated, then name; KeepDomainsWhole:
+        least `keep_whole_loss`, then as BestFit). `evicting`: the others follow, most held first."""
+        ids = np.arange(len(level.holds))
+        fit = ids[level.holds]
+        keys = [fit, -level.allocated[fit], level.measure[fit]]
+        if self.scheduler.profile.topology_policy == "KeepDomainsWhole" and len(fit) > 1:
+            keys.append(keep_whole_loss(level.members[fit], members, self.typical_sizes(members)))
+        order = fit[np.lexsort(keys)]
+        if evicting:
+            rest = ids[~level.holds]
+            order = np.concatenate([order, rest[np.lexsort([rest, -level.members[rest]])]])
+        return order
+
+    def typical_sizes(self, own: int) -> dict[int, int]:
+        """Gang sizes (members) -> weight: those still waiting in the queue, else the ones placed
+        so far (the last `HISTORY`), else the gang's own size."""
+        waiting = Counter(
+            len(unit.workloads)
+            for unit, why in self.scheduler.queue.waiting()
+            if why != "gang" and unit.workloads[0].gang is not None
+        )
+        if waiting:
+            return dict(waiting)
+        if self.history:
+            return dict(Counter(self.history))
+        return {own: 1}
+
+    # Placement --------------------------------------------------------------------------------------
+    def _place_in(
+        self,
+        members: list[Workload],
+        fits: list[ShapeFit],
+        index: DomainIndex,
+        depth: int,
+        domain: int,
+        level: Level,
+        slice_depth: int | None,
+        size: int,
+        place: PlaceMember,
+        undo: Undo,
+    ) -> list[object]:
+        """All members inside `domain` of `depth` (slices in their sub-domains), or none (FitError)."""
+        state = self.scheduler.state
+        whole = np.ones(state.n, dtype=bool) if depth < 0 else self._mask(index, depth, domain)
+        if slice_depth is None:
+            masks = [whole] * len(members)
+        else:
+            subs = self._slice_domains(members, fits, index, depth, domain, slice_depth, size)
+            masks = [self._mask(index, slice_depth, subs[i // size]) for i in range(len(members))]
+        steps: list[object] = []
+        try:
+            for workload, mask in zip(members, masks, strict=True):
+                steps.append(place(workload, mask))
+        except (FitError, ValidationError):
+            for step in reversed(steps):
+                undo(step)
+            raise
+        return steps
+
+    def _mask(self, index: DomainIndex, depth: int, domain: int) -> BoolArray:
+        """[state.n] the nodes of `domain` of `depth` (the index covers the state's nodes)."""
+        mask = np.zeros(self.scheduler.state.n, dtype=bool)
+        mask[: index.n] = index.ids[depth] == domain
+        return mask
+
+    def _slice_domains(
+        self,
+        members: list[Workload],
+        fits: list[ShapeFit],
+        index: DomainIndex,
+        depth: int,
+        domain: int,
+        slice_depth: int,
+        size: int,
+    ) -> list[int]:
+        """The slice-level domain of each slice, in slice order (Kueue's descent): the sub-domains of
+        `domain` sorted by slices held (most first, then fewest members, then name), filled greedily, the last one the
+        tightest that holds what is left; FitError when they hold too few slices."""
+        m = len(members)
+        slices = m // size
+        need = np.array([len(f.members) for f in fits], dtype=np.int64)
+        counts = np.stack([index.sum(f.count, slice_depth) for f in fits])  # [S, sub-domains]
+        caps = (counts * slices // need[:, None]).min(axis=0)
+        held = (counts * m // need[:, None]).min(axis=0)
+        anc = self._ancestors(index, slice_depth, depth)
+        subs = np.flatnonzero((anc == (0 if depth < 0 else domain)) & (caps > 0))
+        subs = subs[np.lexsort([subs, held[subs], -caps[subs]])]  # most slices, then fewest members, name
+        out: list[int] = []
+        left = slices
+        pool = [int(x) for x in subs]
+        while left > 0 and pool:
+            head = pool[0]
+            if caps[head] >= left:  # the last one: the tightest that holds what is left
+                tight = min((x for x in pool if caps[x] >= left), key=lambda x: (caps[x], held[x], x))
+                out += [tight] * left
+                left = 0
+                break
+            out += [head] * int(caps[head])
+            left -= int(caps[head])
+            pool.pop(0)
+        if left > 0:
+            first = members[0]
+            n = self.scheduler.state.n
+            raise FitError(
+                first.key,
+                n,
+                {},
+                detail=f"its {index.topology.labels[slice_depth]} domains hold {slices - left} of {slices} slices",
+            )
+        return out
+
+    # Failure ------------------------------------------------------------------------------------------
+    def _name(self, index: DomainIndex, depth: int, domain: int) -> str:
+        return "the whole cluster" if depth < 0 else index.name(depth, domain)
+
+    def _failure(
+        self,
+        members: list[Workload],
+        ask: GangTopology,
+        topology: Topology,
+        index: DomainIndex,
+        fits: list[ShapeFit],
+        depth: int,
+        slice_depth: int | None,
+        size: int,
+        tried: list[tuple[str, FitError]],
+    ) -> FitError:
+        """The FitError of a gang no tried domain took (required: names the closest domain's shortfall)."""
+        gang = members[0].gang
+        assert gang is not None
+        n = self.scheduler.state.n
+        label = topology.labels[depth]
+        head = f"gang {gang.name}: topology {topology.name}"
+        if tried:
+            name, exc = tried[-1] if ask.required is None else tried[0]
+            more = f" (at most {MAX_DOMAIN_TRIES} per level)" if len(tried) >= MAX_DOMAIN_TRIES else ""
+            detail = (
+                f"{head}: placing failed in {len(tried)} domain(s) tried{more}; in {name}: {exc.message}; none placed"
+            )
+            return FitError(members[0].key, n, exc.reasons, detail=detail)
+        if index.count(depth) == 0:
+            detail = f"{head}: no node has the level's label {label}; none placed"
+            return FitError(members[0].key, n, {f"no {label} label": n}, detail=detail)
+        level = self._level(members, fits, index, depth, slice_depth, size)
+        best = int(np.lexsort([np.arange(len(level.measure)), -level.measure])[0])
+        m = len(members)
+        held = int(level.members[best])
+        if slice_depth is not None:
+            what = f"{int(level.measure[best])} of {m // size} slices of {size} ({topology.labels[slice_depth]})"
+        else:
+            what = f"{held} of {m} members"
+        reasons = self._reasons_on(fits, index, depth, best)
+        need = ", ".join(_need(r) for r, _ in reasons.most_common(3))
+        if not need:
+            need = f"room for {size} on one {topology.labels[slice_depth]}" if slice_depth is not None else "room"
+        short = max(m - held, 1)
+        detail = f"{head}: best {label} {index.name(depth, best)} holds {what}: {short} need {need}"
+        return FitError(
+            members[0].key, n, dict(reasons) or {f"{label} {index.name(depth, best)} full": n}, detail=detail
+        )
+
+    def _reasons_on(self, fits: list[ShapeFit], index: DomainIndex, depth: int, domain: int) -> Counter[str]:
+        """Why the nodes of `domain` take no (more) member: the filters' reasons there, else the
+        scalar resources the domain lacks for the members it does not hold."""
+        sched = self.scheduler
+        state = sched.state
+        inside = self._mask(index, depth, domain)
+        counts: Counter[str] = Counter()
+        short = [f for f in fits if int(f.count[: index.n][inside[: index.n]].sum()) < len(f.members)] or fits
+        for f in short:
+            if f.request is None or f.cycle is None:
+                if f.error is not None:
+                    counts.update({r: 1 for r in f.error.reasons})
+                continue
+            _, results = sched.framework.run_filter(f.cycle.clone(), f.request, NodeBatch(state), f.skipped)
+            for plugin, result in results:
+                rejected = ~result.mask & inside
+                if not rejected.any():
+                    continue
+                explanation = result.explain() if result.explain is not None else {}
+                covered = np.zeros(state.n, dtype=bool)
+                for reason, (mask, _code) in explanation.items():
+                    hit = rejected & mask
+                    if hit.any():
+                        counts[reason] += int(hit.sum())
+                        covered |= hit
+                rest = int((rejected & ~covered).sum())
+                if rest:
+                    counts[f"rejected by {plugin.NAME}"] += rest
+            if not counts:  # every node takes some: the scalar resources that run out
+                have = int(f.count[: index.n][inside[: index.n]].sum())
+                missing = len(f.members) - have
+                for row, amount in f.request.pairs:
+                    free = int(state.free[row, : index.n][inside[: index.n]].sum())
+                    if free - have * amount < missing * amount:
+                        counts[f"insufficient {state.resources[row]}"] += 1
+                if not counts:  # no scalar runs out: what the plugins allocate (devices) does
+                    owned = [r for r, a in f.request.workload.requests.items() if a > 0 and sched.framework.owns(r)]
+                    counts.update({f"insufficient {r}": 1 for r in owned})
+        return counts
+
+
+def _need(reason: str) -> str:
+    """A filter reason as what a member needs (``insufficient gpu-core`` -> ``gpu-core``)."""
+    return reason.removeprefix("insufficient ").removeprefix("Insufficient ")
+
+
+def keep_whole_loss(held: IntArray, members: int, typical: dict[int, int]) -> IntArray:
+    """KeepDomainsWhole's score of each candidate domain (lower is better): how many of the
+    typical gangs the domain could hold before minus after taking this gang (FGD one level up).
+
+    With ``c_j`` the members domain j holds (of this gang's shape) and typical sizes ``s_k`` of
+    weight ``w_k``:  ``loss_j = sum_k w_k * (floor(c_j / s_k) - floor(max(c_j - m, 0) / s_k))``,
+    where ``m`` is this gang's size. Vectorized over domains and sizes ([D, K]).
+    """
+    sizes = np.array(list(typical), dtype=np.int64)
+    weights = np.array(list(typical.values()), dtype=np.int64)
+    before = held[:, None] // sizes[None, :]
+    after = np.maximum(held - members, 0)[:, None] // sizes[None, :]
+    return ((before - after) * weights[None, :]).sum(axis=1)
