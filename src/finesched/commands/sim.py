@@ -9,6 +9,8 @@
   arrivals), waiting in the scheduler's DRF queue; reports utilization and queueing delay. Like
   ``fill``, ``--priorities`` gives pods seeded priority classes and ``--preemption`` lets a waiting
   pod evict lower-priority running ones (the victims queue again); evictions per class are reported.
+* ``sim topology``: gangs of 2-64 GPUs in a cluster cut into racks and blocks, beside the trace's
+  pods, placed topology-unaware, by BestFit and by KeepDomainsWhole (sim/topology.py).
 
 Errors are one line on stderr: exit 1 for unusable input files or ``--out`` directory, 2 for bad
 options. Inputs and the ``--out`` directory are checked before the first run starts.
@@ -539,3 +541,167 @@ def _class_means(
 ) -> str:
     """``a / b / c``: per class, the mean over `rows` of `get(row, class)`."""
     return " / ".join(f"{fmean([get(r, k) for r in rows]):.{digits}f}" for k in classes)
+
+
+@sim_app.command()
+def topology(
+    nodes: Annotated[Path, typer.Option("--nodes", help="Node list CSV.")] = DEFAULT_NODES,
+    generate: Annotated[
+        int | None, typer.Option("--generate", help="Use N generated nodes of 8 GPUs instead of --nodes.")
+    ] = None,
+    pods: Annotated[Path, typer.Option("--pods", help="Pod list CSV: the background pods.")] = DEFAULT_PODS,
+    background: Annotated[
+        str, typer.Option("--background", help="Trace pods beside the gangs: all, share or none.")
+    ] = "all",
+    rack_size: Annotated[int, typer.Option("--rack-size", help="Nodes per rack.")] = 8,
+    block_size: Annotated[int, typer.Option("--block-size", help="Racks per block.")] = 4,
+    gang_mix: Annotated[
+        str, typer.Option("--gang-mix", help="Gang sizes (members) and weights, e.g. 2:0.3,8:0.4,16:0.2,64:0.1.")
+    ] = "2:0.3,8:0.4,16:0.2,64:0.1",
+    fractional_share: Annotated[
+        float, typer.Option("--fractional-share", help="Share of gangs whose members ask a GPU share.")
+    ] = 0.3,
+    share_milli: Annotated[int, typer.Option("--share-milli", help="A fractional member's GPU share (milli).")] = 500,
+    gang_rate: Annotated[
+        float, typer.Option("--gang-rate", help="Gang arrivals per simulated hour (Poisson).")
+    ] = 120.0,
+    gang_duration: Annotated[
+        float, typer.Option("--gang-duration", help="Mean gang run time (s, exponential).")
+    ] = 14400.0,
+    hours: Annotated[float, typer.Option("--hours", help="Arrival window (simulated hours).")] = 24.0,
+    time_scale: Annotated[
+        float, typer.Option("--time-scale", help="Divide the trace pods' arrival times by this.")
+    ] = 25.0,
+    rack_limit: Annotated[
+        int | None,
+        typer.Option(
+            "--rack-limit",
+            help="Gangs of at most this many GPUs require a rack, larger a block (default: the median rack's GPUs).",
+        ),
+    ] = None,
+    level: Annotated[
+        str, typer.Option("--level", help="auto (by --rack-limit), rack or block for every gang.")
+    ] = "auto",
+    node_policy: Annotated[str, typer.Option("--node-policy", help=f"Node score: {', '.join(POLICIES)}.")] = "BestFit",
+    policy: Annotated[
+        str, typer.Option("--policy", help="unaware, BestFit, KeepDomainsWhole (comma list).")
+    ] = "unaware,BestFit,KeepDomainsWhole",
+    seeds: Annotated[str, typer.Option("--seeds", help="Seeds: N, N-M or a comma list.")] = "42",
+    out_dir: Annotated[Path | None, typer.Option("--out", help="Write JSON, PNG and HTML here.")] = None,
+    output: Annotated[str, typer.Option("--output", "-o", help="table, wide or json.")] = "table",
+) -> None:
+    """Gangs of 2-64 GPUs in racks and blocks beside the trace's pods: topology-unaware vs BestFit vs
+    KeepDomainsWhole (share in one rack/block, gang wait, never placed, GPU allocation, whole racks free)."""
+    from finesched.sim.topology import TopologyConfig, parse_gang_mix, resolve_topology_policy
+
+    try:
+        if output not in OUTPUTS:
+            raise _Fail(f"--output must be one of {', '.join(OUTPUTS)}, got {output!r}", 2)
+        try:
+            config = TopologyConfig(
+                rack_size=rack_size, block_size=block_size, gang_mix=parse_gang_mix(gang_mix),
+                fractional_share=fractional_share, share_milli=share_milli, gang_rate=gang_rate,
+                gang_duration=gang_duration, hours=hours, time_scale=time_scale, rack_limit=rack_limit, level=level,
+                background=background, node_policy=node_policy,
+            )  # fmt: skip
+            names = list(dict.fromkeys(resolve_topology_policy(p) for p in policy.split(",") if p.strip()))
+            seed_list = _seeds(seeds)
+        except ValueError as exc:
+            raise _Fail(str(exc), 2) from None
+        problems = config.check()
+        if problems:
+            raise _Fail("; ".join(problems), 2)
+        if not names:
+            raise _Fail("--policy: no policy given; valid: unaware, BestFit, KeepDomainsWhole", 2)
+        if generate is not None and generate < 1:
+            raise _Fail(f"--generate must be >= 1 node, got {generate}", 2)
+        table, pod_table, node_path, pod_path = _topology_inputs(nodes, generate, pods, background)
+        _prepare_out(out_dir)
+        runs, wall = _topology_runs(table, pod_table, names, seed_list, config)
+        records = [r["record"] for r in runs]
+        if out_dir is not None:
+            from finesched.sim.topology_report import write_topology
+
+            meta = _meta("finesched sim " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["sim"] else
+                         "finesched sim topology", node_path, pod_path, wall_s=round(wall, 1))  # fmt: skip
+            written = write_topology(out_dir, runs, meta)
+            err.print(f"wrote {', '.join(str(p) for p in written)}", soft_wrap=True)
+    except _Fail as exc:
+        raise fail(str(exc), exc.code) from None
+    except OSError as exc:
+        raise fail(f"cannot write the report: {exc}", 1) from None
+    _print_topology(records, output, config, wall)
+
+
+def _topology_inputs(nodes: Path, generate: int | None, pods: Path, background: str) -> tuple[Any, Any, str, str]:
+    """`sim topology`'s node table and pod table (None with --background none), read and checked."""
+    from finesched.sim.topology import generate_nodes
+    from finesched.sim.trace import load_nodes, load_pods
+
+    try:
+        if generate is not None:
+            table, node_path = generate_nodes(generate), f"generated: {generate} nodes of 8 GPUs"
+        else:
+            node_path = _check_file(nodes, "--nodes")
+            table = load_nodes(node_path)
+        if background == "none":
+            return table, None, node_path, "none"
+        pod_path = _check_file(pods, "--pods")
+        pod_table = load_pods(pod_path)
+    except TraceError as exc:
+        raise _Fail(str(exc), 1) from None
+    if not pod_table.has_times:
+        raise _Fail(f"{pods} has no creation/deletion times, which the background pods need", 1)
+    return table, pod_table, node_path, pod_path
+
+
+def _topology_runs(table: Any, pods: Any, names: list[str], seeds: list[int], config: Any) -> tuple[list[Any], float]:
+    """Every policy x seed in this process: [{record, series}] and the wall time."""
+    from finesched.sim.topology import run_topology, series
+
+    started = time.perf_counter()
+    runs = []
+    with Progress(TextColumn("[bold]sim topology {task.description}"), BarColumn(), TimeElapsedColumn(),
+                  console=err, transient=True, disable=not err.is_terminal) as progress:  # fmt: skip
+        task = progress.add_task("", total=len(names) * len(seeds))
+        for name in names:
+            for seed in seeds:
+                progress.update(task, description=f"{name} seed {seed}")
+                run = run_topology(table, pods, name, seed, config)
+                runs.append({"record": run.record(), "series": series(run)})
+                progress.advance(task)
+    return runs, time.perf_counter() - started
+
+
+def _print_topology(records: list[dict[str, Any]], output: str, config: Any, wall: float) -> None:
+    """`sim topology`'s answer: JSON (`-o json`) or the per-policy table (means over seeds; `-o wide`
+    adds gangs, the trace pods' wait, the fewest whole racks free and required-level violations)."""
+    from finesched.sim.topology_report import summary
+
+    rows = summary(records)
+    if output == "json":
+        out.print_json(json.dumps({"results": records, "summary": rows}))
+        return
+    wide = output == "wide"
+    title = (
+        f"Topology-aware gangs: {config.rack_size} nodes/rack, {config.block_size} racks/block, "
+        f"{config.gang_rate:g} gangs/h over {config.hours:g} h, node score {config.node_policy} ({wall:.1f} s); "
+        "% of placed gangs in one rack/block, gang wait (simulated s), whole racks free (mean)"
+    )
+    table = TOPOLOGY_COLUMNS.table(title, wide=wide)
+    for policy, s in rows.items():
+        TOPOLOGY_COLUMNS.add_row(table, policy, *(f"{s[k]:g}" for k in TOPOLOGY_KEYS), wide=wide)
+    print_table(out, table, wide=wide)
+
+
+#: `sim topology`'s table (summary keys in column order); in 80 columns the rest are `-o wide`'s.
+TOPOLOGY_KEYS = (
+    "gangs", "in_one_rack_pct", "in_one_block_pct", "gang_wait_mean_s", "gang_wait_p99_s", "never_placed",
+    "pod_wait_mean_s", "alloc_mean", "free_racks_mean", "free_racks_min", "level_violations",
+)  # fmt: skip
+TOPOLOGY_COLUMNS = Columns(
+    col("policy", keep=True), col("gangs", right=True, wide=True), col("rack %", right=True),
+    col("block %", right=True), col("wait s", right=True), col("p99 s", right=True), col("unplaced", right=True),
+    col("pod wait s", right=True, wide=True), col("alloc %", right=True), col("free racks", right=True),
+    col("min free", right=True, wide=True), col("violations", right=True, wide=True),
+)  # fmt: skip
