@@ -12,9 +12,23 @@ from finesched.model.workload import Workload
 from finesched.sched.cycle_state import CycleState
 from finesched.sched.diagnosis import FitError
 from finesched.sched.framework import NodeBatch
+from finesched.sched.profile import Profile
 from finesched.sched.request import compile_request
 from finesched.sched.runtime import PreFilterFailed
 from finesched.sched.scheduler import Scheduler
+
+#: The CPU and NUMA plugins with DeviceShare: exclusive cpusets, SingleNUMANode, GPUs near them.
+CPU_PROFILE = Profile.model_validate(
+    {
+        "name": "cpu",
+        "plugins": [
+            {"name": "ResourcesFit"},
+            {"name": "NUMAAlign"},
+            {"name": "CPUOrchestration"},
+            {"name": "DeviceShare"},
+        ],
+    }
+)
 
 
 def counts(scheduler: Scheduler, workload: Workload) -> np.ndarray:

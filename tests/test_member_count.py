@@ -20,7 +20,7 @@ from finesched.sched.profile import Profile
 from finesched.sched.request import compile_request
 from finesched.sched.scheduler import Scheduler
 from finesched.state.cluster import ClusterState
-from member_counts import copy_of, counts, placed_one_by_one
+from member_counts import CPU_PROFILE, copy_of, counts, placed_one_by_one
 
 GPU4 = make_node("g4").cpu("16").memory("64Gi").gpus(4, memory="80Gi").obj()
 
@@ -122,17 +122,6 @@ def test_no_counting_plugin_puts_no_limit() -> None:
 
 
 # CPU: exclusive cpusets (CPUOrchestration) and NUMA policies (NUMAAlign) ---------------------------
-CPU_PROFILE = Profile.model_validate(
-    {
-        "name": "cpu",
-        "plugins": [
-            {"name": "ResourcesFit"},
-            {"name": "NUMAAlign"},
-            {"name": "CPUOrchestration"},
-            {"name": "DeviceShare"},
-        ],
-    }
-)
 BIND_LABEL = "node.koordinator.sh/cpu-bind-policy"
 NUMA_LABEL = "node.koordinator.sh/numa-topology-policy"
 

@@ -22,10 +22,9 @@ from finesched.model.mig import mig_resource
 from finesched.model.node import Node
 from finesched.model.workload import Workload
 from finesched.sched.diagnosis import FitError
-from finesched.sched.profile import Profile
 from finesched.sched.scheduler import Scheduler
 from finesched.state.cluster import ClusterState
-from member_counts import copy_of, counts, placed_one_by_one
+from member_counts import CPU_PROFILE, copy_of, counts, placed_one_by_one
 from test_member_count import table_node
 from test_mig_properties import PROFILES, mig_nodes
 
@@ -99,17 +98,6 @@ def test_mig_counts_match_placing_one_by_one(node, wants, data) -> None:
     agrees(lambda: make_scheduler(node, []), {"name": "m", "requests": {"cpu": "1", **requests}}, len(wants) == 1)
 
 
-CPU_PROFILE = Profile.model_validate(
-    {
-        "name": "cpu",
-        "plugins": [
-            {"name": "ResourcesFit"},
-            {"name": "NUMAAlign"},
-            {"name": "CPUOrchestration"},
-            {"name": "DeviceShare"},
-        ],
-    }
-)
 NODE_LABELS = [
     {},
     {"node.koordinator.sh/cpu-bind-policy": "FullPCPUsOnly"},

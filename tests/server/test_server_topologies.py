@@ -253,7 +253,10 @@ def test_cli_submits_lists_describes_and_deletes_topologies(api: Api, tmp_path: 
     api.wait_phase("team-a/w", ("Bound", "Running"))
     described = _run(api, "describe", "topology", "dc").stdout
     assert "Topology dc" in described and f"1. {BLOCK_LABEL}" in described and f"2. {RACK_LABEL}" in described
-    cells = [line.replace("│", " ").split() for line in described.splitlines() if "│ topology." in line]
+    # Levels by the last part of their label ("block", "rack"), listed in full above the table.
+    cells = [
+        line.replace("│", " ").split() for line in described.splitlines() if line.startswith(("│ block", "│ rack"))
+    ]
     rows = {cell[1]: cell for cell in cells}  # level, domain, nodes, cpu, memory, gpu-core (free/allocatable)
     assert rows["b1/r2"][2:] == ["1", "6/8", "31Gi/32Gi", "-"]
     assert rows["b1"][2:] == ["2", "14/16", "63Gi/64Gi", "-"] and rows["b1/r1"][3] == "8/8"

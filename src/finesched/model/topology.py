@@ -19,8 +19,9 @@ LEVEL, a level the same as or finer than the gang's (Kueue's podset-slice-requir
 from __future__ import annotations
 
 import re
+from typing import Annotated
 
-from pydantic import Field, PositiveInt, field_validator, model_validator
+from pydantic import AfterValidator, Field, PositiveInt, model_validator
 
 from finesched.model.base import Loc, Model, raise_problems
 from finesched.model.names import ObjectName
@@ -60,15 +61,14 @@ def _label_key(value: str) -> str:
     return value
 
 
+#: A node label key naming a level (a prefix of at most 253 characters, '/', a name of at most 63).
+LabelKey = Annotated[str, Field(min_length=1, max_length=317), AfterValidator(_label_key)]
+
+
 class TopologyLevel(Model):
     """One level of the tree: the node label whose value names a node's domain at this level."""
 
-    node_label: str = Field(min_length=1, max_length=317)
-
-    @field_validator("node_label")
-    @classmethod
-    def _key(cls, value: str) -> str:
-        return _label_key(value)
+    node_label: LabelKey
 
 
 class Topology(Model):
@@ -114,12 +114,7 @@ class TopologySlice(Model):
     """Every `size` consecutive members (by index) inside one domain of level `required`."""
 
     size: PositiveInt = Field(le=1_000_000)
-    required: str = Field(min_length=1, max_length=317)
-
-    @field_validator("required")
-    @classmethod
-    def _key(cls, value: str) -> str:
-        return _label_key(value)
+    required: LabelKey
 
 
 class GangTopology(Model):
@@ -131,14 +126,9 @@ class GangTopology(Model):
     the scheduler); the model checks the shape: exactly one of required and preferred."""
 
     name: ObjectName
-    required: str | None = Field(default=None, min_length=1, max_length=317)
-    preferred: str | None = Field(default=None, min_length=1, max_length=317)
+    required: LabelKey | None = None
+    preferred: LabelKey | None = None
     slice: TopologySlice | None = None
-
-    @field_validator("required", "preferred")
-    @classmethod
-    def _level(cls, value: str | None) -> str | None:
-        return None if value is None else _label_key(value)
 
     @model_validator(mode="after")
     def _one_level(self) -> GangTopology:
