@@ -61,6 +61,8 @@ BoolArray = npt.NDArray[np.bool_]
 MAX_DOMAIN_TRIES = 8
 #: Gang sizes remembered for KeepDomainsWhole when nothing waits in the queue.
 HISTORY = 256
+#: KeepDomainsWhole reads the sizes of the gangs waiting in the queue once per this many decisions.
+TYPICAL_REFRESH = 64
 #: The reason counted on the nodes a member could take but that lie outside its domain.
 OUTSIDE_DOMAIN = "outside the gang's topology domain"
 _DIGITS = re.compile(r"(\d+)")
@@ -129,6 +131,9 @@ class TopologyPlacer:
         self.indexes = DomainIndexCache()
         #: Sizes of the gangs placed so far (newest last), for KeepDomainsWhole.
         self.history: deque[int] = deque(maxlen=HISTORY)
+        #: The waiting gangs' sizes as last read from the queue, and how many decisions ago.
+        self._waiting_sizes: Counter[int] | None = None
+        self._waiting_age = 0
 
     # Entry ------------------------------------------------------------------------------------------
     def resolve(self, workloads: Sequence[Workload]) -> tuple[GangTopology, Topology, DomainIndex]:
@@ -295,12 +300,20 @@ class TopologyPlacer:
 
     def typical_sizes(self, own: int) -> dict[int, int]:
         """Gang sizes (members) -> weight: those still waiting in the queue, else the ones placed
-        so far (the last `HISTORY`), else the gang's own size."""
-        waiting = Counter(
-            len(unit.workloads)
-            for unit, why in self.scheduler.queue.waiting()
-            if why != "gang" and unit.workloads[0].gang is not None
-        )
+        so far (the last `HISTORY`), else the gang's own size.
+
+        Reading the queue's waiting gangs walks the whole queue, so it is done once every
+        `TYPICAL_REFRESH` decisions that need it, not on each: one tenant's flood of queued work
+        must not make every other gang's decision as slow as the flood is long."""
+        if self._waiting_sizes is None or self._waiting_age >= TYPICAL_REFRESH:
+            self._waiting_sizes = Counter(
+                len(unit.workloads)
+                for unit, why in self.scheduler.queue.waiting()
+                if why != "gang" and unit.workloads[0].gang is not None
+            )
+            self._waiting_age = 0
+        self._waiting_age += 1
+        waiting = self._waiting_sizes
         if waiting:
             return dict(waiting)
         if self.history:
