@@ -31,6 +31,14 @@ def test_validate_examples_summarizes_them() -> None:
     assert "valid objects in 2 file(s)" in result.stdout and "a100-0" in result.stdout
 
 
+def test_validate_lists_a_topology_and_what_each_gang_asks_of_it() -> None:
+    result = runner.invoke(app, ["validate", str(ROOT / "examples" / "topology.yaml")], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "9 valid objects" in result.stdout
+    assert "levels topology.finesched.io/block > topology.finesched.io/rack > kubernetes.io/hostname" in result.stdout
+    assert "gang train in one topology.finesched.io/rack of dc" in result.stdout
+
+
 def test_validate_prints_every_error_and_exits_1(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text(

@@ -72,12 +72,17 @@ def validate(
             err.print(f"note: {escape(problem)}; references are checked against these files only", soft_wrap=True)
     manifests = admit_or_exit(files, known=known)
     rows = [("PriorityClass", c.name, _class_summary(c)) for c in manifests.priority_classes]
+    rows += [("Topology", t.name, "levels " + " > ".join(t.labels)) for t in manifests.topologies]
     rows += [("Tenant", tenant.name, f"weight {tenant.weight:g}") for tenant in manifests.tenants]
     rows += [("Node", node.name, _node_summary(node)) for node in manifests.nodes]
     for w in manifests.workloads:
         asks = human_amounts(w.requests) or "nothing"
         priority = f", priority {w.priority}" + (f" ({w.priority_class_name})" if w.priority_class_name else "")
-        rows.append(("Workload", w.key, f"{w.qos}, asks {asks}{priority if w.priority else ''}"))
+        where = ""
+        if w.gang is not None and w.gang.topology is not None:
+            ask = w.gang.topology
+            where = f", gang {w.gang.name} in one {ask.level} of {ask.name}" + ("" if ask.required else " (preferred)")
+        rows.append(("Workload", w.key, f"{w.qos}, asks {asks}{priority if w.priority else ''}{where}"))
     rows += [("Job", f"{job.namespace}/{job.name}", f"{job.mode}, {len(job.tasks)} tasks") for job in manifests.jobs]
     title = f"{len(manifests)} valid objects in {len(files)} file(s)"
     out.print(simple_table(title, ["kind", "name", "summary"], [tuple(map(escape, row)) for row in rows]))
