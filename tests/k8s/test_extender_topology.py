@@ -157,6 +157,20 @@ def test_slices_keep_each_pair_on_one_host(two_racks: KubeScheduler) -> None:
     assert {TWO_RACKS[n][0] for n in placed} == {"r2"}
 
 
+def test_a_later_member_preempts_only_inside_the_domain_of_the_bound_ones(two_racks: KubeScheduler) -> None:
+    """kube-scheduler proposes victims on nodes of both racks; the member fits on either once they
+    are gone, but only the candidate inside its gang's rack is kept (evictions stay in one domain)."""
+    asks = {REQUIRED: RACK_LABEL}
+    first = two_racks.schedule(member("train", 0, 4, asks))
+    rack = TWO_RACKS[first][0]
+    inside = next(n for n in TWO_RACKS if TWO_RACKS[n][0] == rack and n != first)
+    outside = next(n for n in TWO_RACKS if TWO_RACKS[n][0] != rack)
+    victims = {n: {"Pods": [{"UID": f"elsewhere-{n}"}], "NumPDBViolations": 0} for n in (inside, outside)}
+    request = {"Pod": member("train", 1, 4, asks), "NodeNameToMetaVictims": victims}
+    reply = httpx.post(f"{two_racks.url}/preempt", json=request).json()
+    assert set(reply["NodeNameToMetaVictims"]) == {inside}, reply
+
+
 # GPU shares, not scalar counts, decide the rack ---------------------------------------------------------------
 SHARES = {
     # r1: four cards per node, each 60% taken: 160% free per node, so a scalar count of gpu-core

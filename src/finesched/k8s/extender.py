@@ -389,14 +389,17 @@ class Extender:
     def preempt(self, pod: Any, candidates: Mapping[str, Victims]) -> dict[str, Victims]:
         """The candidates on which the Pod fits once the victims are gone, each with the fewest
         victims needed: kube-scheduler's victims are reprieved one by one, highest priority first,
-        while the Pod still fits without them (device shares and cpusets decide, not just counts)."""
+        while the Pod still fits without them (device shares and cpusets decide, not just counts).
+        A member of a topology gang keeps only candidates inside its gang's domain
+        (`TopologyGangs.preemption_nodes`), so a gang's evictions stay in one domain."""
         with self.lock:
-            workload = self.workload(pod)
+            workload, ask = self.workload_and_ask(pod)
+            inside = self.gangs.preemption_nodes(workload, ask)  # a topology gang evicts in its domain
             by_uid = {uid: key for key, uid in self.uids.items()}
             kept: dict[str, Victims] = {}
             for node, victims in candidates.items():
                 i = self.state.index.get(node)
-                if i is None:
+                if i is None or (inside is not None and not inside[i]):
                     continue
                 evict = [u for u in victims.uids if u in by_uid]
                 if not self._fits_without(workload, i, [by_uid[u] for u in evict]):

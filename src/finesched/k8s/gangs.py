@@ -206,3 +206,22 @@ class TopologyGangs:
         everywhere = np.ones(self.state.n, dtype=bool)
         allowed = self.allowed(workload, ask, everywhere, everywhere)
         return None if allowed.mask is None or allowed.mask[node] else allowed.reason
+
+    def preemption_nodes(self, workload: Workload, ask: TopologyAsk | None) -> Mask | None:
+        """The nodes on which member `workload` may have victims evicted for it (None: any): inside
+        the domain its bound fellow members set; before any is bound (the first member's eviction
+        then sets the domain for the others), on the nodes that carry a required level's label."""
+        gang = workload.gang
+        if ask is None or gang is None or gang.topology is None:
+            return None
+        key = self.gang_key(workload, ask)
+        if key is not None and self._bound(key, workload.key):
+            everywhere = np.ones(self.state.n, dtype=bool)
+            return self.allowed(workload, ask, everywhere, everywhere).mask
+        topology = self.scheduler.topologies.get(gang.topology.name)
+        if topology is None:
+            return np.zeros(self.state.n, dtype=bool)
+        depth = topology.depth_of(gang.topology.level)
+        if gang.topology.required is None or depth is None:
+            return None
+        return self.indexes.index(self.state, topology).ids[depth] >= 0
