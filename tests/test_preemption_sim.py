@@ -12,7 +12,7 @@ from finesched.cli import app
 from finesched.sim.experiment import run_fill
 from finesched.sim.replay import run_replay
 from finesched.sim.trace import load_nodes, load_pods
-from sim.conftest import NODE_HEADER, NODES, POD_HEADER, pod_rows, write
+from sim.sim_traces import NODE_HEADER, NODES, POD_HEADER, pod_rows, write
 
 
 @pytest.fixture

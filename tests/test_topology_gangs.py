@@ -327,3 +327,23 @@ def test_a_wait_names_what_the_closest_domain_lacks_not_what_other_nodes_lack() 
         "gpu-memory on any single GPU"
     )
     assert "node has no gpu" not in info.value.reasons
+
+
+def test_a_sliced_gang_preempts_inside_its_slices_domains() -> None:
+    """Two hosts of 4 cpu in one rack, each holding a low-priority workload of 3 cpu: no host holds
+    a slice of 2 members of 2 cpu now. A high-priority gang of 4 in slices of 2 per host evicts one
+    workload per host and puts each slice on one host."""
+    nodes = [placed_node(n, make_node(n).cpu("4").memory("8Gi")) for n in ("b1-r1-n1", "b1-r1-n2")]
+    s = scheduler(nodes)
+    for i, host in enumerate(("b1-r1-n1", "b1-r1-n2")):
+        s.schedule_one(make_workload(f"low-{i}").req(cpu="3").selector(**{HOSTNAME_LABEL: host}).obj())
+    two = {"cpu": "2"}
+    s.submit(gang("hi", 4, required=RACK_LABEL, slice_={"size": 2, "required": HOSTNAME_LABEL}, priority=10,
+                  requests=two))  # fmt: skip
+    results = s.run()
+    assert all(isinstance(r, Binding) for r in results), results
+    on = {r.workload: r.node for r in results if isinstance(r, Binding)}
+    assert on["default/hi-0"] == on["default/hi-1"] != on["default/hi-2"] == on["default/hi-3"]
+    victims = sorted(v.workload for p in s.take_preemptions() for v in p.victims)
+    assert victims == ["default/low-0", "default/low-1"]
+    s.state.check_invariants()

@@ -356,7 +356,7 @@ class TopologyPlacer:
                 except FitError:
                     pass  # the finest domains' counts do not add up: no preference
         else:
-            subs = self._slice_domains(members, fits, index, depth, domain, slice_depth, size)
+            subs = self._slice_domains(members, fits, index, depth, domain, slice_depth, size, evicting)
             masks = [self._mask(index, slice_depth, subs[i // size]) for i in range(len(members))]
         steps: list[object] = []
         try:
@@ -389,10 +389,13 @@ class TopologyPlacer:
         domain: int,
         slice_depth: int,
         size: int,
+        evicting: bool = False,
     ) -> list[int]:
         """The slice-level domain of each slice, in slice order (Kueue's descent): the sub-domains of
-        `domain` sorted by slices held (most first, then fewest members, then name), filled greedily, the last one the
-        tightest that holds what is left; FitError when they hold too few slices."""
+        `domain` sorted by slices held (most first, then fewest members, then name), filled greedily,
+        the last one the tightest that holds what is left; FitError when they hold too few slices.
+        `evicting`: slices the sub-domains do not hold now each go to one more sub-domain of
+        `domain` (by name), where evicting lower-priority work may make room."""
         m = len(members)
         slices = m // size
         need = np.array([len(f.members) for f in fits], dtype=np.int64)
@@ -400,7 +403,8 @@ class TopologyPlacer:
         caps = (counts * slices // need[:, None]).min(axis=0)
         held = (counts * m // need[:, None]).min(axis=0)
         anc = self._ancestors(index, slice_depth, depth)
-        subs = np.flatnonzero((anc == (0 if depth < 0 else domain)) & (caps > 0))
+        ours = anc == (0 if depth < 0 else domain)
+        subs = np.flatnonzero(ours & (caps > 0))
         subs = subs[np.lexsort([subs, held[subs], -caps[subs]])]  # most slices, then fewest members, name
         out: list[int] = []
         left = slices
@@ -415,6 +419,10 @@ class TopologyPlacer:
             out += [head] * int(caps[head])
             left -= int(caps[head])
             pool.pop(0)
+        if left > 0 and evicting:
+            spare = [int(x) for x in np.flatnonzero(ours & (caps == 0))][:left]
+            out += spare
+            left -= len(spare)
         if left > 0:
             first = members[0]
             n = self.scheduler.state.n
