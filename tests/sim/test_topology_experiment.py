@@ -156,7 +156,11 @@ def test_cli_json_and_report(tmp_path: Path) -> None:
 def test_cli_table() -> None:
     code, stdout, stderr = invoke(*SMALL_ARGS, "--policy", "unaware")
     assert code == 0, stderr
-    assert "unaware" in stdout and "rack %" in stdout
+    lines = stdout.splitlines()
+    row = next(line for line in lines if line.startswith("│ unaware"))
+    figures = row.replace("│", " ").split()[1:]
+    assert len(figures) == 7 and all("…" not in f for f in figures)  # never cut
+    assert any("rack" in line and "block" in line for line in lines)
 
 
 @pytest.mark.parametrize(

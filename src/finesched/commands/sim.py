@@ -690,7 +690,7 @@ def _print_topology(records: list[dict[str, Any]], output: str, config: Any, wal
     )
     table = TOPOLOGY_COLUMNS.table(title, wide=wide)
     for policy, s in rows.items():
-        TOPOLOGY_COLUMNS.add_row(table, policy, *(f"{s[k]:g}" for k in TOPOLOGY_KEYS), wide=wide)
+        TOPOLOGY_COLUMNS.add_row(table, policy, *(_figure(s[k]) for k in TOPOLOGY_KEYS), wide=wide)
     print_table(out, table, wide=wide)
 
 
@@ -699,9 +699,15 @@ TOPOLOGY_KEYS = (
     "gangs", "in_one_rack_pct", "in_one_block_pct", "gang_wait_mean_s", "gang_wait_p99_s", "never_placed",
     "pod_wait_mean_s", "alloc_mean", "free_racks_mean", "free_racks_min", "level_violations",
 )  # fmt: skip
-TOPOLOGY_COLUMNS = Columns(
-    col("policy", keep=True), col("gangs", right=True, wide=True), col("rack %", right=True),
-    col("block %", right=True), col("wait s", right=True), col("p99 s", right=True), col("unplaced", right=True),
-    col("pod wait s", right=True, wide=True), col("alloc %", right=True), col("free racks", right=True),
+TOPOLOGY_COLUMNS = Columns(  # names and figures are never cut (two-line headers keep 80 columns)
+    col("policy", keep=True), col("gangs", right=True, wide=True, keep=True), col("rack\n%", right=True, keep=True),
+    col("block\n%", right=True, keep=True), col("wait\ns", right=True, keep=True), col("p99\ns", right=True, keep=True),
+    col("never\nplaced", right=True, keep=True), col("pod wait\ns", right=True, wide=True, keep=True),
+    col("alloc\n%", right=True, keep=True), col("free\nracks", right=True, keep=True),
     col("min free", right=True, wide=True), col("violations", right=True, wide=True),
 )  # fmt: skip
+
+
+def _figure(value: float) -> str:
+    """A table figure: whole numbers as they are, others to one decimal (-o json keeps them exact)."""
+    return f"{value:.0f}" if float(value).is_integer() or abs(value) >= 1000 else f"{value:.1f}"
