@@ -14,23 +14,11 @@ from typer.testing import CliRunner
 
 from finesched.commands.sim import sim_app
 from finesched.model.topology import BLOCK_LABEL, HOSTNAME_LABEL, RACK_LABEL
-from finesched.sched.profile import Profile
-from finesched.sim.topology import (
-    TopologyConfig,
-    TopologyRun,
-    arrange,
-    generate_nodes,
-    make_gangs,
-    parse_gang_mix,
-    run_topology,
-)
+from finesched.sim.topology import TopologyRun, run_topology
+from finesched.sim.topology_workload import TopologyConfig, arrange, generate_nodes, make_gangs, parse_gang_mix
 from finesched.sim.trace import load_nodes, load_pods
 
 runner = CliRunner()
-#: The topology policies need the Scheduler's `topologyPolicy` (sched/topology.py).
-needs_topology_policy = pytest.mark.skipif(
-    "topology_policy" not in Profile.model_fields, reason="the Scheduler has no topologyPolicy yet"
-)
 #: 32 nodes of 8 GPUs: 8 racks of 4 nodes (32 GPUs), 4 blocks of 2 racks; busy enough that gangs wait.
 SMALL = TopologyConfig(
     rack_size=4, block_size=2, gang_mix=parse_gang_mix("2:0.3,8:0.4,16:0.2,48:0.1"), fractional_share=0.3,
@@ -76,7 +64,6 @@ def test_unaware_run_is_consistent_and_seeded() -> None:
     assert again.gang_nodes == run.gang_nodes
 
 
-@needs_topology_policy
 @pytest.mark.parametrize("policy", ["BestFit", "KeepDomainsWhole"])
 def test_required_levels_hold_in_the_bindings(policy: str) -> None:
     run = run_topology(generate_nodes(32), None, policy, 7, SMALL)

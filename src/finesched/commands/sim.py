@@ -592,7 +592,7 @@ def topology(
 ) -> None:
     """Gangs of 2-64 GPUs in racks and blocks beside the trace's pods: topology-unaware vs BestFit vs
     KeepDomainsWhole (share in one rack/block, gang wait, never placed, GPU allocation, whole racks free)."""
-    from finesched.sim.topology import TopologyConfig, parse_gang_mix, resolve_topology_policy
+    from finesched.sim.topology_workload import TopologyConfig, parse_gang_mix, resolve_topology_policy
 
     try:
         if output not in OUTPUTS:
@@ -635,7 +635,7 @@ def topology(
 
 def _topology_inputs(nodes: Path, generate: int | None, pods: Path, background: str) -> tuple[Any, Any, str, str]:
     """`sim topology`'s node table and pod table (None with --background none), read and checked."""
-    from finesched.sim.topology import generate_nodes
+    from finesched.sim.topology_workload import generate_nodes
     from finesched.sim.trace import load_nodes, load_pods
 
     try:
