@@ -11,7 +11,8 @@ A gang with `gang.topology` (model/topology.py) is placed in four steps, per dec
    level (`DomainIndex.sum`). With `slice: {size, required}` each slice-level domain holds
    ``count // size`` slices (for mixed shapes ``min_s count_s * slices // members_s``), summed up
    to the gang's level. A domain *holds* the gang when it holds every slice and, per shape, at
-   least that shape's members: an upper bound the placement then verifies.
+   least that shape's members: an upper bound the placement then verifies. (These counts, and
+   the reasons a waiting gang is given, are in sched/topology_fit.py.)
 3. **Which domain**: the profile's `topologyPolicy` orders the domains that hold it (`order_domains`):
    BestFit (Kueue's, the default) takes the tightest fit; KeepDomainsWhole keeps large domains
    whole for the gang sizes still to come (the formula is in `keep_whole_loss`).
@@ -31,9 +32,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter, deque
-from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -41,18 +40,18 @@ import numpy.typing as npt
 from finesched.errors import ValidationError
 from finesched.model.topology import GangTopology, Topology
 from finesched.model.workload import Workload
-from finesched.sched.cycle_state import CycleState
 from finesched.sched.diagnosis import FitError
-from finesched.sched.framework import NodeBatch
-from finesched.sched.memo import request_shape
-from finesched.sched.request import ScheduleRequest
+from finesched.sched.topology_fit import (
+    Level,
+    ShapeFit,
+    TopologyHost,
+    ancestors,
+    domain_reasons,
+    level_fits,
+    need_of,
+    shape_fits,
+)
 from finesched.state.topology import DomainIndex, DomainIndexCache
-
-if TYPE_CHECKING:
-    from finesched.sched.profile import Profile
-    from finesched.sched.queue import SchedulingQueue
-    from finesched.sched.runtime import Framework
-    from finesched.state.cluster import ClusterState
 
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
@@ -82,45 +81,6 @@ def member_order(workloads: Sequence[Workload]) -> list[Workload]:
 #: Places one member, only on `allowed` nodes, and returns what `undo` takes back (raises FitError).
 PlaceMember = Callable[[Workload, BoolArray], object]
 Undo = Callable[[object], None]
-
-
-@dataclass
-class ShapeFit:
-    """One request shape of a gang: its members (indices) and how many copies fit on each node."""
-
-    members: list[int]
-    request: ScheduleRequest | None
-    cycle: CycleState | None
-    skipped: set[str]
-    count: IntArray
-    error: FitError | None  # no node is feasible for the shape at all
-
-
-@dataclass
-class Level:
-    """Per domain of one level (depth -1: the whole cluster as one domain) what the gang fits."""
-
-    depth: int
-    holds: BoolArray  # [D] the domain holds the gang (by count)
-    members: IntArray  # [D] member-equivalents it holds (slices * size with slices)
-    measure: IntArray  # [D] what BestFit compares: slices held, else members held
-    allocated: npt.NDArray[np.float64]  # [D] fraction of allocatable used with the gang in it
-
-
-class TopologyHost(Protocol):
-    """What the placer reads of the Scheduler (sched/scheduler.py), which passes itself."""
-
-    state: ClusterState
-    framework: Framework
-    queue: SchedulingQueue
-    profile: Profile
-    topologies: dict[str, Topology]
-
-    def _prepare(self, workload: Workload) -> tuple[ScheduleRequest, CycleState, set[str], Hashable | None]: ...
-
-    def _evaluate(
-        self, cycle: CycleState, request: ScheduleRequest, skipped: set[str], shape: Hashable | None
-    ) -> tuple[BoolArray, IntArray]: ...
 
 
 class TopologyPlacer:
@@ -166,7 +126,7 @@ class TopologyPlacer:
         ask, topology, index = self.resolve(members)
         gang = members[0].gang
         assert gang is not None
-        fits = self._shape_fits(members, index)
+        fits = shape_fits(self.scheduler, members, index)
         depth = topology.depth_of(ask.level)
         assert depth is not None
         slice_depth = topology.depth_of(ask.slice.required) if ask.slice is not None else None
@@ -174,7 +134,7 @@ class TopologyPlacer:
         depths = [depth] if ask.required is not None else [*range(depth, -1, -1), -1]
         tried: list[tuple[str, FitError]] = []
         for d in depths:
-            level = self._level(members, fits, index, d, slice_depth, size)
+            level = level_fits(self.scheduler, members, fits, index, d, slice_depth, size)
             order = self.order_domains(level, len(members), evicting=evicting)
             for domain in order[:MAX_DOMAIN_TRIES]:
                 try:
@@ -189,99 +149,6 @@ class TopologyPlacer:
         raise self._failure(members, ask, topology, index, fits, depth, slice_depth, size, tried)
 
     # Counts -----------------------------------------------------------------------------------------
-    def _shape_fits(self, members: list[Workload], index: DomainIndex) -> list[ShapeFit]:
-        """Per request shape: its members and per-node copy counts (one filter pass per shape)."""
-        sched = self.scheduler
-        state = sched.state
-        groups: dict[object, list[int]] = {}
-        for i, w in enumerate(members):
-            groups.setdefault(request_shape(w), []).append(i)
-        fits = []
-        for indices in groups.values():
-            workload = members[indices[0]]
-            none = np.zeros(index.n, dtype=np.int64)
-            try:
-                request, cycle, skipped, memo_shape = sched._prepare(workload)
-            except FitError as exc:  # pre_filter refused the request everywhere
-                fits.append(ShapeFit(indices, None, None, set(), none, exc))
-                continue
-            try:
-                feasible, _ = sched._evaluate(cycle, request, skipped, memo_shape)
-            except FitError as exc:  # no node passes the filters: the domains' own reasons still explain it
-                fits.append(ShapeFit(indices, request, cycle, skipped, none, exc))
-                continue
-            count = sched.framework.run_count(cycle, request, NodeBatch(state), feasible, skipped)[: index.n]
-            fits.append(ShapeFit(indices, request, cycle, skipped, count, None))
-        return fits
-
-    def _level(
-        self,
-        members: list[Workload],
-        fits: list[ShapeFit],
-        index: DomainIndex,
-        depth: int,
-        slice_depth: int | None,
-        size: int,
-    ) -> Level:
-        """What each domain of `depth` holds (-1: the whole cluster as one domain)."""
-        m = len(members)
-        need = np.array([len(f.members) for f in fits], dtype=np.int64)
-        counts = np.stack([self._sum(index, f.count, depth) for f in fits])  # [S, D]
-        held = (counts * m // need[:, None]).min(axis=0)  # member-equivalents
-        holds = (counts >= need[:, None]).all(axis=0)
-        measure = held
-        if slice_depth is not None:
-            slices = m // size
-            per_slice = (np.stack([index.sum(f.count, slice_depth) for f in fits]) * slices // need[:, None]).min(
-                axis=0
-            )
-            up = np.zeros(len(held), dtype=np.int64)
-            np.add.at(up, self._ancestors(index, slice_depth, depth), per_slice)
-            holds &= up >= slices
-            measure = up
-            held = np.minimum(held, up * size)
-        return Level(depth, holds, held, measure, self._allocated(fits, index, depth))
-
-    @staticmethod
-    def _sum(index: DomainIndex, per_node: IntArray, depth: int) -> IntArray:
-        if depth < 0:
-            return np.array([int(per_node[: index.n].sum())], dtype=np.int64)
-        return index.sum(per_node, depth)
-
-    @staticmethod
-    def _ancestors(index: DomainIndex, level: int, depth: int) -> IntArray:
-        """[domains of `level`] each one's domain at `depth` (depth -1: 0, the whole cluster)."""
-        anc = np.arange(index.count(level), dtype=np.int64)
-        if depth < 0:
-            return np.zeros_like(anc)
-        for lvl in range(level, depth, -1):
-            anc = index.parents[lvl][anc]
-        return anc
-
-    def _allocated(self, fits: list[ShapeFit], index: DomainIndex, depth: int) -> npt.NDArray[np.float64]:
-        """[D] mean over the requested resources of (used + the gang's demand) / allocatable: the
-        MostAllocated placement score of Kubernetes' topology-aware PodGroup scheduling."""
-        state = self.scheduler.state
-        demand: dict[int, int] = {}
-        for f in fits:
-            if f.request is not None:
-                for row, amount in f.request.share_pairs:
-                    demand[row] = demand.get(row, 0) + amount * len(f.members)
-        domains = 1 if depth < 0 else index.count(depth)
-        if not demand:
-            return np.zeros(domains)
-        rows = np.fromiter(demand, dtype=np.intp)
-        alloc = state.allocatable[rows, : index.n]
-        used = alloc - state.free[rows, : index.n]
-        if depth < 0:
-            a, u = alloc.sum(axis=1, keepdims=True), used.sum(axis=1, keepdims=True)
-        else:
-            a, u = index.sum_rows(alloc, depth), index.sum_rows(used, depth)
-        want = np.array(list(demand.values()), dtype=np.float64)[:, None]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            frac = np.where(a > 0, (u + want) / np.maximum(a, 1), 0.0)
-        return frac.mean(axis=0)
-
     # Policies -----------------------------------------------------------------------------------------
     def order_domains(self, level: Level, members: int, *, evicting: bool = False) -> IntArray:
         """The domains to try, best first: those that hold the gang in the profile's policy order
@@ -402,7 +269,7 @@ class TopologyPlacer:
         counts = np.stack([index.sum(f.count, slice_depth) for f in fits])  # [S, sub-domains]
         caps = (counts * slices // need[:, None]).min(axis=0)
         held = (counts * m // need[:, None]).min(axis=0)
-        anc = self._ancestors(index, slice_depth, depth)
+        anc = ancestors(index, slice_depth, depth)
         ours = anc == (0 if depth < 0 else domain)
         subs = np.flatnonzero(ours & (caps > 0))
         subs = subs[np.lexsort([subs, held[subs], -caps[subs]])]  # most slices, then fewest members, name
@@ -466,7 +333,7 @@ class TopologyPlacer:
         if index.count(depth) == 0:
             detail = f"{head}: no node has the level's label {label}; none placed"
             return FitError(members[0].key, n, {f"no {label} label": n}, detail=detail)
-        level = self._level(members, fits, index, depth, slice_depth, size)
+        level = level_fits(self.scheduler, members, fits, index, depth, slice_depth, size)
         best = int(np.lexsort([np.arange(len(level.measure)), -level.measure])[0])
         m = len(members)
         held = int(level.members[best])
@@ -474,8 +341,8 @@ class TopologyPlacer:
             what = f"{int(level.measure[best])} of {m // size} slices of {size} ({topology.labels[slice_depth]})"
         else:
             what = f"{held} of {m} members"
-        reasons = self._reasons_on(fits, index, depth, best)
-        need = ", ".join(_need(r) for r, _ in reasons.most_common(3))
+        reasons = domain_reasons(self.scheduler, fits, index, self._mask(index, depth, best))
+        need = ", ".join(need_of(r) for r, _ in reasons.most_common(3))
         if not need:
             need = f"room for {size} on one {topology.labels[slice_depth]}" if slice_depth is not None else "room"
         short = max(m - held, 1)
@@ -483,51 +350,6 @@ class TopologyPlacer:
         return FitError(
             members[0].key, n, dict(reasons) or {f"{label} {index.name(depth, best)} full": n}, detail=detail
         )
-
-    def _reasons_on(self, fits: list[ShapeFit], index: DomainIndex, depth: int, domain: int) -> Counter[str]:
-        """Why the nodes of `domain` take no (more) member: the filters' reasons there, else the
-        scalar resources the domain lacks for the members it does not hold."""
-        sched = self.scheduler
-        state = sched.state
-        inside = self._mask(index, depth, domain)
-        counts: Counter[str] = Counter()
-        short = [f for f in fits if int(f.count[: index.n][inside[: index.n]].sum()) < len(f.members)] or fits
-        for f in short:
-            if f.request is None or f.cycle is None:
-                if f.error is not None:
-                    counts.update({r: 1 for r in f.error.reasons})
-                continue
-            _, results = sched.framework.run_filter(f.cycle.clone(), f.request, NodeBatch(state), f.skipped)
-            for plugin, result in results:
-                rejected = ~result.mask & inside
-                if not rejected.any():
-                    continue
-                explanation = result.explain() if result.explain is not None else {}
-                covered = np.zeros(state.n, dtype=bool)
-                for reason, (mask, _code) in explanation.items():
-                    hit = rejected & mask
-                    if hit.any():
-                        counts[reason] += int(hit.sum())
-                        covered |= hit
-                rest = int((rejected & ~covered).sum())
-                if rest:
-                    counts[f"rejected by {plugin.NAME}"] += rest
-            if not counts:  # every node takes some: the scalar resources that run out
-                have = int(f.count[: index.n][inside[: index.n]].sum())
-                missing = len(f.members) - have
-                for row, amount in f.request.pairs:
-                    free = int(state.free[row, : index.n][inside[: index.n]].sum())
-                    if free - have * amount < missing * amount:
-                        counts[f"insufficient {state.resources[row]}"] += 1
-                if not counts:  # no scalar runs out: what the plugins allocate (devices) does
-                    owned = [r for r, a in f.request.workload.requests.items() if a > 0 and sched.framework.owns(r)]
-                    counts.update({f"insufficient {r}": 1 for r in owned})
-        return counts
-
-
-def _need(reason: str) -> str:
-    """A filter reason as what a member needs (``insufficient gpu-core`` -> ``gpu-core``)."""
-    return reason.removeprefix("insufficient ").removeprefix("Insufficient ")
 
 
 def keep_whole_loss(held: IntArray, members: int, typical: dict[int, int]) -> IntArray:
