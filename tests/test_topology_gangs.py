@@ -244,6 +244,24 @@ def test_keep_domains_whole_leaves_room_for_the_gangs_still_waiting(policy: str,
     s.state.check_invariants()
 
 
+@pytest.mark.parametrize(("policy", "waiting"), [("BestFit", 8), ("KeepDomainsWhole", 0)])
+def test_keep_domains_whole_judges_a_rack_with_its_block(policy: str, waiting: int) -> None:
+    """Block b1 = racks r1 (2 cpu) + r2 (6 cpu), block b2 = r3 (3) + r4 (3). A 2-member rack gang,
+    then an 8-member gang that needs a whole block. BestFit takes r1, the tightest rack, and leaves b1
+    with 6: the block gang waits. KeepDomainsWhole adds each rack's block to its loss: r1 costs b1's
+    only gang of 8 (8//8 - 6//8 = 1), r3 costs nothing (6//8 - 4//8 = 0); it takes r3 and the
+    block gang fits in b1."""
+    sizes = {"b1-r1-n1": "2", "b1-r2-n1": "6", "b2-r3-n1": "3", "b2-r4-n1": "3"}
+    nodes = [placed_node(name, make_node(name).cpu(cpu).memory("8Gi")) for name, cpu in sizes.items()]
+    profile = {"name": "p", "plugins": [{"name": "ResourcesFit"}, {"name": "LeastRequested"}], "topologyPolicy": policy}
+    s = scheduler(nodes, profile)
+    s.submit(gang("small", 2, required=RACK_LABEL, priority=5))
+    s.submit(gang("block", 8, required=BLOCK_LABEL))
+    results = s.run()
+    assert sum(isinstance(r, FitError) for r in results) == waiting
+    s.state.check_invariants()
+
+
 def test_profile_topology_policy_is_validated() -> None:
     from finesched.errors import ValidationError
     from finesched.sched.profile import Profile

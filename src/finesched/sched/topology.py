@@ -135,7 +135,8 @@ class TopologyPlacer:
         tried: list[tuple[str, FitError]] = []
         for d in depths:
             level = level_fits(self.scheduler, members, fits, index, d, slice_depth, size)
-            order = self.order_domains(level, len(members), evicting=evicting)
+            above = self._held_above(members, fits, index, d, slice_depth, size)
+            order = self.order_domains(level, len(members), evicting=evicting, above=above)
             for domain in order[:MAX_DOMAIN_TRIES]:
                 try:
                     steps = self._place_in(
@@ -150,20 +151,48 @@ class TopologyPlacer:
 
     # Counts -----------------------------------------------------------------------------------------
     # Policies -----------------------------------------------------------------------------------------
-    def order_domains(self, level: Level, members: int, *, evicting: bool = False) -> IntArray:
+    def order_domains(
+        self, level: Level, members: int, *, evicting: bool = False, above: Sequence[IntArray] = ()
+    ) -> IntArray:
         """The domains to try, best first: those that hold the gang in the profile's policy order
         (BestFit: smallest measure >= needed, then most allocated, then name; KeepDomainsWhole:
-        least `keep_whole_loss`, then as BestFit). `evicting`: the others follow, most held first."""
+        least `keep_whole_loss` summed over the domain and its ancestors (`above`: per level above,
+        the members each domain's ancestor holds), then as BestFit). `evicting`: the others follow,
+        most held first."""
         ids = np.arange(len(level.holds))
         fit = ids[level.holds]
         keys = [fit, -level.allocated[fit], level.measure[fit]]
         if self.scheduler.profile.topology_policy == "KeepDomainsWhole" and len(fit) > 1:
-            keys.append(keep_whole_loss(level.members[fit], members, self.typical_sizes(members)))
+            typical = self.typical_sizes(members)
+            loss = keep_whole_loss(level.members[fit], members, typical)
+            for held in above:
+                loss = loss + keep_whole_loss(held[fit], members, typical)
+            keys.append(loss)
         order = fit[np.lexsort(keys)]
         if evicting:
             rest = ids[~level.holds]
             order = np.concatenate([order, rest[np.lexsort([rest, -level.members[rest]])]])
         return order
+
+    def _held_above(
+        self,
+        members: list[Workload],
+        fits: list[ShapeFit],
+        index: DomainIndex,
+        depth: int,
+        slice_depth: int | None,
+        size: int,
+    ) -> list[IntArray]:
+        """For KeepDomainsWhole: per level above `depth`, the members the ancestor of each domain of
+        `depth` holds, so a rack is judged with its block (a gang taken from a block that is whole
+        for the large gangs costs more than from a block that is broken already)."""
+        if self.scheduler.profile.topology_policy != "KeepDomainsWhole" or depth <= 0:
+            return []
+        out = []
+        for up in range(depth):
+            held = level_fits(self.scheduler, members, fits, index, up, slice_depth, size).members
+            out.append(held[ancestors(index, depth, up)])
+        return out
 
     def typical_sizes(self, own: int) -> dict[int, int]:
         """Gang sizes (members) -> weight: those still waiting in the queue, else the ones placed
