@@ -61,8 +61,19 @@ def _label_key(value: str) -> str:
     return value
 
 
+#: `label_key_problem`'s rule as a JSON schema pattern (the API's document gives it to clients). The
+#: prefix's limit of 253 characters is the server's to check (422 naming the field); maxLength
+#: bounds the whole key.
+LABEL_KEY_PATTERN = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
 #: A node label key naming a level (a prefix of at most 253 characters, '/', a name of at most 63).
-LabelKey = Annotated[str, Field(min_length=1, max_length=317), AfterValidator(_label_key)]
+LabelKey = Annotated[
+    str,
+    Field(min_length=1, max_length=317, json_schema_extra={"pattern": LABEL_KEY_PATTERN}),
+    AfterValidator(_label_key),
+]
 
 
 class TopologyLevel(Model):

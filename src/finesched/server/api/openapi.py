@@ -88,16 +88,6 @@ MANIFEST_BODIES: dict[tuple[str, str], tuple[str, bool]] = {
 #: when it names another object than the stored one of that name).
 UID = {"type": "string", "format": "uuid",
        "description": "The object's uid, given by the server at creation; read-only"}  # fmt: skip
-#: A Kubernetes label key (model/topology.py `label_key_problem`): an optional DNS-subdomain prefix and
-#: "/", then a name of at most 63 characters. The prefix's limit of 253 characters is the server's to
-#: check (422 naming the field); the field's maxLength bounds the whole key.
-LABEL_KEY_PATTERN = (
-    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
-    r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
-)
-#: The fields that hold a label key: a topology's levels and the levels a gang asks for.
-LABEL_KEY_FIELDS = {"TopologyLevel": ("nodeLabel",), "TopologySlice": ("required",),
-                    "GangTopology": ("required", "preferred")}  # fmt: skip
 QUANTITY_PATTERN = r"^\+?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+|[numkMGTPE]|[KMGTPE]i)?$"
 QUANTITY = {
     "anyOf": [{"type": "string", "pattern": QUANTITY_PATTERN}, {"type": "number", "minimum": 0}],
@@ -235,12 +225,6 @@ def _fix(schemas: dict[str, Any]) -> None:
     """What the models accept beyond what pydantic's schema says: quantities also as numbers (YAML's
     ``cpu: 0.5``), and a CPU topology either listed or built from its shape."""
     _walk(schemas, _quantities)
-    for model, fields in LABEL_KEY_FIELDS.items():
-        for name in fields:
-            field = schemas[model]["properties"][name]
-            for option in field.get("anyOf", [field]):
-                if option.get("type") == "string":
-                    option["pattern"] = LABEL_KEY_PATTERN
     options = schemas["KubeletPolicy"]["properties"]["options"]
     options["propertyNames"] = {"enum": sorted(KUBELET_CPU_OPTIONS)}
     options["additionalProperties"] = {"anyOf": [{"type": "boolean"}, {"type": "string", "enum": ["true", "false"]}]}
