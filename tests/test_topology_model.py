@@ -151,3 +151,17 @@ def test_the_index_cache_follows_node_changes() -> None:
     state.add_node(make_node("n9").cpu("1").memory("1Gi").label(BLOCK, "b1").label(RACK, "r9").obj())
     again = cache.index(state, DC)
     assert again is not first and again.count(1) == 2
+
+
+def test_the_scheduler_keeps_indexes_of_its_topologies_only() -> None:
+    """One index cache per state (the Scheduler's), which views read too; replaced topologies' go."""
+    from finesched.sched.scheduler import Scheduler
+
+    s = Scheduler(rack_cluster([("b1", "r1")]), topologies=[DC])
+    first = s.topology.domains(DC)
+    assert s.topology.domains(DC) is first
+    racks = Topology.model_validate({"name": "dc", "levels": [{"nodeLabel": RACK}]})
+    s.set_topologies([racks])
+    assert s.topology.domains(racks).count(0) == 1
+    s.set_topologies([racks])
+    assert s.topology.domains(DC) is not first  # DC's index was dropped with it, built anew on demand

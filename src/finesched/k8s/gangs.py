@@ -35,7 +35,7 @@ from finesched.k8s.nodes import NODE_NAME_LABEL
 from finesched.model.workload import NodeAffinityTerm, Workload
 from finesched.sched.diagnosis import FitError
 from finesched.sched.scheduler import Scheduler
-from finesched.state.topology import DomainIndex, DomainIndexCache
+from finesched.state.topology import DomainIndex
 
 Mask = npt.NDArray[np.bool_]
 
@@ -60,7 +60,6 @@ class TopologyGangs:
     def __init__(self, scheduler: Scheduler, keep: int = 64):
         self.scheduler = scheduler
         self.state = scheduler.state
-        self.indexes = DomainIndexCache()
         #: Pod key -> its group membership.
         self.members: dict[str, Member] = {}
         #: (gang, offered nodes) -> (state version after the trial, trial nodes by member number).
@@ -96,7 +95,7 @@ class TopologyGangs:
         topology = self.scheduler.topologies.get(gang.topology.name)
         if topology is None:  # removed between the conversion and now
             return Allowed(np.zeros(self.state.n, dtype=bool), f"topology {gang.topology.name} is not known")
-        index = self.indexes.index(self.state, topology)
+        index = self.scheduler.topology.domains(topology)
         depth = topology.depth_of(gang.topology.level)
         assert depth is not None  # resolve_topology checked it
         level = gang.topology.level
@@ -224,4 +223,4 @@ class TopologyGangs:
         depth = topology.depth_of(gang.topology.level)
         if gang.topology.required is None or depth is None:
             return None
-        return self.indexes.index(self.state, topology).ids[depth] >= 0
+        return self.scheduler.topology.domains(topology).ids[depth] >= 0

@@ -111,6 +111,7 @@ class Scheduler:
     def set_topologies(self, topologies: Iterable[Topology]) -> None:
         """Replace the known topologies; parked work is tried again (a gang may fit a new tree)."""
         self.topologies = {t.name: t for t in topologies}
+        self.topology.indexes.keep(self.topologies.values())
         self.queue.cluster_changed()
 
     # One workload -----------------------------------------------------------------------------------

@@ -96,6 +96,11 @@ class TopologyPlacer:
         self._waiting_age = 0
 
     # Entry ------------------------------------------------------------------------------------------
+    def domains(self, topology: Topology) -> DomainIndex:
+        """The domain index of `topology` over the scheduler's state (built once per node set; the
+        views of this state read it here too)."""
+        return self.indexes.index(self.scheduler.state, topology)
+
     def resolve(self, workloads: Sequence[Workload]) -> tuple[GangTopology, Topology, DomainIndex]:
         """The gang's request, its Topology and domain index; FitError when it names an unknown
         topology or level (the gang waits: `Scheduler.set_topologies` wakes it)."""
@@ -114,7 +119,7 @@ class TopologyPlacer:
                 {f"topology {ask.name}: {text}": n},
                 detail=f"gang {gang.name}: topology {ask.name}: {text}",
             )
-        return ask, topology, self.indexes.index(self.scheduler.state, topology)
+        return ask, topology, self.domains(topology)
 
     def place(
         self, workloads: Sequence[Workload], place: PlaceMember, undo: Undo, *, evicting: bool = False

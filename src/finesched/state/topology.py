@@ -13,6 +13,7 @@ columns and is valid while `ClusterState.nodes_version` is unchanged (`domain_in
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -107,10 +108,17 @@ def build_index(state: ClusterState, topology: Topology) -> DomainIndex:
 
 
 class DomainIndexCache:
-    """`build_index` results per topology, rebuilt when the state's node set or labels change."""
+    """`build_index` results per topology, rebuilt when the state's node set or labels change. One
+    per cluster state: the Scheduler's (`TopologyPlacer.domains`), which every view of that state
+    reads too, so an index is built once however many ask."""
 
     def __init__(self) -> None:
         self._cached: dict[Topology, tuple[int, int, DomainIndex]] = {}
+
+    def keep(self, topologies: Iterable[Topology]) -> None:
+        """Forget the indexes of every topology but `topologies` (replaced ones do not pile up)."""
+        wanted = set(topologies)
+        self._cached = {t: entry for t, entry in self._cached.items() if t in wanted}
 
     def index(self, state: ClusterState, topology: Topology) -> DomainIndex:
         entry = self._cached.get(topology)

@@ -27,32 +27,13 @@ from finesched.server.store import topology_store
 from finesched.server.store.store import Conflict, NotFound
 from finesched.server.store.views import InputError, canonical, parse_kind, with_uid
 from finesched.state.cluster import ClusterState
-from finesched.state.topology import DomainIndex, DomainIndexCache, domain_capacities
+from finesched.state.topology import DomainIndex, domain_capacities
 
 router = APIRouter(prefix="/v1/topologies", tags=["topologies"])
 
 TopologyBody = Annotated[Any, Body(description="A Topology manifest")]
 
 T = TypeVar("T")
-
-
-class _Indexes:
-    """Domain indexes of the views (used under the loop's lock), rebuilt when the leader's node set
-    changes; started afresh when topologies replaced or deleted would pile up in it."""
-
-    LIMIT = 64
-
-    def __init__(self) -> None:
-        self.cache, self.seen = DomainIndexCache(), set[Topology]()
-
-    def index(self, state: ClusterState, topology: Topology) -> DomainIndex:
-        if topology not in self.seen and len(self.seen) >= self.LIMIT:
-            self.cache, self.seen = DomainIndexCache(), set()
-        self.seen.add(topology)
-        return self.cache.index(state, topology)
-
-
-_INDEXES = _Indexes()
 
 
 def _store(ctx: ServerContext, body: Any, *, name: str | None) -> Topology:
@@ -89,8 +70,7 @@ def _with_index(ctx: ServerContext, row: dict[str, Any], read: Callable[[Cluster
         scheduler = ctx.loop.scheduler
         if scheduler is None:
             return None
-        state = scheduler.state
-        return read(state, _INDEXES.index(state, topology))
+        return read(scheduler.state, scheduler.topology.domains(topology))
 
 
 def _domains(state: ClusterState, index: DomainIndex) -> list[dict[str, Any]]:

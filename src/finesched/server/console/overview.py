@@ -42,7 +42,7 @@ from finesched.sched.queue import QueuedUnit, SchedulingQueue
 from finesched.sched.scheduler import Scheduler
 from finesched.state.cluster import ClusterState
 from finesched.state.devices import DeviceAccounts
-from finesched.state.topology import DomainIndex, DomainIndexCache
+from finesched.state.topology import DomainIndex
 
 IntArray = npt.NDArray[np.int64]
 #: At most this many bindings are read to learn the typical GPU request (an even sample beyond).
@@ -298,9 +298,9 @@ class DomainInput:
     amounts: dict[str, tuple[IntArray, IntArray]]  # resource -> ([n] allocatable, [n] free)
 
     @classmethod
-    def capture(cls, state: ClusterState, cache: DomainIndexCache, topology: Topology, depth: int) -> DomainInput:
-        """The caller holds the loop's lock; the index is rebuilt only when the nodes changed."""
-        index, n = cache.index(state, topology), state.n
+    def capture(cls, state: ClusterState, index: DomainIndex, topology: Topology, depth: int) -> DomainInput:
+        """The caller holds the loop's lock; `index` is the scheduler's (`TopologyPlacer.domains`)."""
+        n = state.n
         amounts = {r: (state.allocatable[state.res_index[r]].copy(), state.free[state.res_index[r]].copy())
                    for r in DOMAIN_RESOURCES if r in state.res_index}  # fmt: skip
         devices = device_accounts(state)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import time
-import weakref
 from importlib import resources
 from string import Template
 from typing import Any
@@ -33,8 +32,6 @@ from finesched.server.api.visibility import visible_on_node
 from finesched.server.console import overview as ov
 from finesched.server.console.node_page import NodeInput, node_page
 from finesched.server.store.views import InputError
-from finesched.state.cluster import ClusterState
-from finesched.state.topology import DomainIndexCache
 
 router = APIRouter(tags=["console"], include_in_schema=False)
 
@@ -132,9 +129,7 @@ def _typical(request: Request, data: ov.OverviewInput, tenant: str | None) -> tu
 
 
 @router.get("/ui/api/nodes")
-def nodes(
-    request: Request, ctx: Ctx, caller: Caller, topology: str | None = None, level: str | None = None
-) -> dict[str, Any]:
+def nodes(ctx: Ctx, caller: Caller, topology: str | None = None, level: str | None = None) -> dict[str, Any]:
     """Every node's state and use (cpu, memory, GPU core: percent; -1 without any), for the cluster map,
     and the topologies it can be grouped by; with `topology` and `level` (one of its levels' node
     labels) also the domains of that level with their capacity and nodes (`overview.domains_view`).
@@ -159,9 +154,8 @@ def nodes(
         grouped = None
         if topology is not None and level is not None:
             depth = _level_of(topologies, topology, level)
-            grouped = ov.DomainInput.capture(
-                state, _domain_cache(request, state, topologies), topologies[topology], depth
-            )
+            found = topologies[topology]
+            grouped = ov.DomainInput.capture(state, scheduler.topology.domains(found), found, depth)
     order = sorted(range(n), key=names.__getitem__)
     missing = sorted(set(flags) - set(names))  # stored, but the scheduler could not load them
     out: dict[str, Any] = {"names": [names[i] for i in order] + missing}
@@ -189,18 +183,6 @@ def _level_of(topologies: dict[str, Topology], topology: str, level: str) -> int
         msg = f"topology {topology} has no level {level!r} (its levels: {', '.join(found.labels)})"
         raise InputError([{"loc": ["query", "level"], "msg": msg, "input": level}])
     return depth
-
-
-def _domain_cache(request: Request, state: ClusterState, topologies: dict[str, Topology]) -> DomainIndexCache:
-    """The domain indexes of this scheduler's state and topologies, started afresh for a new leader's
-    state (its nodes_version counts from its own start) and when the topologies change (so replaced
-    ones do not pile up). Called under the loop's lock."""
-    known = frozenset(topologies.values())
-    held = getattr(request.app.state, "console_domains", None)
-    if held is None or held[0]() is not state or held[1] != known:
-        held = (weakref.ref(state), known, DomainIndexCache())
-        request.app.state.console_domains = held
-    return held[2]
 
 
 def _used_percent(allocatable: np.ndarray, free: np.ndarray) -> np.ndarray:
