@@ -155,7 +155,7 @@ class DefaultPreemption:
         verdicts = self._verdicts_of(request)
         picked: list[int] = []
         chunk = self.candidates
-        allowed = getattr(handle, "allowed", None)  # a topology gang's domain (sched/preempt.py Handle)
+        allowed = handle.allowed  # a topology gang's domain, or None
         while len(picked) < self.candidates:
             nodes = np.fromiter(itertools.islice(ranked, chunk), dtype=np.intp)
             if len(nodes) == 0:

@@ -296,7 +296,12 @@ class Preemption:
 
 @runtime_checkable
 class PreemptionHandle(Protocol):
-    """What a post_filter plugin may ask of the scheduler (kube-scheduler's framework handle)."""
+    """What a post_filter plugin may ask of the scheduler (kube-scheduler's framework handle).
+
+    `allowed`: [n] the only nodes the preemptor may go to and evict on (a topology gang's domain),
+    None: any node."""
+
+    allowed: BoolArray | None
 
     def reclaim_rule(self, workload: Workload) -> ReclaimRule | None:
         """The quota-reclaim rule for `workload` (sched/elastic.py), None when its tenant may not reclaim."""
