@@ -21,7 +21,7 @@ from finesched.server.api.authz import AdminCaller
 from finesched.server.api.context import Caller, Ctx, ServerContext
 from finesched.server.store import priority_store
 from finesched.server.store.store import Conflict, NotFound
-from finesched.server.store.views import InputError, canonical, invalid, parse_kind, with_uid
+from finesched.server.store.views import InputError, canonical, cluster_object_view, invalid, parse_kind
 
 router = APIRouter(prefix="/v1/priorityclasses", tags=["priorityclasses"])
 
@@ -46,13 +46,6 @@ def _store(ctx: ServerContext, body: Any, *, name: str | None) -> PriorityClass:
     return cls
 
 
-def class_view(row: dict[str, Any]) -> dict[str, Any]:
-    doc = row["spec"]
-    created = row.get("created")
-    status = {"version": row["version"], "created": created.isoformat() if created is not None else None}
-    return {"metadata": with_uid(doc, row), "spec": doc.get("spec", {}), "status": status}
-
-
 def _row(ctx: ServerContext, name: str) -> dict[str, Any]:
     row = priority_store.find_priority_class(ctx.store, name)
     if row is None:
@@ -64,25 +57,25 @@ def _row(ctx: ServerContext, name: str) -> dict[str, Any]:
 def create_priority_class(body: ClassBody, ctx: Ctx, caller: AdminCaller) -> dict[str, Any]:
     """Create a class (409 when the name is taken; at most one `globalDefault`, else 422 naming it)."""
     cls = _store(ctx, body, name=None)
-    return class_view(_row(ctx, cls.name))
+    return cluster_object_view(_row(ctx, cls.name))
 
 
 @router.get("")
 def list_priority_classes(ctx: Ctx, caller: Caller) -> dict[str, Any]:
     """Every class, by name (any token may read them)."""
-    return {"items": [class_view(r) for r in priority_store.list_priority_classes(ctx.store)]}
+    return {"items": [cluster_object_view(r) for r in priority_store.list_priority_classes(ctx.store)]}
 
 
 @router.get("/{name}")
 def get_priority_class(name: str, ctx: Ctx, caller: Caller) -> dict[str, Any]:
-    return class_view(_row(ctx, name))
+    return cluster_object_view(_row(ctx, name))
 
 
 @router.put("/{name}")
 def put_priority_class(name: str, body: ClassBody, ctx: Ctx, caller: AdminCaller) -> dict[str, Any]:
     """Create or replace a class; workloads admitted before keep the priority they were given."""
     _store(ctx, body, name=name)
-    return class_view(_row(ctx, name))
+    return cluster_object_view(_row(ctx, name))
 
 
 @router.delete("/{name}")

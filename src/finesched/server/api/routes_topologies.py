@@ -25,7 +25,7 @@ from finesched.server.api.authz import AdminCaller
 from finesched.server.api.context import Caller, Ctx, ServerContext
 from finesched.server.store import topology_store
 from finesched.server.store.store import Conflict, NotFound
-from finesched.server.store.views import InputError, canonical, parse_kind, with_uid
+from finesched.server.store.views import InputError, canonical, cluster_object_view, parse_kind
 from finesched.state.cluster import ClusterState
 from finesched.state.topology import DomainIndex, domain_capacities
 
@@ -51,12 +51,10 @@ def _store(ctx: ServerContext, body: Any, *, name: str | None) -> Topology:
 
 def topology_view(row: dict[str, Any], domains: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """The stored manifest as {metadata, spec, status}; `domains` (the leader's view) when given."""
-    doc = row["spec"]
-    created = row.get("created")
-    status: dict[str, Any] = {"version": row["version"], "created": created.isoformat() if created else None}
+    view = cluster_object_view(row)
     if domains is not None:
-        status["domains"] = domains
-    return {"metadata": with_uid(doc, row), "spec": doc.get("spec", {}), "status": status}
+        view["status"]["domains"] = domains
+    return view
 
 
 def _with_index(ctx: ServerContext, row: dict[str, Any], read: Callable[[ClusterState, DomainIndex], T]) -> T | None:

@@ -201,6 +201,15 @@ def with_uid(doc: Mapping[str, Any], row: Mapping[str, Any]) -> dict[str, Any]:
     return {**doc.get("metadata", {}), "uid": row.get("uid")}
 
 
+def cluster_object_view(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A stored cluster-scoped object (PriorityClass, Topology) as {metadata, spec, status}: its
+    manifest with its uid, and its version and creation time."""
+    doc = row["spec"]
+    created = row.get("created")
+    status = {"version": row["version"], "created": created.isoformat() if created is not None else None}
+    return {"metadata": with_uid(doc, row), "spec": doc.get("spec", {}), "status": status}
+
+
 def binding_row_view(
     row: Mapping[str, Any], run_as: Mapping[str, Mapping[str, Any] | None] | None = None
 ) -> dict[str, Any]:
