@@ -58,6 +58,17 @@ def device_accounts(state: ClusterState) -> DeviceAccounts | None:
     return accounts if isinstance(accounts, DeviceAccounts) else None
 
 
+def gpu_core_rows(state: ClusterState) -> tuple[IntArray, IntArray] | None:
+    """[n] each node's healthy GPU core (percent of one card, summed over its cards) in all and free;
+    None when no node has GPUs with a core dimension. Views of the live arrays: copy to keep."""
+    accounts = device_accounts(state)
+    gpu = accounts.types.get(GPU) if accounts is not None else None
+    if gpu is None or GPU_CORE not in gpu.dim_index:
+        return None
+    k, n = gpu.dim_index[GPU_CORE], state.n
+    return gpu.htotal[k, :n], gpu.hfree[k, :n]
+
+
 @dataclass
 class Waiting:
     """One pending unit as the overview needs it: its workloads, tenant and why it waits."""
@@ -300,14 +311,11 @@ class DomainInput:
     @classmethod
     def capture(cls, state: ClusterState, index: DomainIndex, topology: Topology, depth: int) -> DomainInput:
         """The caller holds the loop's lock; `index` is the scheduler's (`TopologyPlacer.domains`)."""
-        n = state.n
         amounts = {r: (state.allocatable[state.res_index[r]].copy(), state.free[state.res_index[r]].copy())
                    for r in DOMAIN_RESOURCES if r in state.res_index}  # fmt: skip
-        devices = device_accounts(state)
-        gpu = devices.types.get(GPU) if devices is not None else None
-        if gpu is not None and GPU_CORE in gpu.dim_index:
-            k = gpu.dim_index[GPU_CORE]
-            amounts[GPU_CORE] = (gpu.htotal[k, :n].astype(np.int64), gpu.hfree[k, :n].astype(np.int64))
+        gpu_core = gpu_core_rows(state)
+        if gpu_core is not None:
+            amounts[GPU_CORE] = (gpu_core[0].astype(np.int64), gpu_core[1].astype(np.int64))
         return cls(topology.name, topology.labels[depth], depth, index, amounts)
 
 

@@ -23,7 +23,7 @@ import numpy as np
 from fastapi import APIRouter, HTTPException, Request, Response
 
 from finesched import __version__
-from finesched.model.resources import CPU, GPU, GPU_CORE, MEMORY
+from finesched.model.resources import CPU, MEMORY
 from finesched.model.topology import Topology
 from finesched.server.api import routes_nodes, routes_tenants, routes_workloads
 from finesched.server.api.auth import ADMIN, TENANT
@@ -145,11 +145,9 @@ def nodes(ctx: Ctx, caller: Caller, topology: str | None = None, level: str | No
         n, names = state.n, list(state.names)
         used = {r: _used_percent(state.allocatable[state.res_index[r]], state.free[state.res_index[r]])
                 for r in (CPU, MEMORY) if r in state.res_index}  # fmt: skip
-        accounts = ov.device_accounts(state)
-        gpu = accounts.types.get(GPU) if accounts is not None else None
-        if gpu is not None and GPU_CORE in gpu.dim_index:
-            k = gpu.dim_index[GPU_CORE]
-            used["gpu"] = _used_percent(gpu.htotal[k, :n], gpu.hfree[k, :n])
+        gpu_core = ov.gpu_core_rows(state)
+        if gpu_core is not None:
+            used["gpu"] = _used_percent(*gpu_core)
         topologies = dict(scheduler.topologies)
         grouped = None
         if topology is not None and level is not None:
