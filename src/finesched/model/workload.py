@@ -266,12 +266,20 @@ class DisruptionBudget(Model):
     selector: FrozenStrDict = Field(default_factory=FrozenDict)
 
 
+class Migration(Model):
+    """Whether the defragmenter may move the workload while it runs (opt in, as HAMi's and
+    Volcano's users ask): its process is stopped and started again on the target the
+    defragmenter reserved for it, so the work done since it started is lost."""
+
+    allowed: bool = False
+
+
 class Workload(Model):
     """A schedulable unit (a pod, a service instance, a dataflow slot).
 
     `preemption_policy` Never: the workload waits instead of preempting others (it can still be a
-    victim). `disruption_budget`: see DisruptionBudget. `restart_policy` / `backoff_limit`: see
-    RestartPolicy.
+    victim). `disruption_budget`: see DisruptionBudget. `migration`: see Migration.
+    `restart_policy` / `backoff_limit`: see RestartPolicy.
     """
 
     name: ObjectName
@@ -301,6 +309,8 @@ class Workload(Model):
     gang: Gang | None = None
     preemption_policy: PreemptionPolicy = "PreemptLowerPriority"
     disruption_budget: DisruptionBudget | None = None
+    #: `{allowed: true}`: the defragmenter may move it to make room for waiting work (sched/defrag.py).
+    migration: Migration | None = None
     command: tuple[str, ...] = ()
     #: Appended to `command` by the node agent (Kubernetes' command/args split).
     args: tuple[str, ...] = ()
@@ -340,6 +350,11 @@ class Workload(Model):
         problems += _annotation_problems(self.annotations)
         problems += _mig_problems(self.requests)
         return problems
+
+    @property
+    def movable(self) -> bool:
+        """Whether the workload opted in to being moved by the defragmenter."""
+        return self.migration is not None and self.migration.allowed
 
     @property
     def key(self) -> str:

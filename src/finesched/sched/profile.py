@@ -13,6 +13,7 @@ plugins:
 tieBreak: random      # lowest-index (default) | random
 seed: 7
 topologyPolicy: BestFit   # BestFit (default) | KeepDomainsWhole: a topology gang's domain
+defragmentation: {}       # move workloads that allow it to make room (Defragmentation; off if absent)
 ```
 """
 
@@ -35,6 +36,26 @@ class PluginConfig(Model):
     args: dict[str, Any] = Field(default_factory=dict)
 
 
+class Defragmentation(Model):
+    """The defragmenter's settings (sched/defrag.py); a profile without them never moves anything.
+
+    ```yaml
+    defragmentation:
+      maxMovesPerPlan: 4             # moves one waiting workload may cost
+      maxMovesPerMinute: 20          # over the whole cluster (a sliding minute)
+      maxMovesPerTenantPerMinute: 10 # per tenant of the moved workloads
+      cooldownSeconds: 600           # a workload moved is not moved again before this
+      candidateNodes: 16             # nodes tried as the waiting workload's target
+    ```
+    """
+
+    max_moves_per_plan: int = Field(default=4, ge=1, le=16)
+    max_moves_per_minute: int = Field(default=20, ge=1, le=100_000)
+    max_moves_per_tenant_per_minute: int = Field(default=10, ge=1, le=100_000)
+    cooldown_seconds: float = Field(default=600.0, ge=0, le=86_400 * 7)
+    candidate_nodes: int = Field(default=16, ge=1, le=1_000)
+
+
 class Profile(Model):
     """Enabled plugins in order, with score weights; ties broken by lowest node index or a seeded order."""
 
@@ -48,6 +69,9 @@ class Profile(Model):
     #: BestFit (Kueue's: the tightest fit) or KeepDomainsWhole (the one whose use least reduces
     #: how many of the typical gang sizes the domains can still hold).
     topology_policy: Literal["BestFit", "KeepDomainsWhole"] = "BestFit"
+    #: Move running workloads that opted in (`spec.migration`) to make room for waiting ones
+    #: (sched/defrag.py); None (the default): never.
+    defragmentation: Defragmentation | None = None
     #: Where the profile came from (its file), so errors found when the scheduler starts name it.
     source: str = Field(default="", exclude=True)
 

@@ -17,8 +17,9 @@ The core never does I/O.
 
 from __future__ import annotations
 
+import time
 from collections import Counter
-from collections.abc import Hashable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import replace
 
 import numpy as np
@@ -32,6 +33,8 @@ from finesched.model.tenant import Tenant
 from finesched.model.topology import Topology
 from finesched.model.workload import Workload
 from finesched.sched.cycle_state import CycleState
+from finesched.sched.defrag import Defragmenter, DefragPlan, apply_plan, undo_plan
+from finesched.sched.defrag_plan import find_defragmentation
 from finesched.sched.diagnosis import FitError, InvalidRequest, QuotaWait, diagnose, gang_fit_error
 from finesched.sched.framework import Code, NodeBatch, Preemption, ScoreArray
 from finesched.sched.memo import MemoEntry, ScoreMemo, request_shape
@@ -107,6 +110,17 @@ class Scheduler:
         self.topologies: dict[str, Topology] = {t.name: t for t in topologies}
         #: Domain choice and placement of topology gangs (domain indexes, gang size history).
         self.topology = TopologyPlacer(self)
+        #: Bound workloads that allow the defragmenter to move them (`spec.migration`), by key;
+        #: entries whose key is no longer bound are ignored (sched/defrag.py).
+        self.movable: dict[str, Workload] = {}
+        #: The profile's defragmenter (budget, cool-down); None: `run` never moves anything.
+        config = self.profile.defragmentation
+        self.defragmenter = Defragmenter(config) if config is not None else None
+        #: The time the defragmenter's budget and cool-down follow (the simulator sets trace time).
+        self.clock: Callable[[], float] = time.time
+        #: Defragmentation plans applied by `run`, in order (`take_defragmentations` hands them out).
+        self.defragmentations: list[DefragPlan] = []
+        self._movers_committed: dict[str, set[str]] = {}
 
     def set_topologies(self, topologies: Iterable[Topology]) -> None:
         """Replace the known topologies; parked work is tried again (a gang may fit a new tree)."""
@@ -180,6 +194,8 @@ class Scheduler:
                 continue
             if self.auto_commit:
                 state.commit(binding.workload)
+            if workload.migration is not None and workload.migration.allowed:
+                self.movable[workload_key] = workload
             return binding
         _, results = self.framework.run_filter(cycle, request, NodeBatch(state), skipped)
         failures = failures or Counter()
@@ -416,7 +432,7 @@ class Scheduler:
         try:
             if len(unit.workloads) == 1:
                 workload = unit.workloads[0]
-                bindings = [place_or_preempt(self, workload)[0] if preempt else self.schedule_one(workload)]
+                bindings = [self._place_defragmenting(workload, preempt)]
             else:
                 gang = unit.workloads
                 bindings = place_gang_or_preempt(self, gang) if preempt else self.schedule_gang(gang)
@@ -428,6 +444,23 @@ class Scheduler:
             return [InvalidRequest(w.key, self.state.n, _problem_text(exc, w.key)) for w in unit.workloads], False
         self.queue.done(unit)
         return list(bindings), False
+
+    def _place_defragmenting(self, workload: Workload, preempt: bool) -> Binding:
+        """Place one queued workload; when it fits nowhere, move movable workloads for it (with a
+        defragmenter), else preempt (with a post_filter), else raise the FitError."""
+        if self.defragmenter is None:
+            return place_or_preempt(self, workload)[0] if preempt else self.schedule_one(workload)
+        try:
+            return self.schedule_one(workload)
+        except FitError as exc:
+            if exc.unresolvable:
+                raise
+            plan, _ = self.find_defragmentation(workload)
+            if plan is not None:
+                return self.apply_defragmentation(plan)
+            if not preempt:
+                raise
+        return place_or_preempt(self, workload)[0]
 
     def _waiting_error(self, unit: QueuedUnit, why: str, workload: Workload) -> FitError:
         if why == "unschedulable" and unit.last_error is not None:
@@ -486,9 +519,58 @@ class Scheduler:
         out, self.preemptions = self.preemptions, []
         return out
 
+    # Defragmentation (sched/defrag.py has the driver contract) ---------------------------------------
+    def remember_movable(self, workload: Workload) -> None:
+        """A driver restoring a bound workload tells the defragmenter whether it may move it."""
+        if workload.movable:
+            self.movable[workload.key] = workload
+
+    def find_defragmentation(
+        self, workload: Workload, defragmenter: Defragmenter | None = None, now: float | None = None
+    ) -> tuple[DefragPlan | None, str]:
+        """The moves that would let `workload` fit, or None and why; changes nothing. `defragmenter`:
+        the budget to plan under (default: the profile's; a dry run passes its own)."""
+        defragmenter = defragmenter or self.defragmenter
+        if defragmenter is None:
+            return None, "defragmentation is off (the profile has no defragmentation)"
+        return find_defragmentation(self, workload, defragmenter, self.clock() if now is None else now)
+
+    def apply_defragmentation(self, plan: DefragPlan) -> Binding:
+        """Move the plan's workloads to their targets and assume the waiting workload's binding
+        (committed at once with `auto_commit`, else until `confirm_defragmentation`)."""
+        state = self.state
+        committed = {m.workload for m in plan.moves if state.is_committed(m.workload)}
+        apply_plan(state, plan, self.auto_commit)
+        self._movers_committed[plan.workload] = committed
+        if self.defragmenter is not None:
+            self.defragmenter.record(plan, self.clock())
+        self.defragmentations.append(plan)
+        return plan.binding
+
+    def undo_defragmentation(self, plan: DefragPlan) -> None:
+        """Take an applied plan back: every mover on its source again, the waiting workload forgotten."""
+        undo_plan(self.state, plan, self._movers_committed.pop(plan.workload, None))
+        if plan in self.defragmentations:
+            self.defragmentations.remove(plan)
+
+    def confirm_defragmentation(self, plan: DefragPlan) -> None:
+        """The driver made the moves and the binding durable: commit them."""
+        for move in plan.moves:
+            if self.state.bindings.get(move.workload) == move.target:
+                self.state.commit(move.workload)
+        if plan.workload in self.state.bindings:
+            self.state.commit(plan.workload)
+        self._movers_committed.pop(plan.workload, None)
+
+    def take_defragmentations(self) -> list[DefragPlan]:
+        """The plans applied since the last call, in order (then forgotten here)."""
+        out, self.defragmentations = self.defragmentations, []
+        return out
+
     def release(self, binding: Binding | str) -> Binding:
         """Remove a binding (the workload finished or was deleted) and give its resources back."""
         key = binding if isinstance(binding, str) else binding.workload
+        self.movable.pop(key, None)
         released = self.state.forget(key)
         self.queue.cluster_changed()
         return released
