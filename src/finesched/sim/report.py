@@ -379,6 +379,53 @@ def reasons_html(summary: Mapping[str, Mapping[str, Any]], key: str, title: str)
 _CSV_DEFRAG = ("defrag", "waited_gpu_s", "moves", "restarted_gpu_s")
 
 
+def _queue_window(runs: Sequence[Result]) -> tuple[float, float] | None:
+    """The trace-time span in which any run had pods waiting (with a margin); None: nobody waited."""
+    spans = [
+        (t[q > 0].min(), t[q > 0].max())
+        for t, q in ((np.asarray(r["series"]["t"], dtype=float), np.asarray(r["series"]["queued"])) for r in runs)
+        if (q > 0).any()
+    ]
+    if not spans:
+        return None
+    lo, hi = min(a for a, _ in spans), max(b for _, b in spans)
+    margin = max(0.1 * (hi - lo), 1.0)
+    return lo - margin, hi + margin
+
+
+def _over_time_plot(path: Path, runs: Sequence[Result]) -> None:
+    """GPU allocation and pods waiting over trace time, one line per run (dashed: with the
+    defragmenter, in its policy's colour); with queues, a right-hand zoom on when pods waited."""
+    window = _queue_window(runs)
+    fig, grid = plt.subplots(2, 2 if window else 1, figsize=(14 if window else 11, 6), sharex="col", squeeze=False)
+    colors: dict[str, Any] = {}
+    for label, group in _by_label(runs).items():
+        first, record = group[0]["series"], group[0]["record"]
+        style: dict[str, Any] = {"linestyle": "--" if record.get("defragmentation") is not None else "-"}
+        if record["policy"] in colors:
+            style["color"] = colors[record["policy"]]
+        for column in range(grid.shape[1]):
+            (line,) = grid[0, column].plot(
+                first["t"], first["alloc"], label=f"{label} (seed {record['seed']})", **style
+            )
+            style["color"] = line.get_color()
+            grid[1, column].plot(first["t"], first["queued"], **style)
+        colors.setdefault(record["policy"], style["color"])
+    if window:
+        grid[1, 1].set_xlim(*window)
+        grid[0, 1].set_title("zoom: while pods waited", fontsize=9)
+    for column in range(grid.shape[1]):
+        grid[0, column].set_ylabel("GPU allocation (%)")
+        grid[1, column].set_ylabel("pods waiting")
+        grid[1, column].set_xlabel("trace time (s, after time scaling)")
+    grid[0, 0].legend(fontsize=8)
+    for ax in grid.flat:
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def write_replay(out: Path, runs: Sequence[Result], meta: Mapping[str, Any]) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     records = [r["record"] for r in runs]
@@ -399,25 +446,7 @@ def write_replay(out: Path, runs: Sequence[Result], meta: Mapping[str, Any]) -> 
             )
     payload = {"meta": dict(meta), "summary": summary, "results": records}
     paths[1].write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
-    fig, axes = plt.subplots(2, 1, figsize=(11, 6), sharex=True)
-    colors: dict[str, Any] = {}
-    for label, group in _by_label(runs).items():
-        first, record = group[0]["series"], group[0]["record"]
-        style = {"linestyle": "--" if record.get("defragmentation") is not None else "-"}
-        if record["policy"] in colors:
-            style["color"] = colors[record["policy"]]
-        (line,) = axes[0].plot(first["t"], first["alloc"], label=f"{label} (seed {record['seed']})", **style)
-        colors.setdefault(record["policy"], line.get_color())
-        axes[1].plot(first["t"], first["queued"], color=line.get_color(), linestyle=style["linestyle"])
-    axes[0].set_ylabel("GPU allocation (%)")
-    axes[1].set_ylabel("pods waiting")
-    axes[1].set_xlabel("trace time (s, after time scaling)")
-    axes[0].legend(fontsize=8)
-    for ax in axes:
-        ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(paths[2], dpi=110)
-    plt.close(fig)
+    _over_time_plot(paths[2], runs)
     fig, ax = plt.subplots(figsize=(7, 4))
     for policy, group in _by_label(runs).items():
         delays = np.sort(np.concatenate([np.asarray(g["delays"], dtype=float) for g in group]))
