@@ -105,6 +105,7 @@ def test_cli_runs_without_and_with_and_reports_side_by_side(fragmented: tuple[Pa
         pytest.param(["--max-moves-per-plan", "17"], "--max-moves-per-plan: input should be less", id="plan-hi"),
         pytest.param(["--candidate-nodes", "0"], "--candidate-nodes: input should be greater", id="nodes"),
         pytest.param(["--max-moves-per-minute", "0"], "--max-moves-per-minute: input should be greater", id="minute"),
+        pytest.param(["--max-moves-per-tenant-per-minute", "0"], "-per-tenant-per-minute: input", id="tenant"),
     ],
 )  # fmt: skip
 def test_cli_rejects_bad_defragmentation_settings(

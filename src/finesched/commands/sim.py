@@ -461,6 +461,12 @@ def replay(
     max_moves_per_minute: Annotated[
         int | None, typer.Option("--max-moves-per-minute", help="With --defragment: moves per trace minute (20).")
     ] = None,
+    max_moves_per_tenant_per_minute: Annotated[
+        int | None,
+        typer.Option(
+            "--max-moves-per-tenant-per-minute", help="With --defragment: a tenant's moves per trace minute (10)."
+        ),
+    ] = None,
     cooldown: Annotated[
         float | None,
         typer.Option("--cooldown", help="With --defragment: trace seconds before a pod moves again (600)."),
@@ -477,6 +483,7 @@ def replay(
         given = {
             "--max-moves-per-plan": max_moves_per_plan,
             "--max-moves-per-minute": max_moves_per_minute,
+            "--max-moves-per-tenant-per-minute": max_moves_per_tenant_per_minute,
             "--cooldown": cooldown,
             "--candidate-nodes": candidate_nodes,
         }
@@ -528,6 +535,7 @@ def replay(
 _DEFRAG_FIELDS = {
     "--max-moves-per-plan": "maxMovesPerPlan",
     "--max-moves-per-minute": "maxMovesPerMinute",
+    "--max-moves-per-tenant-per-minute": "maxMovesPerTenantPerMinute",
     "--cooldown": "cooldownSeconds",
     "--candidate-nodes": "candidateNodes",
 }
