@@ -14,33 +14,23 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from manifests import node, workload
 from server_harness import Api, inprocess_server, store_tenants, wait_until
 
 from finesched.model.binding import Binding
 from finesched.sched.defrag import DefragPlan, Move
-from finesched.sched.profile import BUILTIN_PROFILES
 from finesched.server.loop.loop import LoopConfig, SchedulerLoop, plan_write
 from finesched.server.store.store import BOUND, PENDING, RUNNING, SUCCEEDED, Store
+from profiles import defrag_profile
 
 SHARE = {"cpu": "1", "memory": "1Gi", "gpu-core": 40, "gpu-memory-ratio": 40}
 WHOLE = {"cpu": "1", "memory": "1Gi", "gpu-core": 100, "gpu-memory-ratio": 100}
 MOVABLE = {"migration": {"allowed": True}}
 
 
-def defrag_profile(tmp: Path, **settings: Any) -> str:
-    """The default profile with the defragmenter on (`settings`: its camelCase fields), as a YAML file."""
-    doc = BUILTIN_PROFILES["default"].model_dump(mode="json", by_alias=True, exclude_defaults=True)
-    doc |= {"name": "defrag", "defragmentation": settings}
-    path = tmp / "defrag.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    return str(path)
-
-
 @pytest.fixture
 def api(db_url: str, tmp_path: Path) -> Iterator[Api]:
-    config = LoopConfig(idle_wait_s=0.05, lease_ttl_s=5.0, profile=defrag_profile(tmp_path))
+    config = LoopConfig(idle_wait_s=0.05, lease_ttl_s=5.0, profile=str(defrag_profile(tmp_path)))
     with inprocess_server(db_url, config) as running:
         yield running
 
@@ -115,7 +105,7 @@ def test_a_migration_setting_that_is_not_a_boolean_is_refused(api: Api) -> None:
 
 
 def test_a_second_fragmented_workload_beyond_the_budget_waits(db_url: str, tmp_path: Path) -> None:
-    config = LoopConfig(idle_wait_s=0.05, lease_ttl_s=5.0, profile=defrag_profile(tmp_path, maxMovesPerMinute=1))
+    config = LoopConfig(idle_wait_s=0.05, lease_ttl_s=5.0, profile=str(defrag_profile(tmp_path, maxMovesPerMinute=1)))
     with inprocess_server(db_url, config) as api:
         for name in ("n1", "n2"):
             assert api.admin.put(f"/v1/nodes/{name}", json=node(name, gpus=2)).status_code == 200
@@ -141,7 +131,7 @@ def test_a_second_fragmented_workload_beyond_the_budget_waits(db_url: str, tmp_p
 def loop(db_url: str, tmp_path: Path) -> Iterator[SchedulerLoop]:
     store = Store.open(db_url)
     store_tenants(store)
-    leader = SchedulerLoop(store, LoopConfig(lease_ttl_s=60.0, profile=defrag_profile(tmp_path)))
+    leader = SchedulerLoop(store, LoopConfig(lease_ttl_s=60.0, profile=str(defrag_profile(tmp_path))))
     assert leader.lease.try_acquire()
     try:
         yield leader
