@@ -50,7 +50,7 @@ from finesched.state.cluster import ClusterState
 #: Movers considered per node (lowest priority first, then the most useful): bounds the subsets.
 MOVERS_PER_NODE = 10
 #: Exact trials per call, over all candidate nodes (each is a few filter passes).
-EXACT_TRIALS = 24
+EXACT_TRIALS = 8
 #: Subsets looked at per node (cheap checks) before giving up on it.
 SUBSETS_PER_NODE = 400
 
@@ -100,7 +100,7 @@ def find_defragmentation(
     rules = MoveRules(sched, defragmenter, now)
     refused: Counter[str] = Counter()
     ranked: list[tuple[tuple[int, int, int], int, list[Mover]]] = []
-    for node in order[: 4 * config.candidate_nodes].tolist():
+    for node in order[: 2 * config.candidate_nodes].tolist():
         movers, why_not = movers_on(sched, node, defragmenter, now, workload.key)
         refused.update(why_not)
         useful = _useful(state, need, node, movers)
@@ -109,6 +109,8 @@ def find_defragmentation(
             continue
         top = max(m.priority for m in useful[:moves]) if moves else 0
         ranked.append(((moves, top, len(ranked)), node, useful))
+        if len(ranked) >= config.candidate_nodes:
+            break  # enough viable nodes: the rest of the estimate's order is not looked at
     ranked.sort(key=lambda item: item[0])
     trials = [0]
     why = "no node's movable workloads hold enough of what it lacks"
