@@ -84,6 +84,23 @@ def test_a_share_is_moved_so_a_whole_card_workload_binds(api: Api) -> None:
     assert after["status"]["phase"] == RUNNING and after["status"].get("restarts", 0) == 0
 
 
+def test_a_tenant_is_not_told_the_names_of_another_tenants_workloads(api: Api) -> None:
+    assert api.admin.put("/v1/nodes/n1", json=node("n1", gpus=2)).status_code == 200
+    for name, namespace in (("s0", "team-b"), ("s1", "team-b")):
+        doc = workload(name, namespace=namespace, requests=SHARE, **MOVABLE)
+        assert api.admin.post("/v1/workloads", json=[doc]).status_code == 201
+        api.wait_phase(f"{namespace}/{name}", (BOUND,))
+    assert api.admin.post("/v1/workloads", json=[workload("big", requests=WHOLE)]).status_code == 201
+    api.wait_phase("team-a/big", (BOUND,))
+    (moved,) = [e for n in ("s0", "s1") for e in _events(api, f"team-b/{n}") if e["reason"] == "Moved"]
+    mover = api.admin.get(f"/v1/workloads/{moved['object']}").json()
+    for told in (moved["message"], mover["status"]["reason"]):
+        assert "team-a" not in told and "to make room for a workload of another tenant" in told, told
+    (defragmented,) = [e for e in _events(api, "team-a/big") if e["reason"] == "Defragmented"]
+    assert "team-b" not in defragmented["message"], defragmented["message"]
+    assert "a workload of another tenant: n1 gpu" in defragmented["message"], defragmented["message"]
+
+
 def test_a_workload_without_migration_is_never_moved(api: Api) -> None:
     before = _two_shares(api)
     assert api.admin.post("/v1/workloads", json=[workload("big", requests=WHOLE)]).status_code == 201
@@ -200,10 +217,10 @@ def test_the_store_writes_a_plan_whole_or_not_at_all(store: Store) -> None:
     store_tenants(store)
     ids, _ = store.submit([("team-a", n, "team-a", workload(n)) for n in ("mover", "other", "big")])
     mover, other, big = ids
-    source = Binding(workload="team-a/mover", node="n1", requests={"cpu": "1"})
-    target = Binding(workload="team-a/mover", node="n2", requests={"cpu": "1"})
+    source = Binding(workload="team-a/mover", node="n1", tenant="team-a", requests={"cpu": "1"})
+    target = Binding(workload="team-a/mover", node="n2", tenant="team-a", requests={"cpu": "1"})
     store.bind([(mover, 1, "team-a/mover", "n1", source.model_dump(mode="json", by_alias=True))])
-    wanted = Binding(workload="team-a/big", node="n1", requests={"cpu": "2"})
+    wanted = Binding(workload="team-a/big", node="n1", tenant="team-a", requests={"cpu": "2"})
     data = wanted.model_dump(mode="json", by_alias=True)
     # a mover that is not bound as planned (here: `other` is not bound at all): nothing written
     stray = Move("team-a/other", "team-a", 0, source.model_copy(update={"workload": "team-a/other"}),

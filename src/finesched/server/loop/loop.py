@@ -804,7 +804,8 @@ class SchedulerLoop:
 
 def plan_write(plan: DefragPlan) -> PlanWrite:
     """What the store writes of a plan (server/store/move_store.py)."""
-    return PlanWrite(plan.reason, tuple(MoveWrite(m.workload, m.source, m.target, m.reason) for m in plan.moves))
+    moves = tuple(MoveWrite(m.workload, m.tenant, m.source, m.target, m.reason) for m in plan.moves)
+    return PlanWrite(plan.binding.tenant, plan.reason, moves)
 
 
 def remember_movable(scheduler: Scheduler, row: dict[str, Any]) -> None:

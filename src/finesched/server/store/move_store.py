@@ -9,6 +9,10 @@ starts it on the target, as for a new placement), its workload row follows (Boun
 node, a "Moved" event with the reason), and the waiting workload gets a "Defragmented" event that
 lists the moves. A plan whose check fails writes nothing; the waiting workload is a conflict.
 
+Each tenant sees its own workloads' names only (as for preemption, issue 25): a mover's event does
+not name a waiting workload of another tenant, and the waiting workload's event does not name
+movers of another tenant ("a workload of another tenant").
+
 A move is not a failure: the mover's restart count, backoff and restart policy are untouched (no
 "Restarting" or exit is recorded for it; a restart it was waiting for is superseded by the move).
 """
@@ -31,14 +35,16 @@ class MoveWrite:
     """One move as the store writes it: the mover, its binding now and after, and why."""
 
     workload: str
+    tenant: str
     source: Binding
     target: Binding
     reason: str
 
-    @property
-    def summary(self) -> str:
-        """``ns/name: n1 gpu 0 -> n1 gpu 1`` (what the waiting workload's event lists)."""
-        return f"{self.workload}: {where(self.source)} -> {where(self.target)}"
+    def summary(self, seen_by: str) -> str:
+        """``ns/name: n1 gpu 0 -> n1 gpu 1`` (what the waiting workload's event lists), the name
+        hidden from another tenant `seen_by`."""
+        who = self.workload if self.tenant == seen_by else OTHER
+        return f"{who}: {where(self.source)} -> {where(self.target)}"
 
 
 @dataclass(frozen=True)
@@ -46,6 +52,8 @@ class PlanWrite:
     """The moves a waiting workload's binding needs, and why it needed them (what `Store.bind`
     takes per waiting workload: it checks `in_place`, then `write`s)."""
 
+    #: The waiting workload's tenant.
+    tenant: str
     reason: str
     moves: tuple[MoveWrite, ...]
 
@@ -54,6 +62,10 @@ class PlanWrite:
 
     def write(self, conn: Connection, waiting: str, stamp: datetime) -> list[Event]:
         return write_moves(conn, waiting, self, stamp)
+
+
+#: What a tenant is told instead of another tenant's workload's name.
+OTHER = "a workload of another tenant"
 
 
 def where(binding: Binding) -> str:
@@ -91,6 +103,7 @@ def write_moves(conn: Connection, waiting: str, plan: PlanWrite, stamp: datetime
     """Replace each mover's binding by its target (checked with `movers_in_place` first); the events."""
     events = []
     for move in plan.moves:
+        reason = move.reason if move.tenant == plan.tenant else move.reason.replace(waiting, OTHER)
         target = move.target
         data = target.model_dump(mode="json", by_alias=True)
         workload_id = conn.execute(
@@ -102,11 +115,15 @@ def write_moves(conn: Connection, waiting: str, plan: PlanWrite, stamp: datetime
         conn.execute(
             update(t.workloads)
             .where(t.workloads.c.id == workload_id)
-            .values(phase=BOUND, node=target.node, reason=move.reason, info=None, restart_at=None,
+            .values(phase=BOUND, node=target.node, reason=reason, info=None, restart_at=None,
                     version=t.workloads.c.version + 1, updated=stamp)
         )  # fmt: skip
-        events.append(Event("Workload", move.workload, "Moved", move.reason))
-    listed = "; ".join(m.summary for m in plan.moves)
+        events.append(Event("Workload", move.workload, "Moved", reason))
+    why = plan.reason
+    for move in plan.moves:
+        if move.tenant != plan.tenant:
+            why = why.replace(move.workload, OTHER)
+    listed = "; ".join(m.summary(plan.tenant) for m in plan.moves)
     count = f"{len(plan.moves)} move{'s' if len(plan.moves) != 1 else ''}"
-    events.append(Event("Workload", waiting, "Defragmented", f"{plan.reason} ({count}: {listed})"))
+    events.append(Event("Workload", waiting, "Defragmented", f"{why} ({count}: {listed})"))
     return events
