@@ -202,7 +202,8 @@ class FGDScore:
         return nodes.take(cycle.read(FGD_STATE).scores)
 
 
-#: The largest ``exact`` K accepted (beyond it the select costs more than the score it refines).
+#: The largest ``exact`` K accepted: a bound on input, not on the cluster (a K above the feasible node
+#: count lets Δ' choose among all of them, i.e. scoring by exact Δ', which FGD does worse with).
 MAX_EXACT = 1000
 
 
