@@ -275,3 +275,26 @@ def test_fill_command_accepts_the_policy(tiny_trace: tuple[Path, Path]) -> None:
     result = CliRunner().invoke(sim_app, args)
     assert result.exit_code == 0, result.stderr
     assert [r["policy"] for r in json.loads(result.stdout)["results"]] == ["FGD-CPU", "FGD-CPU-Exact"]
+
+
+def test_replay_command_accepts_the_policy(tiny_trace: tuple[Path, Path]) -> None:
+    from finesched.commands.sim import sim_app
+
+    nodes, pods = map(str, tiny_trace)
+    args = [
+        "replay",
+        "--nodes",
+        nodes,
+        "--pods",
+        pods,
+        "--policy",
+        "FGD-CPU-EXACT",
+        "--time-scale",
+        "100",
+        "-o",
+        "json",
+    ]
+    result = CliRunner().invoke(sim_app, args)
+    assert result.exit_code == 0, result.stderr
+    (row,) = json.loads(result.stdout)["results"]
+    assert row["policy"] == "FGD-CPU-Exact" and row["placed"] == 150
