@@ -27,6 +27,10 @@ exactly Δ = 0. `FragmentationIndex` caches f_n(m) per node and, per task shape 
 chosen GPU for every node; a node is recomputed only when it changed (one per placement), in one
 numpy pass over the changed nodes × GPUs × specs.
 
+Exact among the first K (``exact: K``, `FGDExact`, the simulator's FGD-CPU-Exact): the integer score
+ties nodes whose Δ differ by under ~40 milli-GPU; the plugin then also selects, taking among the
+first K nodes of the score order (score, then the seeded tie order) the one of least exact Δ.
+
 The target M comes from a trace (`TargetWorkload.from_pods`, the protocol's top specs covering 95 %
 of pods) or is learned online from a sliding window of recent requests (`OnlineTarget`).
 """
@@ -39,7 +43,17 @@ from finesched.plugins.fragmentation.index import (
     fragment_terms,
     node_fragmentation,
 )
-from finesched.plugins.fragmentation.plugin import FGDScore, GpuPick, constraint_text, stranded_milli, task_shape
+from finesched.plugins.fragmentation.plugin import (
+    MAX_EXACT,
+    FGDExact,
+    FGDScore,
+    GpuPick,
+    constraint_text,
+    exact_order,
+    first_k,
+    stranded_milli,
+    task_shape,
+)
 from finesched.plugins.fragmentation.target import (
     GPU_MODEL_LABEL,
     MAX_CLASSES,
@@ -52,7 +66,9 @@ from finesched.plugins.fragmentation.target import (
 __all__ = [
     "GPU_MODEL_LABEL",
     "MAX_CLASSES",
+    "MAX_EXACT",
     "MILLI",
+    "FGDExact",
     "FGDScore",
     "FragmentationIndex",
     "GpuPick",
@@ -62,7 +78,9 @@ __all__ = [
     "TargetWorkload",
     "accessible",
     "constraint_text",
+    "exact_order",
     "fgd_score",
+    "first_k",
     "fragment_terms",
     "node_fragmentation",
     "stranded_milli",
