@@ -156,7 +156,7 @@ def render(
         return
     render_doc(doc, console, wide=output == "wide")
     if doc.get("defragmentation"):
-        console.print(defragmentation_note(doc["defragmentation"]), soft_wrap=True)
+        console.print(defragmentation_note(doc["defragmentation"]))
     if show_nodes:
         print_table(console, node_reports_table(doc["nodes"], wide=output == "wide"), wide=output == "wide")
 
@@ -237,10 +237,8 @@ MOVE_COLUMNS = Columns(
     col("for"),
     col("moved"),
     col("tenant", wide=True),
-    col("from\nnode"),
-    col("from\nGPU", right=True, keep=True),
-    col("to\nnode"),
-    col("to\nGPU", right=True, keep=True),
+    col("from"),
+    col("to"),
     col("GPU\ncore %", right=True, keep=True),
     col("reason"),
 )
@@ -256,15 +254,16 @@ def moves_table(records: Sequence[Mapping[str, Any]], *, wide: bool = False) -> 
             mover = move["workload"] or "a workload of another tenant"
             MOVE_COLUMNS.add_row(
                 table, escape(r["workload"]) if k == 0 else "", escape(mover),
-                escape(move.get("tenant") or "-"), escape(source["node"]), _minors(source), escape(target["node"]),
-                _minors(target), _cores(target), escape(move["reason"]), wide=wide,
+                escape(move.get("tenant") or "-"), escape(_place(source)), escape(_place(target)), _cores(target),
+                escape(move["reason"]), wide=wide,
             )  # fmt: skip
     return table
 
 
-def _minors(place: Mapping[str, Any]) -> str:
-    """The GPU minors of a move's source or target (``0``, ``0,1``), "-" when it holds none."""
-    return ",".join(str(g["minor"]) for g in (place.get("devices") or {}).get("gpu", ())) or "-"
+def _place(place: Mapping[str, Any]) -> str:
+    """A move's source or target: its node and GPU minors (``n1 GPU 0,1``), the node alone without GPUs."""
+    minors = ",".join(str(g["minor"]) for g in (place.get("devices") or {}).get("gpu", ()))
+    return f"{place['node']} GPU {minors}" if minors else place["node"]
 
 
 def _cores(place: Mapping[str, Any]) -> str:
@@ -385,11 +384,11 @@ def plan_on_server(
     if cluster.get("pending"):
         console.print(f"{cluster['pending']} workload(s) already waiting there were not planned with these.")
     if answer.get("defragmentation"):
-        console.print(defragmentation_note(answer["defragmentation"]), soft_wrap=True)
+        console.print(defragmentation_note(answer["defragmentation"]))
 
 
 def defragmentation_note(block: Mapping[str, Any]) -> str:
     """Which defragmentation settings the plan used: the profile's, or the defaults."""
-    settings = ", ".join(f"{k} {v}" for k, v in block["settings"].items())
+    settings = ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in block["settings"].items())
     where = "the profile's" if block["source"] == "profile" else "the defaults (the profile does not defragment)"
     return f"Moves planned with {where} defragmentation settings: {settings}."
