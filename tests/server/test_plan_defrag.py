@@ -13,7 +13,10 @@ import pytest
 import yaml
 from defrag_cluster import MOVABLE, WHOLE_GPU, fragmented, needs_planner, share
 from manifests import node, workload
-from server_harness import FINESCHED, Api
+from server_harness import FINESCHED, Api, inprocess_server
+
+from finesched.sched.profile import BUILTIN_PROFILES
+from finesched.server.loop.loop import LoopConfig
 
 
 def live(api: Api) -> tuple[list, list]:
@@ -141,3 +144,24 @@ def test_cli_plan_defragment_offline(tmp_path: Path) -> None:
     table = subprocess.run([*FINESCHED, "plan", "--waves", "--defragment", *files], capture_output=True, text=True,
                            timeout=60, env=env)  # fmt: skip
     assert table.returncode == 0 and "Moves" in table.stdout and "1 move(s)" in table.stdout, table.stdout
+
+
+@needs_planner
+def test_dry_run_plans_with_the_profiles_settings(tmp_path: Path) -> None:
+    # A profile that defragments: the dry run plans under its settings (and says so); without the
+    # option the copy moves nothing, whatever the profile says.
+    profile = BUILTIN_PROFILES["default"].model_dump(mode="json", by_alias=True, exclude_none=True, exclude_unset=True)
+    profile["defragmentation"] = {"maxMovesPerPlan": 1, "cooldownSeconds": 30}
+    path = tmp_path / "profile.yaml"
+    path.write_text(yaml.safe_dump(profile))
+    config = LoopConfig(idle_wait_s=0.05, profile=str(path))
+    with inprocess_server(f"sqlite:///{tmp_path / 'profile.db'}", config) as api:
+        fragmented(api)
+        big = workload("big", requests=WHOLE_GPU)
+        (plain,) = api.admin.post("/v1/plan", json=big).json()["results"]
+        assert plain["node"] is None and "moves" not in plain
+        doc = api.admin.post("/v1/plan", json={"workloads": big, "defragment": True}).json()
+        assert doc["defragmentation"]["source"] == "profile"
+        assert doc["defragmentation"]["settings"]["maxMovesPerPlan"] == 1
+        assert doc["defragmentation"]["settings"]["cooldownSeconds"] == 30
+        assert [m["workload"] for m in doc["results"][0]["moves"]] == ["team-b/mover"]
