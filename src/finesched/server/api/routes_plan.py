@@ -91,7 +91,11 @@ async def plan(request: Request, ctx: Ctx, caller: Caller) -> dict[str, Any]:
         await run_in_threadpool(check_namespaces, ctx, caller, sent)
         raise_deferred(request)
     docs = _documents(await request.body(), request.headers.get("content-type", "application/json"))
-    docs, defragment = _options(docs, request.query_params.get("defragment"))
+    try:
+        docs, defragment = _options(docs, request.query_params.get("defragment"))
+    except InputError:  # whose the workloads are comes first, as for a manifest's problems
+        await run_in_threadpool(check_namespaces, ctx, caller, docs.get("workloads") if _is_options(docs) else docs)
+        raise
     # Dry runs go one at a time. Callers wait here, in the event loop, not in the thread pool that
     # every other request needs: many plans at once slow down only the plans.
     gate = _gate(request)
@@ -214,8 +218,9 @@ def _plan(request: Request, ctx: ServerContext, caller: Identity, docs: Any, def
     if taken:
         raise HTTPException(409, f"workload {taken[0]} already exists: a dry run plans new workloads")
     try:
-        visible = lambda key, _tenant: can_see_workload(ctx, caller, key)  # noqa: E731
-        answer = _what_if(request, ctx).plan(workloads, visible, defragment=defragment)
+        answer = _what_if(request, ctx).plan(
+            workloads, lambda key, _tenant: can_see_workload(ctx, caller, key), defragment=defragment
+        )
     except NotLeader as exc:
         raise HTTPException(503, str(exc)) from None
     except Busy as exc:
