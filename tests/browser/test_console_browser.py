@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import yaml
-from defrag_cluster import WHOLE_GPU, fragmented, needs_planner
+from defrag_cluster import WHOLE_GPU, fragmented
 from manifests import node, topology, workload
 from server_harness import Api, add_topology, create_tenants, inprocess_server
 
@@ -167,7 +167,6 @@ def test_what_if_answer_is_what_the_scheduler_then_does(admin: Console, cluster:
         assert (binding["node"], binding["cpuset"], devices) == (node_name, cpuset, grants), key
 
 
-@needs_planner
 def test_what_if_defragment_lists_the_moves(browser: Any, tmp_path: Path) -> None:
     # A whole GPU beside two cards 30 % used: "Defragment" answers the move that frees one, none made;
     # team-a's console shows team-b's mover without its name.

@@ -5,27 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
 from manifests import node, workload
 from server_harness import Api
 
-from finesched.sched.defrag_plan import find_defragmentation
-
 MOVABLE = {"allowed": True}
 WHOLE_GPU = {"cpu": "1", "memory": "1Gi", "nvidia.com/gpu": 1}
-
-
-def _planner_missing() -> bool:
-    try:
-        return find_defragmentation(None, None, None, 0.0)[1] == "the planner is not written yet"  # type: ignore[arg-type]
-    except Exception:  # a real planner reads its arguments
-        return False
-
-
-#: Until the planner is merged (sched/defrag_plan.py answers that it is not written), no plan has moves.
-needs_planner = pytest.mark.skipif(
-    _planner_missing(), reason="the defragmentation planner (sched/defrag_plan.py) is not merged yet"
-)
 
 
 def share(core: int) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from defrag_cluster import MOVABLE, WHOLE_GPU, fragmented, needs_planner, share
+from defrag_cluster import MOVABLE, WHOLE_GPU, fragmented, share
 from manifests import node, workload
 from server_harness import FINESCHED, Api, inprocess_server
 
@@ -24,7 +24,6 @@ def live(api: Api) -> tuple[list, list]:
     return api.admin.get("/v1/workloads").json()["items"], api.admin.get("/v1/nodes").json()["items"]
 
 
-@needs_planner
 def test_dry_run_answers_the_moves_and_changes_nothing(api: Api) -> None:
     fragmented(api)
     big = workload("big", requests=WHOLE_GPU)
@@ -54,7 +53,6 @@ def test_dry_run_answers_the_moves_and_changes_nothing(api: Api) -> None:
     assert api.admin.get("/v1/workloads/team-b/mover").json()["status"]["binding"]["devices"]["gpu"] == [source]
 
 
-@needs_planner
 def test_another_tenants_mover_is_not_named(api: Api) -> None:
     fragmented(api)
     team_a = api.client(api.token("tenant", tenant="team-a"))
@@ -91,7 +89,6 @@ def test_bad_options_are_refused_naming_the_field(api: Api) -> None:
     assert live(api) == before
 
 
-@needs_planner
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 def test_cli_plan_defragment_against_the_server(api: Api, tmp_path: Path) -> None:
     fragmented(api)
@@ -116,7 +113,6 @@ def test_cli_plan_defragment_against_the_server(api: Api, tmp_path: Path) -> Non
     assert api.admin.get("/v1/workloads/team-a/big").status_code == 404  # nothing submitted
 
 
-@needs_planner
 def test_cli_plan_defragment_offline(tmp_path: Path) -> None:
     # Offline: the first file's workloads are placed, then the second's; a workload of the second that
     # fits nowhere moves one of the first that allows it.
@@ -147,7 +143,6 @@ def test_cli_plan_defragment_offline(tmp_path: Path) -> None:
     assert table.returncode == 0 and "Moves" in table.stdout and "1 move(s)" in table.stdout, table.stdout
 
 
-@needs_planner
 def test_dry_run_plans_with_the_profiles_settings(tmp_path: Path) -> None:
     # A profile that defragments: the dry run plans under its settings (and says so); without the
     # option the copy moves nothing, whatever the profile says.
