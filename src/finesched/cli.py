@@ -176,6 +176,9 @@ def plan(
     server: Annotated[
         str | None, typer.Option("--server", help="Plan FILES' workloads on this control plane's live state instead.")
     ] = None,
+    defragment: Annotated[
+        bool, typer.Option("--defragment", help="Also move running workloads that allow it, to make one fit.")
+    ] = False,
     token: ServerTokenOption = "",
     ca: ServerCaOption = None,
     insecure: ServerInsecureOption = False,
@@ -199,13 +202,15 @@ def plan(
         problem = server_plan_problem(manifests, [flag for flag, given in offline.items() if given])
         if problem is not None:
             raise fail(*problem)
-        plan_on_server(manifests, server, token, output, out, ca=ca, insecure=insecure)
+        plan_on_server(manifests, server, token, output, out, ca=ca, insecure=insecure, defragment=defragment)
         return
     try:
         groups = [load_or_exit([f]).workloads for f in files] if waves else None
         manifests, groups = resolve_classes(manifests, groups, warn=lambda w: err.print(
             f"[yellow]warning:[/] {escape(str(w))} (these files only)", soft_wrap=True))  # fmt: skip
-        outcome = run_plan(manifests, resolve_profile(profile), preemption=not no_preemption, waves=groups)
+        outcome = run_plan(
+            manifests, resolve_profile(profile), preemption=not no_preemption, waves=groups, defragment=defragment
+        )
     except ValidationError as exc:
         for detail in exc.errors:
             err.print(f"[bold red]error:[/] {escape(str(detail))}", soft_wrap=True)

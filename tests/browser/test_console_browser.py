@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import yaml
+from defrag_cluster import WHOLE_GPU, fragmented
 from manifests import node, topology, workload
 from server_harness import Api, add_topology, create_tenants, inprocess_server
 
@@ -164,6 +165,34 @@ def test_what_if_answer_is_what_the_scheduler_then_does(admin: Console, cluster:
         binding = cluster.wait_phase(key, ("Bound",))["status"]["binding"]
         devices = [f"{kind}-{g['minor']}" for kind, gs in binding["devices"].items() for g in gs]
         assert (binding["node"], binding["cpuset"], devices) == (node_name, cpuset, grants), key
+
+
+def test_what_if_defragment_lists_the_moves(browser: Any, tmp_path: Path) -> None:
+    # A whole GPU beside two cards 30 % used: "Defragment" answers the move that frees one, none made;
+    # team-a's console shows team-b's mover without its name.
+    with inprocess_server(f"sqlite:///{tmp_path / 'defrag.db'}", LoopConfig(idle_wait_s=0.05)) as api:
+        fragmented(api)
+        mover_before = api.admin.get("/v1/workloads/team-b/mover").json()
+        for token, shown in ((api.token("admin"), "team-b/mover"), (api.token("tenant", tenant="team-a"), "")):
+            console = Console(browser, api, token)
+            page = console.open("/ui/plan")
+            page.fill("#plan-yaml", yaml.safe_dump(workload("big", requests=WHOLE_GPU)))
+            page.click("#plan-run")
+            page.locator("table.plan-results").wait_for()
+            row = page.locator('tr[data-workload="team-a/big"]')
+            assert row.get_attribute("data-node") == "" and row.locator(".move").count() == 0  # not asked
+            page.check("#plan-defragment")
+            page.click("#plan-run")
+            page.locator('tr[data-workload="team-a/big"][data-node="n1"]').wait_for()
+            (move,) = row.locator(".move").all()
+            assert move.get_attribute("data-mover") == shown
+            text = move.inner_text()
+            assert text.startswith(shown or "a workload of another tenant") and text.count("n1 (gpu ") == 2, text
+            assert "30% core" in text and "maxMovesPerPlan 4" in page.locator("#plan-defrag-settings").inner_text()
+            if not shown:
+                assert "mover" not in page.locator("#plan-answer").inner_text()
+            console.close()
+        assert api.admin.get("/v1/workloads/team-b/mover").json() == mover_before  # nothing moved
 
 
 def test_pages_follow_the_event_watch_without_reloading(admin: Console, cluster: Api) -> None:

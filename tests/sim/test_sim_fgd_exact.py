@@ -98,16 +98,41 @@ def test_exact_delta_breaks_the_integer_tie_fgd_cpu_leaves_to_the_tie_order() ->
 
 
 def test_exact_order_yields_the_chosen_node_then_the_score_order() -> None:
-    # keys (higher first): node 3 (9), nodes 0 and 4 (7, 0 before 4), node 1 (5); node 2 infeasible.
+    # keys (higher first): node 3 (9), nodes 0 and 4 (7, 0 before 4), node 1 (5); node 2 infeasible (-1).
     key = np.array([7, 5, -1, 9, 7], dtype=np.int64)
     delta = np.array([-3.0, -9.0, -99.0, 1.0, -3.0])
-    feasible = np.array([0, 1, 3, 4])
-    assert first_k(feasible, key, 3).tolist() == [3, 0, 4]
-    assert first_k(feasible, key, 2).tolist() == [3, 0]  # the tie at the cut keeps the lower index
-    assert list(exact_order(feasible, key, delta, 3)) == [0, 3, 4, 1]  # −3 twice: the earlier, node 0
-    assert list(exact_order(feasible, key, delta, 4)) == [1, 3, 0, 4]
-    assert list(exact_order(feasible, key, delta, 1)) == [3, 0, 4, 1]
-    assert list(exact_order(np.array([], dtype=np.intp), key, delta, 3)) == []
+    assert first_k(key, 3).tolist() == [3, 0, 4]
+    assert first_k(key, 2).tolist() == [3, 0]  # the tie at the cut keeps the lower index
+    assert first_k(key, 9).tolist() == [3, 0, 4, 1]
+    assert list(exact_order(key, delta, 3)) == [0, 3, 4, 1]  # −3 twice: the earlier, node 0
+    assert list(exact_order(key, delta, 4)) == [1, 3, 0, 4]
+    assert list(exact_order(key, delta, 1)) == [3, 0, 4, 1]
+    fits = np.array([True, False, True, True, True])
+    assert list(exact_order(key, delta, 4, fits=fits)) == [0, 3, 4, 1]  # node 1: FGD found no fit
+    feasible = np.array([True, True, True, True, False])  # node 4 left out by the caller's mask
+    assert list(exact_order(key, delta, 3, feasible)) == [1, 3, 0]  # first 3: nodes 3, 0, 1
+    assert list(exact_order(np.full(3, -1, dtype=np.int64), delta[:3], 3)) == []
+
+
+@given(
+    keys=st.lists(st.integers(-1, 6), min_size=1, max_size=40),
+    k=st.integers(1, 12),
+    data=st.data(),
+)
+def test_first_k_is_the_head_of_the_schedulers_order(keys: list[int], k: int, data: st.DataObject) -> None:
+    key = np.array(keys, dtype=np.int64)
+    feasible = np.array(data.draw(st.lists(st.booleans(), min_size=len(keys), max_size=len(keys))))
+    want = sorted((i for i in range(len(keys)) if keys[i] >= 0 and feasible[i]), key=lambda i: (-keys[i], i))
+    assert first_k(key, k, feasible).tolist() == want[:k]
+    delta = np.array(
+        data.draw(st.lists(st.sampled_from([-2.0, -1.0, 0.0, 1.0]), min_size=len(keys), max_size=len(keys)))
+    )
+    order = list(exact_order(key, delta, k, feasible))
+    assert sorted(order) == sorted(want)  # every feasible node, once
+    if want:
+        head = want[:k]
+        assert order[0] == min(head, key=lambda i: (delta[i], head.index(i)))
+        assert order[1:] == [i for i in want if i != order[0]]
 
 
 # Args ---------------------------------------------------------------------------------------------------------
@@ -250,3 +275,26 @@ def test_fill_command_accepts_the_policy(tiny_trace: tuple[Path, Path]) -> None:
     result = CliRunner().invoke(sim_app, args)
     assert result.exit_code == 0, result.stderr
     assert [r["policy"] for r in json.loads(result.stdout)["results"]] == ["FGD-CPU", "FGD-CPU-Exact"]
+
+
+def test_replay_command_accepts_the_policy(tiny_trace: tuple[Path, Path]) -> None:
+    from finesched.commands.sim import sim_app
+
+    nodes, pods = map(str, tiny_trace)
+    args = [
+        "replay",
+        "--nodes",
+        nodes,
+        "--pods",
+        pods,
+        "--policy",
+        "FGD-CPU-EXACT",
+        "--time-scale",
+        "100",
+        "-o",
+        "json",
+    ]
+    result = CliRunner().invoke(sim_app, args)
+    assert result.exit_code == 0, result.stderr
+    (row,) = json.loads(result.stdout)["results"]
+    assert row["policy"] == "FGD-CPU-Exact" and row["placed"] == 150

@@ -498,6 +498,21 @@ def _agent_inputs(
     return simulated, uids, retention
 
 
+def _profile_args(profile: str) -> list[str]:
+    """`serve`'s --profile from `up`'s, checked before anything starts (exit 2 for a bad one); a
+    file is given by its absolute path (the server is started again from anywhere)."""
+    from finesched.errors import ValidationError
+    from finesched.sched.profile import BUILTIN_PROFILES, resolve_profile
+
+    try:
+        resolve_profile(profile)
+    except (ValidationError, OSError) as exc:
+        raise fail(f"--profile {profile}: {exc}", 2) from None
+    if profile == "default":
+        return []
+    return ["--profile", profile if profile in BUILTIN_PROFILES else str(Path(profile).resolve())]
+
+
 def up_cmd(
     data: DataOption = None,
     port: Annotated[int, typer.Option("--port", min=1, max=65535, help="Server port.")] = 8080,
@@ -518,6 +533,9 @@ def up_cmd(
     logs_port: LogsPortOption = 0,
     keep_finished: KeepFinishedOption = "1h",
     keep_logs: KeepLogsOption = "7d",
+    profile: Annotated[
+        str, typer.Option("--profile", help="Scheduling profile: a built-in name or a YAML file (`serve --profile`).")
+    ] = "default",
 ) -> None:
     """Start a one-machine cluster: control plane + this machine's agent; print the URL and an admin token.
 
@@ -531,13 +549,14 @@ def up_cmd(
 
     tls, tls_args, agent_logs_args, verify = _up_tls(tls_cert, tls_key, agent_ca, insecure_agent_logs)
     simulated, uids, retention = _agent_inputs(fake_gpus, tenant_uids, keep_finished, keep_logs, sandbox)
+    profile_args = _profile_args(profile)
     _check_ports(host, port, logs_port)
     name = _local_node_name(node_name)
     _logging(not quiet)
     data = private_dir((data or default_data()).resolve())  # the database, tokens, logs: the owner's alone
     db = f"sqlite:///{data / 'finesched.db'}"
     url = f"{'https' if tls else 'http'}://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
-    supervised = _start_server(data, db, host, port, interval, [*tls_args, *agent_logs_args])
+    supervised = _start_server(data, db, host, port, interval, [*tls_args, *agent_logs_args, *profile_args])
     agent = None
     try:
         _wait_ready(url, supervised.process, data / "server.log", verify=verify or True)

@@ -7,8 +7,11 @@ copy of its live state: where they would go now, nothing stored.
 
 Output is a table (or JSON/YAML for scripts, one shape for both: `finesched.sched.records`) plus a
 summary. Preemptions (on in the default profile; `--no-preemption` turns them off offline) are
-listed with who was evicted for whom and why; an evicted workload's row says so. Tables fit an
-80-column terminal (`commands/tables.py`); `-o wide` adds the tenant column and shortens nothing.
+listed with who was evicted for whom and why; an evicted workload's row says so. With
+`--defragment` a workload that fits nowhere may be placed by moving running workloads that allow it
+(`spec.migration`; offline: workloads of earlier waves), as the control plane's defragmenter would:
+the moves are listed (who, from which node and GPUs to which, why) under the decisions. Tables fit
+an 80-column terminal (`commands/tables.py`); `-o wide` adds the tenant column and shortens nothing.
 """
 
 from __future__ import annotations
@@ -33,8 +36,9 @@ from finesched.model.manifest import Manifests
 from finesched.model.resources import human_amount, human_amounts
 from finesched.model.workload import Workload
 from finesched.plugins.resource_status import ANNOTATION_RESOURCE_STATUS, node_report
+from finesched.sched.defrag import Defragmenter, DefragPlan
 from finesched.sched.framework import Preemption
-from finesched.sched.profile import Profile
+from finesched.sched.profile import Defragmentation, Profile
 from finesched.sched.records import decision_records
 from finesched.sched.scheduler import Result, Scheduler
 from finesched.sched.tenant_usage import binding_amounts
@@ -49,6 +53,7 @@ class PlanOutcome:
     scheduler: Scheduler
     results: list[Result]
     preemptions: list[Preemption] = field(default_factory=list)
+    defragmentations: list[DefragPlan] = field(default_factory=list)
 
 
 def run_plan(
@@ -57,21 +62,26 @@ def run_plan(
     *,
     preemption: bool = True,
     waves: Sequence[Sequence[Workload]] | None = None,
+    defragment: bool = False,
 ) -> PlanOutcome:
     """Schedule every workload of `manifests` on its nodes through the queue (priority, DRF, preemption).
 
     With `waves`, each group of workloads is submitted and scheduled after the previous one (work
     that arrives later, e.g. a high-priority service after batch jobs filled the cluster: what
-    preemption is for); without, all workloads are submitted at once.
+    preemption is for); without, all workloads are submitted at once. `defragment`: a workload that
+    fits nowhere may move placed movable ones (with the profile's defragmentation settings, else
+    the defaults), as a profile with `defragmentation` does anyway.
     """
     state = ClusterState.from_nodes(manifests.nodes)
     scheduler = Scheduler(state, profile, manifests.tenants, preemption=preemption, topologies=manifests.topologies)
+    if defragment and scheduler.defragmenter is None:
+        scheduler.defragmenter = Defragmenter(Defragmentation())
     results: list[Result] = []
     for wave in waves if waves is not None else [manifests.workloads]:
         scheduler.submit(wave)
         results += scheduler.run(report_waiting=False)
     results += scheduler.run()
-    return PlanOutcome(state, scheduler, results, scheduler.take_preemptions())
+    return PlanOutcome(state, scheduler, results, scheduler.take_preemptions(), scheduler.take_defragmentations())
 
 
 def resolve_classes(
@@ -124,7 +134,12 @@ def outcome_doc(outcome: PlanOutcome, manifests: Manifests, *, show_nodes: bool 
     """The `-o json` document: results, summary (with utilization), preemptions, nodes (`--show-nodes`)."""
     tenants = {w.key: w.tenant for w in manifests.workloads}
     misses = outcome.scheduler.preemption_misses
-    doc = decision_records(outcome.results, outcome.preemptions, tenants, misses)
+    doc = decision_records(outcome.results, outcome.preemptions, tenants, misses, None, outcome.defragmentations)
+    defragmenter = outcome.scheduler.defragmenter
+    if defragmenter is not None:
+        source = "profile" if outcome.scheduler.profile.defragmentation is not None else "defaults"
+        doc["defragmentation"] = {"settings": defragmenter.config.model_dump(mode="json", by_alias=True),
+                                  "source": source}  # fmt: skip
     doc["summary"]["utilization"] = {k: round(v, 4) for k, v in utilization(outcome.state).items()}
     if show_nodes:
         doc["nodes"] = [node_report(outcome.state, name) for name in outcome.state.names]
@@ -140,6 +155,8 @@ def render(
         console.print(text, markup=False, highlight=False, soft_wrap=True)
         return
     render_doc(doc, console, wide=output == "wide")
+    if doc.get("defragmentation"):
+        console.print(defragmentation_note(doc["defragmentation"]))
     if show_nodes:
         print_table(console, node_reports_table(doc["nodes"], wide=output == "wide"), wide=output == "wide")
 
@@ -149,6 +166,8 @@ def render_doc(doc: Mapping[str, Any], console: Console, *, wide: bool = False, 
     print_table(console, decision_table(doc["results"], wide=wide, title=title), wide=wide)
     if doc.get("preemptions"):
         print_table(console, preemption_table(doc["preemptions"], wide=wide), wide=wide)
+    if any(r.get("moves") for r in doc["results"]):
+        print_table(console, moves_table(doc["results"], wide=wide), wide=wide)
     print_table(console, summary_table(doc["summary"]), wide=wide)
 
 
@@ -174,6 +193,13 @@ def decision_table(records: Sequence[Mapping[str, Any]], *, wide: bool = False, 
             if victims:
                 names = "preempts " + ", ".join(v["workload"] or "a workload of another tenant" for v in victims)
                 detail += f"\n[magenta]{escape(names)}[/]"
+            if r.get("moves"):
+                moved = f"after {len(r['moves'])} move(s) (below): {r.get('movesReason', '')}"
+                detail += f"\n[cyan]{escape(moved)}[/]"
+            if r.get("movedBy"):
+                to = r["movedTo"]
+                moved = f"then moved by {r['movedBy']} to {to['node']} {format_devices(to['devices'])}".rstrip()
+                detail += f"\n[cyan]{escape(moved)}[/]"
         else:
             style = "yellow" if "waiting" in r else "red"
             text = r.get("waiting") or r.get("error") or ""
@@ -190,8 +216,7 @@ def decision_table(records: Sequence[Mapping[str, Any]], *, wide: bool = False, 
 def placement_text(record: Mapping[str, Any]) -> str:
     """cpuset, NUMA grants and shared pools, devices of one placement record (one line each)."""
     cpuset = f"cpuset {record['cpuset']}" if record.get("cpuset") else ""
-    grants = {kind: [DeviceGrant.model_validate(g) for g in gs] for kind, gs in (record.get("devices") or {}).items()}
-    devices = format_grants(Binding(workload="-", node="-", devices=grants)) if grants else ""
+    devices = format_devices(record.get("devices") or {})
     return "\n".join(filter(None, [cpuset, format_numa(record), devices]))
 
 
@@ -206,6 +231,51 @@ def format_numa(record: Mapping[str, Any]) -> str:
     if pools:
         parts.append("shared pools: " + ", ".join(f"socket {p['socket']} numa {p['node']}" for p in pools))
     return "; ".join(parts)
+
+
+MOVE_COLUMNS = Columns(
+    col("for"),
+    col("moved"),
+    col("tenant", wide=True),
+    col("from"),
+    col("to"),
+    col("GPU\ncore %", right=True, keep=True),
+    col("reason"),
+)
+
+
+def moves_table(records: Sequence[Mapping[str, Any]], *, wide: bool = False) -> Table:
+    """The moves each workload placed by defragmentation needs, in the order they are made: who
+    moves, from which node and GPUs (minors) to which, with how much of each card, and why."""
+    table = MOVE_COLUMNS.table("Moves (running workloads moved so that the workload fits; none made)", wide=wide)
+    for r in records:
+        for k, move in enumerate(r.get("moves") or ()):
+            source, target = move["from"], move["to"]
+            mover = move["workload"] or "a workload of another tenant"
+            MOVE_COLUMNS.add_row(
+                table, escape(r["workload"]) if k == 0 else "", escape(mover),
+                escape(move.get("tenant") or "-"), escape(_place(source)), escape(_place(target)), _cores(target),
+                escape(move["reason"]), wide=wide,
+            )  # fmt: skip
+    return table
+
+
+def _place(place: Mapping[str, Any]) -> str:
+    """A move's source or target: its node and GPU minors (``n1 GPU 0,1``), the node alone without GPUs."""
+    minors = ",".join(str(g["minor"]) for g in (place.get("devices") or {}).get("gpu", ()))
+    return f"{place['node']} GPU {minors}" if minors else place["node"]
+
+
+def _cores(place: Mapping[str, Any]) -> str:
+    """The share of each GPU a mover holds (its gpu-core per card, the same at source and target)."""
+    grants = (place.get("devices") or {}).get("gpu", ())
+    return ",".join(str(g["resources"].get("gpu-core", "-")) for g in grants) or "-"
+
+
+def format_devices(devices: Mapping[str, Any]) -> str:
+    """A record's devices (``gpu 0: 50% core, 50% memory``), "" when it holds none."""
+    grants = {kind: [DeviceGrant.model_validate(g) for g in gs] for kind, gs in (devices or {}).items()}
+    return format_grants(Binding(workload="-", node="-", devices=grants)) if grants else ""
 
 
 PREEMPTION_COLUMNS = Columns(col("preemptor"), col("node"), col("evicted"), col("why"))
@@ -230,7 +300,8 @@ def preemption_table(preemptions: Sequence[Mapping[str, Any]], *, wide: bool = F
 def summary_table(summary: Mapping[str, Any]) -> Table | str:
     """The summary line, with each resource's utilization when the plan knows it (offline)."""
     evicted = f", {summary['evicted']} evicted" if summary.get("evicted") else ""
-    title = f"Summary: {summary['placed']} placed, {summary['unschedulable']} not placed{evicted}"
+    moved = f", {summary['moves']} move(s)" if summary.get("moves") else ""
+    title = f"Summary: {summary['placed']} placed, {summary['unschedulable']} not placed{evicted}{moved}"
     rows = [(name, f"{100 * fraction:.1f} %") for name, fraction in (summary.get("utilization") or {}).items()]
     if not rows:
         return title
@@ -292,14 +363,17 @@ def server_plan_problem(manifests: Manifests, offline_flags: Sequence[str]) -> t
 
 def plan_on_server(
     manifests: Manifests, server: str, token: str, output: str, console: Console, *, ca: Path | None = None,
-    insecure: bool = False,
+    insecure: bool = False, defragment: bool = False,
 ) -> None:  # fmt: skip
     """POST the workloads of `manifests` to `server`'s /v1/plan and show the answer (nothing is stored there)."""
     from finesched.commands.client import Client
     from finesched.model.manifest import to_manifest
 
     client = Client(server, token, ca=ca, insecure=insecure)
-    answer = client.call("POST", "/v1/plan", json=[to_manifest(w) for w in manifests.workloads])
+    workloads = [to_manifest(w) for w in manifests.workloads]
+    answer = client.call(
+        "POST", "/v1/plan", json={"workloads": workloads, "defragment": True} if defragment else workloads
+    )
     if output in ("json", "yaml"):
         text = json.dumps(answer, indent=2) if output == "json" else yaml.safe_dump(answer, sort_keys=False)
         console.print(text, markup=False, highlight=False, soft_wrap=True)
@@ -309,3 +383,12 @@ def plan_on_server(
     render_doc(answer, console, wide=output == "wide", title=title)
     if cluster.get("pending"):
         console.print(f"{cluster['pending']} workload(s) already waiting there were not planned with these.")
+    if answer.get("defragmentation"):
+        console.print(defragmentation_note(answer["defragmentation"]))
+
+
+def defragmentation_note(block: Mapping[str, Any]) -> str:
+    """Which defragmentation settings the plan used: the profile's, or the defaults."""
+    settings = ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in block["settings"].items())
+    where = "the profile's" if block["source"] == "profile" else "the defaults (the profile does not defragment)"
+    return f"Moves planned with {where} defragmentation settings: {settings}."

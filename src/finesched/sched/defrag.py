@@ -73,6 +73,8 @@ class Defragmenter:
         self._recent: deque[tuple[float, str]] = deque()
         #: Workload key -> when it was last moved (entries older than the cool-down are dropped).
         self._moved_at: dict[str, float] = {}
+        #: Waiting workload -> when its plan was recorded, so that a plan taken back is not charged.
+        self._recorded: dict[str, float] = {}
 
     def _expire(self, now: float) -> None:
         while self._recent and self._recent[0][0] <= now - BUDGET_WINDOW_S:
@@ -104,6 +106,20 @@ class Defragmenter:
         for move in plan.moves:
             self._recent.append((now, move.tenant))
             self._moved_at[move.workload] = now
+        self._recorded[plan.workload] = now
+        if len(self._recorded) > 4096:  # only the latest plans can still be taken back
+            self._recorded = dict(list(self._recorded.items())[-1024:])
+
+    def unrecord(self, plan: DefragPlan) -> None:
+        """A plan taken back (its write failed or conflicted) costs no budget and no cool-down."""
+        when = self._recorded.pop(plan.workload, None)
+        if when is None:
+            return
+        for move in plan.moves:
+            if (when, move.tenant) in self._recent:
+                self._recent.remove((when, move.tenant))
+            if self._moved_at.get(move.workload) == when:
+                del self._moved_at[move.workload]
 
 
 def apply_plan(state: ClusterState, plan: DefragPlan, commit: bool) -> None:

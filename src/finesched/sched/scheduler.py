@@ -550,6 +550,8 @@ class Scheduler:
     def undo_defragmentation(self, plan: DefragPlan) -> None:
         """Take an applied plan back: every mover on its source again, the waiting workload forgotten."""
         undo_plan(self.state, plan, self._movers_committed.pop(plan.workload, None))
+        if self.defragmenter is not None:
+            self.defragmenter.unrecord(plan)
         if plan in self.defragmentations:
             self.defragmentations.remove(plan)
 

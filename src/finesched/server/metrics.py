@@ -64,6 +64,11 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
+        self.moves = Counter(
+            "finesched_defragmentation_moves",
+            "Running workloads moved by the defragmenter to make room for a waiting one (made durable).",
+            registry=self.registry,
+        )
         self.write_conflicts = Counter(
             "finesched_bind_conflicts", "Bindings not written because the workload changed.", registry=self.registry
         )

@@ -11,6 +11,13 @@ last snapshot stay in memory between dry runs (about one more copy of the state)
 state, and the workloads already waiting in the live queue are not part of the dry run (the answer
 says how many there are).
 
+With `defragment`, the fork's Scheduler also moves running workloads that allow it
+(`spec.migration`) when a planned workload fits nowhere, as the control plane's defragmenter would
+(sched/defrag.py): it gets a copy of the live Scheduler's `movable` workloads and of its
+defragmenter (budget and cool-downs so far), or, when the profile does not defragment, a fresh one
+with the default settings, so that a dry run answers which moves WOULD let the workloads fit even
+where the control plane does not move anything. The answer says which settings applied.
+
 One dry run at a time (the route makes callers queue in the event loop; here a second caller waits
 up to `busy_timeout_s`, then `Busy`): the fork's memory is bounded, and many plans at once slow down
 only the plans, never the loop.
@@ -18,6 +25,7 @@ only the plans, never the loop.
 
 from __future__ import annotations
 
+import copy
 import gc
 import threading
 from collections.abc import Iterator, Sequence
@@ -26,7 +34,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from finesched.model.workload import Workload
-from finesched.sched.profile import Profile
+from finesched.sched.defrag import Defragmenter
+from finesched.sched.profile import Defragmentation, Profile
 from finesched.sched.records import VictimFilter, decision_records
 from finesched.sched.scheduler import Scheduler
 from finesched.server.loop.loop import SchedulerLoop
@@ -61,9 +70,12 @@ class WhatIf:
         self._fork_profile: Profile | None = None
         self._last: tuple[tuple[int, tuple[int, ...]], Snapshot] | None = None
 
-    def plan(self, workloads: Sequence[Workload], visible: VictimFilter | None = None) -> PlanAnswer:
-        """Place `workloads` (through a fresh queue: priority, DRF, gangs, preemption) on a copy of the
-        live state; victims `visible` refuses are answered without their names."""
+    def plan(
+        self, workloads: Sequence[Workload], visible: VictimFilter | None = None, *, defragment: bool = False
+    ) -> PlanAnswer:
+        """Place `workloads` (through a fresh queue: priority, DRF, gangs, preemption, and with
+        `defragment` moves of movable workloads) on a copy of the live state; victims and movers
+        `visible` refuses are answered without their names."""
         if not self._lock.acquire(timeout=self.busy_timeout_s):
             raise Busy(f"another dry run has been running for over {self.busy_timeout_s:g}s; retry")
         try:
@@ -76,17 +88,22 @@ class WhatIf:
                 tenants = list(live.queue.quotas.tenants.values())
                 topologies = list(live.topologies.values())
                 pending = len(self.loop.queued)
+                movable = dict(live.movable) if defragment else {}
+                defragmenter = _defragmenter(live.defragmenter) if defragment else None
+                from_profile = live.defragmenter is not None
             fork = self._fork_for(profile)
             with _collector_paused():  # the restore allocates per-node accounts by the thousand
                 fork.restore(snapshot)
                 scheduler = Scheduler(fork, profile, tenants, preemption=preemption, topologies=topologies)
+                scheduler.movable, scheduler.defragmenter = movable, defragmenter
                 scheduler.submit(workloads)
                 results = scheduler.run(report_waiting=False)
                 results += scheduler.run()
             tenant_of = {w.key: w.tenant for w in workloads}
-            doc = decision_records(
-                results, scheduler.take_preemptions(), tenant_of, scheduler.preemption_misses, visible
-            )
+            preemptions, plans = scheduler.take_preemptions(), scheduler.take_defragmentations()
+            doc = decision_records(results, preemptions, tenant_of, scheduler.preemption_misses, visible, plans)
+            if defragmenter is not None:
+                doc["defragmentation"] = settings_record(defragmenter, from_profile)
             return PlanAnswer(doc, fork.n, pending)
         finally:
             self._lock.release()
@@ -111,6 +128,18 @@ class WhatIf:
             Scheduler(fork, profile)
             self._fork, self._fork_profile = fork, profile
         return self._fork
+
+
+def _defragmenter(live: Defragmenter | None) -> Defragmenter:
+    """The dry run's defragmenter: a copy of the live one (its budget used and cool-downs so far,
+    which the dry run's moves must not spend), or one with the default settings."""
+    return copy.deepcopy(live) if live is not None else Defragmenter(Defragmentation())
+
+
+def settings_record(defragmenter: Defragmenter, from_profile: bool) -> dict[str, Any]:
+    """Which defragmentation settings the dry run planned with, and where they came from."""
+    settings = defragmenter.config.model_dump(mode="json", by_alias=True)
+    return {"settings": settings, "source": "profile" if from_profile else "defaults"}
 
 
 @contextmanager

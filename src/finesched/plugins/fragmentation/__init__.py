@@ -27,6 +27,10 @@ exactly Δ = 0. `FragmentationIndex` caches f_n(m) per node and, per task shape 
 chosen GPU for every node; a node is recomputed only when it changed (one per placement), in one
 numpy pass over the changed nodes × GPUs × specs.
 
+Exact among the first K (``exact: K``, `FGDExact`, the simulator's FGD-CPU-Exact): the integer score
+ties nodes whose Δ differ by under ~40 milli-GPU; the plugin then also selects, taking among the
+first K nodes of the score order (score, then the seeded tie order) the one of least exact Δ.
+
 The target M comes from a trace (`TargetWorkload.from_pods`, the protocol's top specs covering 95 %
 of pods) or is learned online from a sliding window of recent requests (`OnlineTarget`).
 """

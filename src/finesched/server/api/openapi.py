@@ -164,6 +164,9 @@ def _complete_operation(method: str, path: str, op: dict[str, Any]) -> None:
         kind, many = manifest
         one = {"$ref": f"{REF}{kind}Manifest"}
         body = {"oneOf": [one, {"type": "array", "items": one, "minItems": 1, "maxItems": MAX_ITEMS_PER_REQUEST}]}
+        if (method, path) == ("post", "/v1/plan"):  # or with options: {"workloads": ..., "defragment": true}
+            options = {"workloads": copy.deepcopy(body), "defragment": {"type": "boolean"}}
+            body = {"oneOf": [*body["oneOf"], _object(options, ["workloads"])]}
         op["requestBody"]["content"]["application/json"]["schema"] = body if many else one
     if (method, path) == ("patch", "/v1/tenants/{name}"):
         op["requestBody"]["content"]["application/json"]["schema"] = {"$ref": f"{REF}TenantSpecPatch"}

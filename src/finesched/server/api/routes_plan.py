@@ -8,6 +8,12 @@ submission would be. The answer has, per workload in decision order, its node, s
 cpuset and NUMA grants, or why it fits nowhere (with the per-reason node counts) and why
 preemption could not help; a workload that fits only by preempting lists its victims
 (another tenant's victims without their names). See `server/what_if.py` for how the copy is made.
+
+Dry-run defragmentation: a JSON body `{"workloads": <manifest or list>, "defragment": true}` (or
+`?defragment=true`, the only way for a YAML body) also plans moves of running workloads that allow
+them (`spec.migration`) for a workload that fits nowhere; each such workload's record lists its
+`moves` (another tenant's movers without their names) and `movesReason`, and the answer's
+`defragmentation` says which settings applied (the profile's, or the defaults when it has none).
 """
 
 from __future__ import annotations
@@ -41,6 +47,17 @@ _BODY = {
         **{t: {"schema": {"type": "string", "description": "Workload manifests (multi-document)"}} for t in YAML_TYPES},
     },
 }
+_QUERY = [
+    {
+        "name": "defragment",
+        "in": "query",
+        "required": False,
+        "description": "Also plan moves of movable running workloads (as the body's `defragment`)",
+        "schema": {"type": "boolean"},
+    }
+]
+#: The fields of the JSON body's options form, `{"workloads": ..., "defragment": true}`.
+OPTIONS = ("workloads", "defragment")
 _what_if_lock = threading.Lock()
 #: How long a dry run waits for the one before it before the caller is told to retry (429).
 WAIT_S = 20.0
@@ -48,7 +65,7 @@ WAIT_S = 20.0
 
 @router.post(
     "/plan",
-    openapi_extra={"requestBody": _BODY},
+    openapi_extra={"requestBody": _BODY, "parameters": _QUERY},
     responses={
         code: {"description": why, **_ERROR}
         for code, why in (
@@ -68,9 +85,17 @@ async def plan(request: Request, ctx: Ctx, caller: Caller) -> dict[str, Any]:
     preemption would evict, on a copy of the live state. Nothing is stored or changed."""
     caller.require(ADMIN, TENANT)
     if deferred_problem(request) is not None:  # a JSON body that cannot be read: whose it is comes first
-        await run_in_threadpool(check_namespaces, ctx, caller, await sent_json(request))
+        sent = await sent_json(request)
+        if _is_options(sent):
+            sent = sent.get("workloads")
+        await run_in_threadpool(check_namespaces, ctx, caller, sent)
         raise_deferred(request)
     docs = _documents(await request.body(), request.headers.get("content-type", "application/json"))
+    try:
+        docs, defragment = _options(docs, request.query_params.get("defragment"))
+    except InputError:  # whose the workloads are comes first, as for a manifest's problems
+        await run_in_threadpool(check_namespaces, ctx, caller, docs.get("workloads") if _is_options(docs) else docs)
+        raise
     # Dry runs go one at a time. Callers wait here, in the event loop, not in the thread pool that
     # every other request needs: many plans at once slow down only the plans.
     gate = _gate(request)
@@ -81,7 +106,7 @@ async def plan(request: Request, ctx: Ctx, caller: Caller) -> dict[str, Any]:
             429, f"dry runs are busy (waited {WAIT_S:g}s); retry", headers={"Retry-After": "5"}
         ) from None
     try:
-        return await run_in_threadpool(_plan, request, ctx, caller, docs)
+        return await run_in_threadpool(_plan, request, ctx, caller, docs, defragment)
     finally:
         gate.release()
 
@@ -110,6 +135,59 @@ def _documents(body: bytes, content_type: str) -> Any:
         raise InputError([{"loc": ["body"], "msg": e.message} for e in exc.errors]) from None
 
 
+def _is_options(body: Any) -> bool:
+    """Whether a JSON body is the options form (an object with `workloads`, not a manifest)."""
+    return isinstance(body, dict) and "workloads" in body and "kind" not in body
+
+
+def _options(docs: Any, query: str | None) -> tuple[Any, bool]:
+    """The manifests and whether to defragment: from the options form of a JSON body or from the
+    query; 422 naming the field for a value that is not a boolean, an unknown option, or both given."""
+    problems: list[dict[str, Any]] = []
+    defragment: Any = None
+    if query is not None:
+        if query not in ("true", "false"):
+            problems.append({"loc": ["query", "defragment"], "msg": f"must be true or false, not {query!r}"})
+        defragment = query == "true"
+    if _is_options(docs):
+        for key in docs:
+            if key not in OPTIONS:
+                problems.append({"loc": ["body", key], "msg": f"unknown field; allowed: {', '.join(OPTIONS)}"})
+        if "defragment" in docs:
+            value = docs["defragment"]
+            if not isinstance(value, bool):
+                problems.append({"loc": ["body", "defragment"], "msg": f"must be true or false, not {value!r}"})
+            elif query is not None:
+                problems.append({"loc": ["body", "defragment"], "msg": "given in the body and in the query: once"})
+            defragment = value
+        docs = OptionsWorkloads.of(docs["workloads"])
+    if problems:
+        raise InputError(problems)
+    return docs, bool(defragment)
+
+
+class OptionsWorkloads(list):  # type: ignore[type-arg]
+    """The manifests of an options body: a problem's `loc` is under `["body", "workloads"]`."""
+
+    single: bool = False
+
+    @classmethod
+    def of(cls, workloads: Any) -> Any:
+        if isinstance(workloads, list):
+            return cls(workloads)
+        out = cls([workloads])
+        out.single = True
+        return out
+
+    @staticmethod
+    def place(exc: InputError) -> InputError:
+        for detail in exc.details:
+            loc = detail.get("loc") or []
+            if loc and loc[0] == "body":
+                detail["loc"] = ["body", "workloads", *loc[1:]]
+        return exc
+
+
 class YamlDocuments(list):  # type: ignore[type-arg]
     """The documents of a YAML body, with the YAML node of each: the line of a refused field."""
 
@@ -130,16 +208,19 @@ class YamlDocuments(list):  # type: ignore[type-arg]
         return exc
 
 
-def _plan(request: Request, ctx: ServerContext, caller: Identity, docs: Any) -> dict[str, Any]:
+def _plan(request: Request, ctx: ServerContext, caller: Identity, docs: Any, defragment: bool) -> dict[str, Any]:
     try:
-        workloads = parse_workloads(docs, caller, ctx, ctx.world())
+        body = docs[0] if isinstance(docs, OptionsWorkloads) and docs.single else docs
+        workloads = parse_workloads(body, caller, ctx, ctx.world())
     except InputError as exc:
-        raise (docs.place(exc) if isinstance(docs, YamlDocuments) else exc) from None
+        raise (docs.place(exc) if isinstance(docs, (YamlDocuments, OptionsWorkloads)) else exc) from None
     taken = ctx.store.existing_workloads([w.key for w in workloads])
     if taken:
         raise HTTPException(409, f"workload {taken[0]} already exists: a dry run plans new workloads")
     try:
-        answer = _what_if(request, ctx).plan(workloads, lambda key, _tenant: can_see_workload(ctx, caller, key))
+        answer = _what_if(request, ctx).plan(
+            workloads, lambda key, _tenant: can_see_workload(ctx, caller, key), defragment=defragment
+        )
     except NotLeader as exc:
         raise HTTPException(503, str(exc)) from None
     except Busy as exc:

@@ -37,6 +37,7 @@ from finesched.model.names import key_problem
 from finesched.model.tenant import Tenant
 from finesched.model.topology import Topology
 from finesched.model.workload import Workload
+from finesched.sched.defrag import DefragPlan
 from finesched.sched.diagnosis import FitError, InvalidRequest
 from finesched.sched.framework import Preemption
 from finesched.sched.scheduler import Scheduler
@@ -51,6 +52,7 @@ from finesched.server.metrics import Metrics, cluster_figures
 from finesched.server.store import job_store, topology_store
 from finesched.server.store.cluster_view import binding_from_row, node_from_row, tenant_from_row, workload_from_row
 from finesched.server.store.locking import LoopLock
+from finesched.server.store.move_store import MoveWrite, PlanWrite
 from finesched.server.store.store import HOLDING, PENDING, REJECTED, Event, NotFound, Store, now
 from finesched.server.store.topology_store import topology_from_row
 from finesched.state.cluster import ClusterState, StateError
@@ -249,6 +251,8 @@ class SchedulerLoop:
                 state.commit(binding.workload)
             except Exception as exc:  # its node is gone or changed: the workload is placed again
                 self.store.release(row["workload"], PENDING, f"binding could not be restored: {exc}")
+                continue
+            remember_movable(scheduler, row)
         for restore in self.restorers:
             try:
                 restore(scheduler)
@@ -551,6 +555,8 @@ class SchedulerLoop:
                     state.commit(binding.workload)
                 except StateError as exc:
                     log.error("binding %s from the store does not fit: %s", key, exc)
+                    return
+                remember_movable(scheduler, row)
 
     def reconcile_tenant(self, name: str) -> None:
         try:
@@ -611,11 +617,12 @@ class SchedulerLoop:
                     continue
                 decisions.append((entry, result))
             preemptions = {p.preemptor: p for p in scheduler.take_preemptions()}
-            for binding in stale:
-                self._undo(scheduler, binding, preemptions)
+            plans = {p.workload: p for p in scheduler.take_defragmentations()}
+            for binding in reversed(stale):
+                self._undo(scheduler, binding, preemptions, plans)
         if not decisions and not rejected:
             return more
-        self._write(decisions, preemptions)
+        self._write(decisions, preemptions, plans)
         for result in rejected:
             with self.lock:
                 self.queued.pop(result.workload, None)
@@ -624,8 +631,13 @@ class SchedulerLoop:
         self.metrics.cycle_latency.observe(time.perf_counter() - started)
         return more or len(results) >= self.config.batch_size
 
-    def _write(self, decisions: list[tuple[Queued, Binding]], preemptions: dict[str, Preemption]) -> None:
-        """Make a batch durable (with the evictions its preemptions need), then commit it in memory."""
+    def _write(
+        self, decisions: list[tuple[Queued, Binding]], preemptions: dict[str, Preemption],
+        plans: dict[str, DefragPlan] | None = None,
+    ) -> None:  # fmt: skip
+        """Make a batch durable (with the evictions its preemptions need and the moves its
+        defragmentation plans need), then commit it in memory."""
+        plans = plans or {}
         payload = [
             (entry.id, entry.version, b.workload, b.node, b.model_dump(mode="json", by_alias=True))
             for entry, b in decisions
@@ -635,19 +647,24 @@ class SchedulerLoop:
             for entry, b in decisions
             if (p := preemptions.get(b.workload)) is not None
         }
+        moves = {entry.id: plan_write(p) for entry, b in decisions if (p := plans.get(b.workload)) is not None}
         write_started = time.thread_time()
         try:
-            conflicts, event_ids = self.store.bind(payload, fence=self.lease.fence, evictions=evictions)
+            conflicts, event_ids = self.store.bind(payload, fence=self.lease.fence, evictions=evictions, moves=moves)
         except BaseException:
-            self._unwrite(decisions, preemptions)
+            self._unwrite(decisions, preemptions, plans)
             raise
         self.metrics.bind_write_seconds.observe(time.thread_time() - write_started)
         conflicted = set(conflicts)
         self.own(event_ids)
-        bound, victims, dropped = self._commit_written(decisions, preemptions, conflicted)
+        bound, victims, dropped = self._commit_written(decisions, preemptions, conflicted, plans)
         self.metrics.decisions.labels("bound").inc(bound)
         if victims:
             self.metrics.decisions.labels("preempted").inc(len(victims))
+        moved = [m.workload for entry, b in decisions if entry.id not in conflicted and b.workload in plans
+                 for m in plans[b.workload].moves]  # fmt: skip
+        if moved:
+            self.metrics.moves.inc(len(moved))
         for key in victims:  # requeued by the same transaction: queue them again here
             self.reconcile_workload(key)
         for binding in dropped:  # written, but the state let it go meanwhile: the store follows the state
@@ -661,30 +678,43 @@ class SchedulerLoop:
                     with self.lock:
                         self.queued.pop(binding.workload, None)
                     self.reconcile_workload(binding.workload)
+                    plan = plans.get(binding.workload)
+                    for mover in plan.mover_keys if plan is not None else ():  # back on its source:
+                        self.reconcile_workload(mover)  # unless the store let it go meanwhile
 
-    def _unwrite(self, decisions: list[tuple[Queued, Binding]], preemptions: dict[str, Preemption]) -> None:
-        """Nothing of a batch was written: undo its decisions and queue its workloads again."""
+    def _unwrite(
+        self, decisions: list[tuple[Queued, Binding]], preemptions: dict[str, Preemption],
+        plans: dict[str, DefragPlan],
+    ) -> None:  # fmt: skip
+        """Nothing of a batch was written: undo its decisions (the last first: a later plan may have
+        moved what an earlier one had placed) and queue its workloads again."""
         with self.lock:
             if self.scheduler is not None:
-                for entry, binding in decisions:
-                    self._undo(self.scheduler, binding, preemptions)
+                for entry, binding in reversed(decisions):
+                    self._undo(self.scheduler, binding, preemptions, plans)
                     self.scheduler.submit([entry.workload])
 
     def _commit_written(
-        self, decisions: list[tuple[Queued, Binding]], preemptions: dict[str, Preemption], conflicted: set[int]
-    ) -> tuple[int, list[str], list[Binding]]:
+        self, decisions: list[tuple[Queued, Binding]], preemptions: dict[str, Preemption], conflicted: set[int],
+        plans: dict[str, DefragPlan],
+    ) -> tuple[int, list[str], list[Binding]]:  # fmt: skip
         """Commit in memory what the store now holds: how many were bound, the victims their
-        preemptions evicted, and the bindings the state let go of while they were written."""
+        preemptions evicted, and the bindings the state let go of while they were written. A
+        conflicted plan is undone whole (the store wrote none of its moves), the last first."""
         stamp = time.time()
         bound, victims, dropped = 0, [], []
         with self.lock:
             scheduler = self.scheduler
+            if scheduler is not None:
+                for entry, binding in reversed(decisions):
+                    if entry.id in conflicted:
+                        self._undo(scheduler, binding, preemptions, plans)
             for entry, binding in decisions:
                 key = binding.workload
                 if entry.id in conflicted:
-                    if scheduler is not None:
-                        self._undo(scheduler, binding, preemptions)
                     continue
+                if scheduler is not None and key in plans:
+                    scheduler.confirm_defragmentation(plans[key])  # the movers on their targets, durable
                 if scheduler is not None and key not in scheduler.state.bindings:
                     dropped.append(binding)  # forgotten while written: its node changed, or it was deleted
                     self.queued.pop(key, None)
@@ -712,11 +742,18 @@ class SchedulerLoop:
             self._poisoned[key] = f"the scheduler raised on it: {exc!r}"
 
     @staticmethod
-    def _undo(scheduler: Scheduler, binding: Binding, preemptions: dict[str, Preemption]) -> None:
-        """Forget an assumed binding; a preemptor's victims are re-admitted exactly as they were."""
+    def _undo(
+        scheduler: Scheduler, binding: Binding, preemptions: dict[str, Preemption],
+        plans: dict[str, DefragPlan] | None = None,
+    ) -> None:  # fmt: skip
+        """Forget an assumed binding; a preemptor's victims are re-admitted exactly as they were,
+        and a defragmentation's movers put back on their sources."""
         preemption = preemptions.get(binding.workload)
+        plan = (plans or {}).get(binding.workload)
         if preemption is not None:
             scheduler.undo_preemption(preemption)
+        elif plan is not None:
+            scheduler.undo_defragmentation(plan)
         else:
             scheduler.state.forget(binding.workload)
 
@@ -763,3 +800,23 @@ class SchedulerLoop:
             if self.scheduler is None:
                 return None
             return cluster_figures(self.scheduler.state, len(self.queued))
+
+
+def plan_write(plan: DefragPlan) -> PlanWrite:
+    """What the store writes of a plan (server/store/move_store.py)."""
+    moves = tuple(MoveWrite(m.workload, m.tenant, m.source, m.target, m.reason) for m in plan.moves)
+    return PlanWrite(plan.binding.tenant, plan.reason, moves)
+
+
+def remember_movable(scheduler: Scheduler, row: dict[str, Any]) -> None:
+    """Tell the scheduler about a restored bound workload that allows moves (`spec.migration`);
+    only such a manifest is parsed (a rebuild reads every binding)."""
+    manifest = row.get("spec")
+    spec = manifest.get("spec") if isinstance(manifest, dict) else None
+    if not isinstance(spec, dict) or not spec.get("migration"):
+        return
+    namespace, _, name = str(row.get("workload") or f"{row.get('namespace')}/{row.get('name')}").partition("/")
+    try:
+        scheduler.remember_movable(workload_from_row({**row, "namespace": namespace, "name": name}))
+    except (ValidationError, ValueError) as exc:  # it is not moved: the state keeps its binding
+        log.warning("workload %s/%s: its migration setting is not read: %s", namespace, name, exc)

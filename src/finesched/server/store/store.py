@@ -13,7 +13,7 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, S
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from sqlalchemy import (
     ColumnElement,
@@ -160,6 +160,18 @@ def preempted_reason(victim: Mapping[str, Any], preemptor: str, binding: Mapping
     higher = int(binding.get("priority") or 0) > int(victim.get("priority") or 0)
     who = "a higher-priority workload" if higher else "a workload of another tenant"
     return f"preempted by {who} on {node}: {why}"
+
+
+class PlannedMoves(Protocol):
+    """A defragmentation plan as `Store.bind` writes it (server/store/move_store.py's PlanWrite)."""
+
+    def in_place(self, conn: Connection) -> bool:
+        """Whether every mover is still bound as the plan found it (its rows locked)."""
+        ...
+
+    def write(self, conn: Connection, waiting: str, stamp: datetime) -> list[Event]:
+        """Replace the movers' bindings by their targets; the events."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -560,6 +572,7 @@ class Store:
         decisions: Sequence[tuple[int, int, str, str, Mapping[str, Any]]],
         fence: Any = None,
         evictions: Mapping[int, Sequence[tuple[str, str]]] | None = None,
+        moves: Mapping[int, PlannedMoves] | None = None,
     ) -> tuple[list[int], list[int]]:
         """Write bindings (workload id, version seen, key, node, binding data) in one transaction.
 
@@ -567,14 +580,24 @@ class Store:
         that were not (deleted or changed meanwhile) are returned as conflicts and not bound, with
         the ids of the events written. `evictions[id]` are the (victim key, reason) pairs a
         preemptor needs gone: they are released and requeued in the same transaction, and only if
-        that preemptor is bound. `fence(conn)` runs first and must raise when this writer may no
-        longer schedule."""
-        evictions = evictions or {}
+        that preemptor is bound. `moves[id]` is the defragmentation plan a waiting workload's
+        binding needs (server/store/move_store.py): written with that binding or not at all; a
+        mover no longer bound as planned makes the waiting workload a conflict. `fence(conn)` runs
+        first and must raise when this writer may no longer schedule."""
+        evictions, moves = evictions or {}, moves or {}
         with self.write() as conn:
             if fence is not None:
                 fence(conn)
             stamp = now()
             bindable = self._still_pending(conn, {d[0]: d[1] for d in decisions})
+            events: list[Event] = []
+            for workload_id, _, key, _, _ in decisions:  # in order: a later plan sees an earlier one's moves
+                plan = moves.get(workload_id)
+                if plan is not None and workload_id in bindable:
+                    if plan.in_place(conn):
+                        events += plan.write(conn, key, stamp)
+                    else:
+                        bindable.discard(workload_id)
             chosen = [d for d in decisions if d[0] in bindable]
             for part in chunks(chosen):  # a few statements per batch, not one per workload
                 nodes = case({workload_id: node for workload_id, _, _, node, _ in part}, value=t.workloads.c.id)
@@ -590,7 +613,7 @@ class Store:
                         updated=stamp,
                     )  # a job slot placed again after its region's restart: done
                 )
-            events, rows = [], []
+            rows = []
             for workload_id, _, key, node, data in chosen:
                 for victim, reason in evictions.get(workload_id, ()):
                     events += self._evict(conn, victim, key, data, reason)

@@ -1,6 +1,8 @@
 // What if? Paste Workload manifests (YAML, several documents) and see where each would go now:
 // POST /v1/plan plans them on a copy of the live state (nothing is stored). Invalid manifests come
 // back with every problem's field path, shown per document with the line of the field itself.
+// "Defragment" (POST /v1/plan?defragment=true) also plans moves of running workloads that allow
+// them (spec.migration) for a workload that fits nowhere: listed under that workload, none made.
 
 import { api } from "./api.js";
 import { colorFor, errorLines, grantText, h, nodeLink, resourceAmounts, section, table } from "./dom.js";
@@ -17,14 +19,19 @@ export function mount(main, _params, who) {
   text.value = sessionStorage.getItem("finesched.plan") || EXAMPLE.replace("default", who.role === "tenant" ? who.tenant : "default");
   const answer = h("div", { id: "plan-answer" });
   const button = h("button", { type: "submit", id: "plan-run" }, "Where would they go?");
-  const form = h("form", { id: "plan-form", class: "card" }, h("h2", {}, "Workload manifests"), text, h("div", {}, button));
+  const defragment = h("input", { type: "checkbox", id: "plan-defragment" });
+  defragment.checked = sessionStorage.getItem("finesched.plan.defragment") === "true";
+  const option = h("label", { for: "plan-defragment", title: "Also move running workloads that allow it (spec.migration) so that a workload that fits nowhere fits" }, defragment, " Defragment");
+  const form = h("form", { id: "plan-form", class: "card" }, h("h2", {}, "Workload manifests"), text, h("div", {}, button, " ", option));
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
     sessionStorage.setItem("finesched.plan", text.value);
+    sessionStorage.setItem("finesched.plan.defragment", String(defragment.checked));
     button.disabled = true;
     answer.replaceChildren(h("p", { class: "muted" }, "Planning on a copy of the live state…"));
     try {
-      const result = await api("/v1/plan", { method: "POST", body: text.value, contentType: "application/yaml" });
+      const path = defragment.checked ? "/v1/plan?defragment=true" : "/v1/plan";
+      const result = await api(path, { method: "POST", body: text.value, contentType: "application/yaml" });
       answer.replaceChildren(...drawAnswer(result));
     } catch (error) {
       answer.replaceChildren(drawErrors(error, text.value));
@@ -50,11 +57,30 @@ function drawAnswer(result) {
   const s = result.summary;
   return [
     section(
-      `Answer: ${s.placed} placed, ${s.unschedulable} not placed${s.evicted ? `, ${s.evicted} evicted` : ""}`,
+      `Answer: ${s.placed} placed, ${s.unschedulable} not placed${s.evicted ? `, ${s.evicted} evicted` : ""}${s.moves ? `, ${s.moves} move(s)` : ""}`,
       h("p", { class: "muted" }, `On ${result.cluster.nodes} nodes as they are now${result.cluster.pending ? `; ${result.cluster.pending} workload(s) already waiting there are not part of this plan` : ""}.`),
+      result.defragmentation ? h("p", { class: "muted", id: "plan-defrag-settings" }, settingsText(result.defragmentation)) : null,
       table(["workload", "node", "score", "placement, or why it fits nowhere"], rows, { cls: "plan-results" }),
     ),
   ];
+}
+
+// Which defragmentation settings the moves were planned with (the profile's, or the defaults).
+function settingsText(defrag) {
+  const where = defrag.source === "profile" ? "the profile's" : "the default (the profile does not defragment)";
+  const settings = Object.entries(defrag.settings).map(([k, v]) => `${k} ${v}`).join(", ");
+  return `Moves planned with ${where} defragmentation settings: ${settings}. None is made.`;
+}
+
+// One planned move: who (another tenant's workload unnamed), from where to where, why.
+function moveItem(m) {
+  const who = m.workload || "a workload of another tenant";
+  return h("li", { class: "move", "data-mover": m.workload || "" }, `${who}: ${placeText(m.from)} → ${placeText(m.to)}`, h("div", { class: "muted" }, m.reason));
+}
+
+function placeText(place) {
+  const grants = Object.entries(place.devices || {}).flatMap(([kind, gs]) => gs.map((g) => grantText(kind, g.minor, g.resources, g.mig)));
+  return grants.length ? `${place.node} (${grants.join("; ")})` : place.node;
 }
 
 function placement(r) {
@@ -76,6 +102,10 @@ function placement(r) {
       const swatch = h("span", { class: "swatch", style: `background:${colorFor(r.workload)}` });
       parts.push(h("div", { class: "grant", "data-device": `${kind}-${g.minor}` }, swatch, " ", grantText(kind, g.minor, g.resources, g.mig)));
     }
+  }
+  if (r.movedBy) parts.push(h("div", { class: "warn moved-by" }, `then moved by ${r.movedBy} to ${placeText(r.movedTo)}`));
+  if (r.moves) {
+    parts.push(h("div", { class: "moves" }, h("div", { class: "warn" }, `after ${r.moves.length} move(s): ${r.movesReason || ""}`), h("ol", {}, r.moves.map(moveItem))));
   }
   if (r.preempts) {
     const victims = r.preempts.map((v) => (v.workload ? `${v.workload} (${v.reason})` : `a workload of another tenant (priority ${v.priority})`));
