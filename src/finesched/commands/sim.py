@@ -9,6 +9,8 @@
   arrivals), waiting in the scheduler's DRF queue; reports utilization and queueing delay. Like
   ``fill``, ``--priorities`` gives pods seeded priority classes and ``--preemption`` lets a waiting
   pod evict lower-priority running ones (the victims queue again); evictions per class are reported.
+  ``--defragment`` runs each policy without and with the defragmenter (every pod movable) and
+  reports them side by side: waiting, moves and the work the moves restarted.
 * ``sim topology``: gangs of 2-64 GPUs in a cluster cut into racks and blocks, beside the trace's
   pods, placed topology-unaware, by BestFit and by KeepDomainsWhole (sim/topology.py).
 
@@ -205,11 +207,20 @@ def fill(
         from finesched.sim.runner import RunSpec, bounds
 
         specs = [
-            RunSpec("fill", node_path, pod_path, p, s, inflation, preemption=preemption, priorities=mix,
-                    gpu_partitions=gpu_partitions)
+            RunSpec(
+                "fill",
+                node_path,
+                pod_path,
+                p,
+                s,
+                inflation,
+                preemption=preemption,
+                priorities=mix,
+                gpu_partitions=gpu_partitions,
+            )
             for p in names
             for s in seed_list
-        ]  # fmt: skip
+        ]
         started = time.perf_counter()
         runs = _run_with_progress(specs, jobs, "sim fill")
         wall = time.perf_counter() - started
@@ -438,11 +449,45 @@ def replay(
     output: Annotated[str, typer.Option("--output", "-o", help="table, wide or json.")] = "table",
     preemption: PreemptionFlag = False,
     priorities: PriorityMix = "",
+    defragment: Annotated[
+        bool,
+        typer.Option(
+            "--defragment", help="Run each policy without and with the defragmenter (every pod movable); side by side."
+        ),
+    ] = False,
+    max_moves_per_plan: Annotated[
+        int | None, typer.Option("--max-moves-per-plan", help="With --defragment: moves one waiting pod may cost (4).")
+    ] = None,
+    max_moves_per_minute: Annotated[
+        int | None, typer.Option("--max-moves-per-minute", help="With --defragment: moves per trace minute (20).")
+    ] = None,
+    max_moves_per_tenant_per_minute: Annotated[
+        int | None,
+        typer.Option(
+            "--max-moves-per-tenant-per-minute", help="With --defragment: a tenant's moves per trace minute (10)."
+        ),
+    ] = None,
+    cooldown: Annotated[
+        float | None,
+        typer.Option("--cooldown", help="With --defragment: trace seconds before a pod moves again (600)."),
+    ] = None,
+    candidate_nodes: Annotated[
+        int | None,
+        typer.Option("--candidate-nodes", help="With --defragment: nodes tried as a waiting pod's target (16)."),
+    ] = None,
 ) -> None:
     """Replay pods by their timestamps (arrive, run, leave; waiting pods queue with DRF by QoS class)."""
     try:
         if time_scale <= 0:
             raise _Fail(f"--time-scale must be > 0, got {time_scale}", 2)
+        given = {
+            "--max-moves-per-plan": max_moves_per_plan,
+            "--max-moves-per-minute": max_moves_per_minute,
+            "--max-moves-per-tenant-per-minute": max_moves_per_tenant_per_minute,
+            "--cooldown": cooldown,
+            "--candidate-nodes": candidate_nodes,
+        }
+        defrag = _defragmentation(defragment, {k: v for k, v in given.items() if v is not None})
         mix = _priority_mix(priorities)
         names, seed_list = _runs_wanted(output, jobs, policy, seeds)
         node_path, pod_path = _preflight(nodes, pods, need_times=True)
@@ -450,8 +495,19 @@ def replay(
         from finesched.sim.runner import RunSpec
 
         specs = [
-            RunSpec("replay", node_path, pod_path, p, s, time_scale=time_scale, preemption=preemption, priorities=mix)
+            RunSpec(
+                "replay",
+                node_path,
+                pod_path,
+                p,
+                s,
+                time_scale=time_scale,
+                preemption=preemption,
+                priorities=mix,
+                defragmentation=d,
+            )
             for p in names
+            for d in ([None, defrag] if defrag is not None else [None])
             for s in seed_list
         ]
         started = time.perf_counter()
@@ -461,12 +517,88 @@ def replay(
         if out_dir is not None:
             meta = _meta("finesched sim replay", node_path, pod_path, time_scale=time_scale, preemption=preemption,
                          priorities=list(mix), wall_s=round(wall, 1))  # fmt: skip
+            if defrag is not None:
+                meta["defragmentation"] = (
+                    f"{dict(defrag) or 'profile defaults'}; every pod movable (no opt-in in the trace)"
+                )
             _write_replay_report(out_dir, runs, meta)
     except _Fail as exc:
         raise fail(str(exc), exc.code) from None
     except OSError as exc:
         raise fail(f"cannot write the report: {exc}", 1) from None
     _print_replay(records, output, time_scale=time_scale, wall=wall, mix=bool(mix))
+    if defrag is not None and output != "json":
+        _defrag_table(records, wide=output == "wide")
+
+
+#: `--max-moves-per-plan` etc.: the profile's `defragmentation` field each option sets.
+_DEFRAG_FIELDS = {
+    "--max-moves-per-plan": "maxMovesPerPlan",
+    "--max-moves-per-minute": "maxMovesPerMinute",
+    "--max-moves-per-tenant-per-minute": "maxMovesPerTenantPerMinute",
+    "--cooldown": "cooldownSeconds",
+    "--candidate-nodes": "candidateNodes",
+}
+
+
+def _defragmentation(on: bool, given: dict[str, float]) -> tuple[tuple[str, float], ...] | None:
+    """`--defragment`'s settings, checked against the profile's rules (sched/profile.py); None when off.
+    Errors name the option, its value and the allowed range (exit 2)."""
+    from pydantic import ValidationError
+
+    from finesched.sched.profile import Defragmentation
+
+    if not on:
+        if given:
+            raise _Fail(f"{', '.join(given)} need --defragment", 2)
+        return None
+    settings = {_DEFRAG_FIELDS[option]: value for option, value in given.items()}
+    try:
+        Defragmentation.model_validate(settings)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        field = str(error["loc"][0]) if error["loc"] else ""
+        option = next((o for o, f in _DEFRAG_FIELDS.items() if field in (f, _snake(f))), field)
+        raise _Fail(f"{option}: {error['msg'].lower()}, got {given.get(option)!r}", 2) from None
+    return tuple(settings.items())
+
+
+def _snake(name: str) -> str:
+    return "".join(f"_{c.lower()}" if c.isupper() else c for c in name)
+
+
+def _defrag_table(records: list[dict[str, Any]], wide: bool) -> None:
+    """`sim replay --defragment`: per policy, without and with the defragmenter (means over seeds):
+    pods that waited and their GPU-seconds, whole-GPU pods' wait, unplaced pods, moves."""
+    from finesched.sim.report import defrag_rows
+
+    table = DEFRAG_COLUMNS.table("Without / with the defragmenter (mean over seeds)", wide=wide)
+    for r in defrag_rows(records):
+        DEFRAG_COLUMNS.add_row(
+            table,
+            r["policy"],
+            r["defrag"],
+            f"{r['alloc_mean']:.2f}",
+            f"{r['waited']:.0f}",
+            f"{r['waited_gpu_s']:.1f}",
+            f"{r['whole_delay_mean_s']:.3f}",
+            f"{r['whole_delay_p99_s']:.2f}",
+            f"{r['unplaced']:.0f}",
+            f"{r['moves']:.0f}",
+            f"{r['moves_pct']:.2f}",
+            f"{r['restarted_gpu_s']:.0f}",
+            wide=wide,
+        )
+    print_table(out, table, wide=wide)
+
+
+#: `--defragment`'s table; the allocation and the work restarted are `-o wide`'s.
+DEFRAG_COLUMNS = Columns(
+    col("policy", keep=True), col("defrag"), col("GPU alloc %", right=True, wide=True), col("waited", right=True),
+    col("GPU·s", right=True), col("≥1 GPU mean s", right=True), col("p99 s", right=True),
+    col("unplaced", right=True), col("moves", right=True), col("% pods", right=True),
+    col("restarted GPU·s", right=True, wide=True),
+)  # fmt: skip
 
 
 def _write_replay_report(out_dir: Path, runs: list[Any], meta: dict[str, Any]) -> None:

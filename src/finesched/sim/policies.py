@@ -12,7 +12,9 @@ the first fully free GPUs by minor. Random's uniform GPU and FGD's GPU of least 
 increase go through `DEVICE_CHOOSER` (plugins/shared_keys.py): `GpuSelect` and `FGDScore` write one.
 
 Ours, FGD-CPU: FGD plus a CPU-stranding term (plugins/fragmentation/, ``cpuAware``), with the
-target workload from the trace (as FGD) or learned online (FGD-CPU-Online).
+target workload from the trace (as FGD) or learned online (FGD-CPU-Online). FGD-CPU-Exact: FGD-CPU
+whose select takes, among the first K (``exact``, 24) nodes of FGD-CPU's order (score, then the
+seeded tie order), the one with the smallest exact Δ' (`FGDExact`).
 """
 
 from __future__ import annotations
@@ -258,10 +260,12 @@ class BestFit(_ViewUser):
 BASELINES = ("Random", "DotProd", "GpuPacking", "GpuClustering", "BestFit", "FGD")
 #: Ours: CPU-aware FGD (plugins/fragmentation/ `FGDScore` with cpuAware), with M from the trace or
 #: learned online; FGD-Online is plain FGD with the online M (no oracle view of the trace).
-OURS = ("FGD-CPU", "FGD-CPU-Online", "FGD-Online")
+OURS = ("FGD-CPU", "FGD-CPU-Online", "FGD-Online", "FGD-CPU-Exact")
 BEST = "FGD-CPU"
 #: λ of the stranding term in our policy (results are flat for λ in 0.25..4 on the default trace).
 CPU_AWARE_WEIGHT = 1.0
+#: K of FGD-CPU-Exact: how many nodes of FGD-CPU's order the exact Δ' chooses among.
+EXACT_CANDIDATES = 24
 POLICIES = (*BASELINES, *OURS)
 PUBLISHED_130 = {
     "FGD": 95.39,
@@ -310,10 +314,12 @@ def policy_profile(policy: str, seed: int, target_specs: list[dict[str, Any]]) -
     if policy == "Random":
         random_gpu = {"name": "GpuSelect", "args": {"method": "random", "seed": seed + 1}}
         scorers = [{"name": "RandomScore", "args": {"seed": seed}}, random_gpu]
-    elif policy in ("FGD", "FGD-Online", "FGD-CPU", "FGD-CPU-Online"):
+    elif policy in ("FGD", "FGD-Online", "FGD-CPU", "FGD-CPU-Online", "FGD-CPU-Exact"):
         args: dict[str, Any] = {"target": "online" if policy.endswith("Online") else target_specs}
         if policy.startswith("FGD-CPU"):
             args["cpuAware"] = CPU_AWARE_WEIGHT
+        if policy == "FGD-CPU-Exact":
+            args["exact"] = EXACT_CANDIDATES
         scorers = [{"name": "FGD", "args": args}]
     else:
         scorers = [{"name": policy}]

@@ -3,7 +3,9 @@
 Fill plots: allocation rate and fragmentation amount against arrived demand, one line per policy
 (the median over seeds) with a band from the 25th to the 75th percentile of the seeds (the FGD
 reference's median and 50 % band), full range and a zoom on 88-130 %. Replay plots: GPU allocation
-and queue length over time, and the queueing-delay CDF. The HTML embeds the PNGs (base64), so the
+and queue length over time, and the queueing-delay CDF; with the defragmenter (`sim replay
+--defragment`) each policy's run with it is a dashed line beside the one without, and a table puts
+their waiting and moves side by side. The HTML embeds the PNGs (base64), so the
 report is one file to share.
 """
 
@@ -147,6 +149,14 @@ def _by_policy(runs: Sequence[Result]) -> dict[str, list[Result]]:
     return out
 
 
+def _by_label(runs: Sequence[Result]) -> dict[str, list[Result]]:
+    """Replay runs by `replay_label` (a policy with and without the defragmenter apart)."""
+    out: dict[str, list[Result]] = {}
+    for run in runs:
+        out.setdefault(replay_label(run["record"]), []).append(run)
+    return out
+
+
 def seed_band(ys: FloatArray) -> tuple[FloatArray, FloatArray, FloatArray]:
     """Per column of `ys` (seeds x points): median, 25th and 75th percentile, NaNs ignored.
 
@@ -246,11 +256,21 @@ def _fill_html(
 
 
 # Replay ---------------------------------------------------------------------------------------------------
+def replay_label(record: Mapping[str, Any]) -> str:
+    """A replay run's name in tables and plots: its policy, `+defrag` with the defragmenter on."""
+    return f"{record['policy']} +defrag" if record.get("defragmentation") is not None else str(record["policy"])
+
+
+def _mean(rows: Sequence[Mapping[str, Any]], get: Any, digits: int = 3) -> float:
+    return round(float(np.mean([get(r) for r in rows])), digits)
+
+
 def replay_summary(records: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per run name (`replay_label`): means over seeds. Runs with the defragmenter add its moves."""
     out: dict[str, dict[str, Any]] = {}
-    for policy in dict.fromkeys(r["policy"] for r in records):
-        rows = [r for r in records if r["policy"] == policy]
-        out[policy] = {
+    for label in dict.fromkeys(replay_label(r) for r in records):
+        rows = [r for r in records if replay_label(r) == label]
+        out[label] = {
             "seeds": len(rows),
             "alloc_mean": round(float(np.mean([r["alloc_mean"] for r in rows])), 4),
             "alloc_peak": round(float(np.mean([r["alloc_peak"] for r in rows])), 4),
@@ -263,8 +283,84 @@ def replay_summary(records: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, 
             "unplaced_reasons": mean_reasons(rows, "unplaced_reasons"),
         }
         if all("evictions" in r for r in rows):  # runs with a priority mix
-            out[policy]["evictions"] = round(float(np.mean([r["evictions"] for r in rows])), 1)
+            out[label]["evictions"] = round(float(np.mean([r["evictions"] for r in rows])), 1)
+        if all("whole_gpu" in r for r in rows):
+            out[label].update(
+                waited_gpu_s=_mean(rows, lambda r: r["waited_gpu_s"]),
+                whole_waited=_mean(rows, lambda r: r["whole_gpu"]["waited"], 1),
+                whole_delay_mean_s=_mean(rows, lambda r: r["whole_gpu"]["delay_mean_s"]),
+                whole_delay_p99_s=_mean(rows, lambda r: r["whole_gpu"]["delay_p99_s"]),
+            )
+        if all("moves" in r for r in rows):  # runs with the defragmenter
+            out[label].update(
+                moves=_mean(rows, lambda r: r["moves"]["moves"], 1),
+                moves_pct=_mean(rows, lambda r: r["moves"]["moves_pct_of_pods"], 4),
+                moved_pods=_mean(rows, lambda r: r["moves"]["moved_pods"], 1),
+                restarted_gpu_s=_mean(rows, lambda r: r["moves"]["restarted_gpu_s"]),
+            )
     return out
+
+
+#: `defrag_rows`' figures of a run with the defragmenter off (it moves nothing).
+_NO_MOVES = {"moves": 0.0, "moves_pct": 0.0, "moved_pods": 0.0, "restarted_gpu_s": 0.0}
+
+
+def defrag_rows(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """`sim replay --defragment`'s comparison: per policy its run without the defragmenter, then with
+    it (means over seeds): allocation, pods that waited and their GPU-seconds of waiting, the waiting
+    time of whole-GPU pods, pods never placed, and the moves with the work they restarted."""
+    summary = replay_summary(records)
+    rows = []
+    for policy in dict.fromkeys(str(r["policy"]) for r in records):
+        for label, on in ((policy, "off"), (f"{policy} +defrag", "on")):
+            if label in summary:
+                rows.append({"policy": policy, "defrag": on, **_NO_MOVES, **summary[label]})
+    return rows
+
+
+def planner_answers(records: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, int]]:
+    """Per policy with the defragmenter: what the planner answered (summed over seeds), most first."""
+    out: dict[str, dict[str, int]] = {}
+    for r in records:
+        for why, count in (r.get("moves") or {}).get("planner_answers", {}).items():
+            mine = out.setdefault(replay_label(r), {})
+            mine[why] = mine.get(why, 0) + int(count)
+    return {k: dict(sorted(v.items(), key=lambda kv: -kv[1])) for k, v in out.items()}
+
+
+_DEFRAG_HEAD = (
+    ("alloc_mean", "GPU alloc mean %", 2), ("waited", "pods waited", 0), ("waited_gpu_s", "their GPU·s waiting", 1),
+    ("whole_delay_mean_s", "whole-GPU wait mean s", 3), ("whole_delay_p99_s", "whole-GPU wait p99 s", 2),
+    ("unplaced", "never placed", 0), ("moves", "moves", 0), ("moves_pct", "moves % of pods", 2),
+    ("moved_pods", "pods moved", 0), ("restarted_gpu_s", "GPU·s of work restarted", 0),
+)  # fmt: skip
+
+
+def _defrag_html(records: Sequence[Mapping[str, Any]]) -> str:
+    """The side-by-side table and the planner's answers (empty without defragmenter runs)."""
+    rows = defrag_rows(records)
+    if not any(r["defrag"] == "on" for r in rows):
+        return ""
+    head = "".join(f"<th>{html.escape(title)}</th>" for _, title, _ in _DEFRAG_HEAD)
+    body = "".join(
+        f"<tr><th>{html.escape(r['policy'])}</th><td>{r['defrag']}</td>"
+        + "".join(f"<td>{r[key]:.{digits}f}</td>" for key, _, digits in _DEFRAG_HEAD)
+        + "</tr>"
+        for r in rows
+    )
+    answers = "".join(
+        f"<tr><th>{html.escape(label)}</th><td class='reason'>{html.escape(why)}</td><td>{n}</td></tr>"
+        for label, whys in planner_answers(records).items()
+        for why, n in whys.items()
+    )
+    return (
+        "<h2>Without and with the defragmenter</h2><p>Every pod is movable: the trace has no opt-in "
+        "(<code>spec.migration</code>). A moved pod restarts on its target and runs its whole duration again. "
+        "Means over seeds; waiting counts every pod placed after a wait, its GPU·s are GPUs × wait.</p>"
+        f"<table><tr><th>policy</th><th>defrag</th>{head}</tr>{body}</table>"
+        "<h2>What the planner answered</h2><p>Each time a pod fit nowhere (names and numbers blanked).</p>"
+        f"<table><tr><th>run</th><th>answer</th><th>times</th></tr>{answers}</table>"
+    )
 
 
 def reasons_html(summary: Mapping[str, Mapping[str, Any]], key: str, title: str) -> str:
@@ -279,6 +375,57 @@ def reasons_html(summary: Mapping[str, Mapping[str, Any]], key: str, title: str)
     return f"<h2>{html.escape(title)}</h2><table><tr><th>policy</th><th>reason</th><th>pods</th></tr>{rows}</table>"
 
 
+#: The replay CSV's last columns: the defragmenter on/off, waiting GPU-seconds, moves, work restarted.
+_CSV_DEFRAG = ("defrag", "waited_gpu_s", "moves", "restarted_gpu_s")
+
+
+def _queue_window(runs: Sequence[Result]) -> tuple[float, float] | None:
+    """The trace-time span in which any run had pods waiting (with a margin); None: nobody waited."""
+    spans = [
+        (t[q > 0].min(), t[q > 0].max())
+        for t, q in ((np.asarray(r["series"]["t"], dtype=float), np.asarray(r["series"]["queued"])) for r in runs)
+        if (q > 0).any()
+    ]
+    if not spans:
+        return None
+    lo, hi = min(a for a, _ in spans), max(b for _, b in spans)
+    margin = max(0.1 * (hi - lo), 1.0)
+    return lo - margin, hi + margin
+
+
+def _over_time_plot(path: Path, runs: Sequence[Result]) -> None:
+    """GPU allocation and pods waiting over trace time, one line per run (dashed: with the
+    defragmenter, in its policy's colour); with queues, a right-hand zoom on when pods waited."""
+    window = _queue_window(runs)
+    fig, grid = plt.subplots(2, 2 if window else 1, figsize=(14 if window else 11, 6), sharex="col", squeeze=False)
+    colors: dict[str, Any] = {}
+    for label, group in _by_label(runs).items():
+        first, record = group[0]["series"], group[0]["record"]
+        style: dict[str, Any] = {"linestyle": "--" if record.get("defragmentation") is not None else "-"}
+        if record["policy"] in colors:
+            style["color"] = colors[record["policy"]]
+        for column in range(grid.shape[1]):
+            (line,) = grid[0, column].plot(
+                first["t"], first["alloc"], label=f"{label} (seed {record['seed']})", **style
+            )
+            style["color"] = line.get_color()
+            grid[1, column].plot(first["t"], first["queued"], **style)
+        colors.setdefault(record["policy"], style["color"])
+    if window:
+        grid[1, 1].set_xlim(*window)
+        grid[0, 1].set_title("zoom: while pods waited", fontsize=9)
+    for column in range(grid.shape[1]):
+        grid[0, column].set_ylabel("GPU allocation (%)")
+        grid[1, column].set_ylabel("pods waiting")
+        grid[1, column].set_xlabel("trace time (s, after time scaling)")
+    grid[0, 0].legend(fontsize=8)
+    for ax in grid.flat:
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def write_replay(out: Path, runs: Sequence[Result], meta: Mapping[str, Any]) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     records = [r["record"] for r in runs]
@@ -288,28 +435,20 @@ def write_replay(out: Path, runs: Sequence[Result], meta: Mapping[str, Any]) -> 
     keys.append("wall_s")
     with paths[0].open("w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle)
-        writer.writerow([*keys, "delay_mean_s", "delay_p50_s", "delay_p95_s", "delay_max_s"])
+        writer.writerow([*keys, "delay_mean_s", "delay_p50_s", "delay_p95_s", "delay_max_s", *_CSV_DEFRAG])
         for r in records:
-            d = r["delay_s"]
-            writer.writerow([r[k] for k in keys] + [d["mean"], d["p50"], d["p95"], d["max"]])
+            d, moves = r["delay_s"], r.get("moves") or {}
+            writer.writerow(
+                [r[k] for k in keys]
+                + [d["mean"], d["p50"], d["p95"], d["max"]]
+                + ["on" if r.get("defragmentation") is not None else "off", r.get("waited_gpu_s", "")]
+                + [moves.get("moves", 0), moves.get("restarted_gpu_s", 0)]
+            )
     payload = {"meta": dict(meta), "summary": summary, "results": records}
     paths[1].write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
-    fig, axes = plt.subplots(2, 1, figsize=(11, 6), sharex=True)
-    for policy, group in _by_policy(runs).items():
-        first = group[0]["series"]
-        (line,) = axes[0].plot(first["t"], first["alloc"], label=f"{policy} (seed {group[0]['record']['seed']})")
-        axes[1].plot(first["t"], first["queued"], color=line.get_color())
-    axes[0].set_ylabel("GPU allocation (%)")
-    axes[1].set_ylabel("pods waiting")
-    axes[1].set_xlabel("trace time (s, after time scaling)")
-    axes[0].legend(fontsize=8)
-    for ax in axes:
-        ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(paths[2], dpi=110)
-    plt.close(fig)
+    _over_time_plot(paths[2], runs)
     fig, ax = plt.subplots(figsize=(7, 4))
-    for policy, group in _by_policy(runs).items():
+    for policy, group in _by_label(runs).items():
         delays = np.sort(np.concatenate([np.asarray(g["delays"], dtype=float) for g in group]))
         if delays.size:
             ax.plot(delays, np.arange(1, delays.size + 1) / delays.size, label=policy)
@@ -333,7 +472,8 @@ def write_replay(out: Path, runs: Sequence[Result], meta: Mapping[str, Any]) -> 
     paths[4].write_text(
         f"<!doctype html><html><head><meta charset='utf-8'><title>finesched sim replay</title>{_STYLE}</head><body>"
         f"<h1>Replay: utilization and queueing delay</h1>{_meta_html(meta)}"
-        f"<table><tr><th>policy</th>{head}</tr>{rows}</table>{why}{_img(paths[2])}{_img(paths[3])}</body></html>\n",
+        f"<table><tr><th>policy</th>{head}</tr>{rows}</table>{_defrag_html(records)}{why}"
+        f"{_img(paths[2])}{_img(paths[3])}</body></html>\n",
         encoding="utf-8",
     )
     return paths

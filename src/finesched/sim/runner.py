@@ -50,6 +50,9 @@ class RunSpec:
     mig_mode: str = ""
     #: `sim fill --gpu-partitions`: give every GPU node a partition table under this policy.
     gpu_partitions: str = ""
+    #: `sim replay --defragment`: the profile's defragmentation settings (pairs; () for the
+    #: defaults); None: the defragmenter is off.
+    defragmentation: tuple[tuple[str, float], ...] | None = None
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -116,7 +119,8 @@ def execute(spec: RunSpec, progress: Callable[[int, int], None] | None = None) -
             "frag_ratio": list(metrics.bin_at(run.arrived, run.frag_ratio, xs).values()),
         }
         return {"record": run.record(), "curves": curves}
-    replay = run_replay(nodes, pods, spec.policy, spec.seed, spec.time_scale, **common)
+    defrag = None if spec.defragmentation is None else dict(spec.defragmentation)
+    replay = run_replay(nodes, pods, spec.policy, spec.seed, spec.time_scale, defragmentation=defrag, **common)
     # The plot shows the arrival window (and a little after): long-running pods leave much later.
     shown = replay.times <= replay.last_arrival * 1.1 + 1.0
     times, alloc, queued = replay.times[shown], replay.alloc[shown], replay.queued[shown]

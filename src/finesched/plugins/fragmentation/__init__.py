@@ -39,7 +39,17 @@ from finesched.plugins.fragmentation.index import (
     fragment_terms,
     node_fragmentation,
 )
-from finesched.plugins.fragmentation.plugin import FGDScore, GpuPick, constraint_text, stranded_milli, task_shape
+from finesched.plugins.fragmentation.plugin import (
+    MAX_EXACT,
+    FGDExact,
+    FGDScore,
+    GpuPick,
+    constraint_text,
+    exact_order,
+    first_k,
+    stranded_milli,
+    task_shape,
+)
 from finesched.plugins.fragmentation.target import (
     GPU_MODEL_LABEL,
     MAX_CLASSES,
@@ -52,7 +62,9 @@ from finesched.plugins.fragmentation.target import (
 __all__ = [
     "GPU_MODEL_LABEL",
     "MAX_CLASSES",
+    "MAX_EXACT",
     "MILLI",
+    "FGDExact",
     "FGDScore",
     "FragmentationIndex",
     "GpuPick",
@@ -62,7 +74,9 @@ __all__ = [
     "TargetWorkload",
     "accessible",
     "constraint_text",
+    "exact_order",
     "fgd_score",
+    "first_k",
     "fragment_terms",
     "node_fragmentation",
     "stranded_milli",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -76,6 +76,9 @@ def stranded_milli(gpu_free_total: FloatArray, cpu_free: FloatArray, cpu_per_gpu
 @dataclass(frozen=True)
 class FGDState:
     scores: ScoreArray
+    #: [n] the exact Δ' behind each node's score (+inf where the task does not fit); kept for the
+    #: ``exact`` select (`FGDExact`), None otherwise.
+    delta: FloatArray | None = None
 
 
 FGD_STATE = StateKey("FGD/scores", FGDState)
@@ -101,10 +104,15 @@ class FGDScore:
             refresh: 200          # online only: rebuild M every this many requests
             gpuChoice: score      # score (the artifact) | delta (exact argmin Δ)
             cpuAware: 0           # λ of the stranding term (0: plain FGD)
+            exact: 24             # optional: among the first K nodes of the score order, the least Δ' (`FGDExact`)
     """
 
     NAME: ClassVar[str] = "FGD"
-    ARGS: ClassVar[frozenset[str]] = frozenset({"target", "window", "refresh", "gpuChoice", "coverage", "cpuAware"})
+    ARGS: ClassVar[frozenset[str]] = frozenset(
+        {"target", "window", "refresh", "gpuChoice", "coverage", "cpuAware", "exact"}
+    )
+    #: Whether pre_score keeps the exact Δ' per node in the cycle (the ``exact`` select reads it).
+    KEEP_DELTA: ClassVar[bool] = False
 
     def __init__(self, target: TargetWorkload | OnlineTarget, gpu_choice: str = "score", cpu_aware: float = 0.0):
         self.source = target
@@ -127,6 +135,9 @@ class FGDScore:
         cpu_aware = args.get("cpuAware", 0)
         if isinstance(cpu_aware, bool) or not isinstance(cpu_aware, int | float) or cpu_aware < 0:
             raise ValidationError("must be a number >= 0", path=f"{where}.cpuAware", value=cpu_aware)
+        exact = args.get("exact")
+        if exact is not None and (isinstance(exact, bool) or not isinstance(exact, int) or not 1 <= exact <= MAX_EXACT):
+            raise ValidationError(f"must be an integer in 1..{MAX_EXACT}", path=f"{where}.exact", value=exact)
         target = args.get("target")
         if target == "online":
             online = {}
@@ -136,10 +147,17 @@ class FGDScore:
                     raise ValidationError("must be a number > 0", path=f"{where}.{name}", value=value)
                 if value is not None:
                     online[name] = kind(value)
-            return cls(OnlineTarget(**online), choice, float(cpu_aware))
+            return cls._made(OnlineTarget(**online), choice, float(cpu_aware), exact)
         if not isinstance(target, list) or not target:
             raise ValidationError("must be a non-empty list of specs or 'online'", path=f"{where}.target")
-        return cls(TargetWorkload.from_specs(target), choice, float(cpu_aware))
+        return cls._made(TargetWorkload.from_specs(target), choice, float(cpu_aware), exact)
+
+    @classmethod
+    def _made(cls, target: TargetWorkload | OnlineTarget, choice: str, cpu_aware: float, exact: int | None) -> FGDScore:
+        """The plugin of checked args: FGDScore, or FGDExact (also a select plugin) with ``exact``."""
+        if exact is None:
+            return cls(target, choice, cpu_aware)
+        return FGDExact(target, choice, cpu_aware, exact=exact)
 
     def attach(self, state: ClusterState) -> None:
         if isinstance(self.source, TargetWorkload):
@@ -163,7 +181,8 @@ class FGDScore:
         if self.cpu_aware > 0:
             delta = delta + self.cpu_aware * self._stranding_delta(index, shape)
         scores = np.where(cache.fits, fgd_score(delta), 0)
-        cycle.write(FGD_STATE, FGDState(scores))
+        exact = np.where(cache.fits, delta, np.inf) if self.KEEP_DELTA else None
+        cycle.write(FGD_STATE, FGDState(scores, exact))
         cycle.write(DEVICE_CHOOSER, GpuPick(cache.gpu, shape[1] == 1 and shape[2] < MILLI))
         return SUCCESS
 
@@ -177,3 +196,78 @@ class FGDScore:
 
     def score(self, cycle: CycleState, request: ScheduleRequest, nodes: NodeBatch) -> ScoreArray:
         return nodes.take(cycle.read(FGD_STATE).scores)
+
+
+#: The largest ``exact`` K accepted (beyond it the select costs more than the score it refines).
+MAX_EXACT = 1000
+
+
+class FGDExact(FGDScore):
+    """FGD (usually CPU-aware: FGD-CPU-Exact) that also selects: among the first K feasible nodes of
+    the score order, the one with the smallest exact Δ' (``exact: K`` in the FGD args).
+
+    Why: the score ⌊100·σ(−Δ'/1000)⌋ is an integer, so nodes whose Δ' differ by less than about
+    40 milli-GPU tie and the seeded tie order decides among them. The select keeps the ranking
+    (total score descending, then the profile's tie order: the key the scheduler passes) but lets
+    the exact Δ' decide among its first K; ties in Δ' keep the earlier node. The chosen node comes
+    first, then every other feasible node in the usual order (reserve may refuse the first).
+
+    The Δ' of a node is the one its score came from, computed for the GPU that `GpuPick` (this
+    plugin's DEVICE_CHOOSER) reserves, so the GPU placed on is the one Δ' describes. Per-shape
+    memoization (sched/memo.py) keeps only filter results and the score key; pre_score runs every
+    cycle and reads Δ' for all nodes from the fragmentation index (refreshed where nodes changed),
+    so the select always sees the current Δ' of every node, memoized or not.
+    """
+
+    KEEP_DELTA: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        target: TargetWorkload | OnlineTarget,
+        gpu_choice: str = "score",
+        cpu_aware: float = 0.0,
+        *,
+        exact: int = 24,
+    ):
+        super().__init__(target, gpu_choice, cpu_aware)
+        #: K: how many nodes of the score order the exact Δ' chooses among.
+        self.exact = exact
+
+    def select(self, cycle: CycleState, request: ScheduleRequest, nodes: NodeBatch, total: ScoreArray) -> Iterator[int]:
+        delta = cycle.read(FGD_STATE).delta
+        if delta is None:
+            raise MissingState("FGD exact: pre_score did not keep Δ'")
+        yield from exact_order(nodes.indices, total, delta, self.exact)
+
+
+def first_k(indices: Iterable[int] | IntArray, key: ScoreArray, k: int) -> IntArray:
+    """The first `k` of `indices` (ascending node indices) by `key` descending, lowest index among
+    equal keys: the order in which the scheduler tries nodes without a select plugin."""
+    indices = np.asarray(indices, dtype=np.intp)
+    keys = key[indices]
+    if len(indices) > k:
+        cut = np.partition(keys, len(keys) - k)[len(keys) - k]  # the k-th largest key
+        above = np.flatnonzero(keys > cut)
+        tied = np.flatnonzero(keys == cut)[: k - len(above)]
+        keep = np.sort(np.concatenate([above, tied]))
+        indices, keys = indices[keep], keys[keep]
+    return indices[np.argsort(-keys, kind="stable")]
+
+
+def exact_order(indices: IntArray, key: ScoreArray, delta: FloatArray, k: int) -> Iterator[int]:
+    """Feasible nodes in FGDExact's order: the least `delta` among the first `k` by `key` (the earlier
+    among equals), then every other node by `key` descending, lowest index among equals."""
+    top = first_k(indices, key, k)
+    if len(top) == 0:
+        return
+    chosen = int(top[int(np.argmin(delta[top]))])
+    yield chosen
+    rest = np.full(key.shape, -1, dtype=np.int64)  # only when reserve refused the chosen node
+    rest[indices] = key[indices]
+    rest[chosen] = -1
+    while True:
+        best = int(rest.argmax())
+        if rest[best] < 0:
+            return
+        yield best
+        rest[best] = -1
