@@ -1,0 +1,168 @@
+"""Chains: room for a mover that fits nowhere else, made by moving other movers first.
+
+At high allocation the workloads that hold what a waiting one lacks (often memory or CPU on a node
+whose cards have room) are GPU holders for which no card anywhere has room: moving them alone can
+never work. A chain first moves a smaller movable workload off another node (or card) so that the
+mover fits there, and that workload may itself need a chain (depth bounded by CHAIN_DEPTH); all
+moves count against `maxMovesPerPlan`, and the plan is still made one step at a time
+(sched/defrag_trial.py orders the moves so each target is free when it is taken).
+
+`Room` belongs to one planner call: each mover's request in state coordinates (cached), a cheap
+pre-check (numpy) of whether a mover can go somewhere as things stand or after one chain move, so
+exact trials are spent on sets whose movers can move, and the chain options an exact trial tries
+(nodes where the mover lacks the least, and the movers there that hold what it lacks).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Collection
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from finesched.sched.defrag import Defragmenter
+from finesched.sched.defrag_movers import (
+    Mover,
+    Need,
+    covers,
+    fits_now,
+    greedy_count,
+    lack_scores,
+    movers_on,
+    need_of,
+    useful_movers,
+)
+from finesched.sched.memo import request_shape
+
+#: How deep a chain goes: 1 = a mover's room is made by moving others; 2 = theirs too.
+CHAIN_DEPTH = 2
+#: Nodes looked at for one mover's room (those where it lacks the least).
+CHAIN_NODES = 4
+#: Movers per such node considered for the chain.
+CHAIN_MOVERS = 6
+#: Exact chain attempts per trial (each places a mover and its chain by the profile).
+CHAIN_TRIALS = 12
+
+
+class Room:
+    """Where movers could go, for one planner call (see the module docstring)."""
+
+    def __init__(self, sched: Any, defragmenter: Defragmenter, now: float, waiting: str):
+        self.sched = sched
+        self.defragmenter = defragmenter
+        self.now = now
+        self.waiting = waiting
+        self._needs: dict[str, Need] = {}
+        #: (mover, target node, chain moves allowed) -> moves it costs (`cost`) or why not.
+        self._cost: dict[tuple[str, int, int], int | str] = {}
+        #: Mover -> the nodes with room for it as things stand (the pre-check's state: unchanged).
+        self._fits: dict[str, npt.NDArray[np.int64]] = {}
+        #: (mover, moves allowed, node avoided) -> `options` (the pre-check's, on the unchanged state).
+        self._options: dict[tuple[str, int, int], list[tuple[int, list[Mover]]]] = {}
+
+    def need(self, mover: Mover) -> Need:
+        """The mover's request in state coordinates (as the waiting workload's, sched/defrag_movers.py)."""
+        need = self._needs.get(mover.key)
+        if need is None:
+            w = mover.workload
+            need = self._needs[mover.key] = need_of(self.sched.state, self.sched._compiler.compile(w, request_shape(w)))
+        return need
+
+    def cost(self, mover: Mover, target: int, cards_only: bool, left: int) -> int | str:
+        """Moves it takes to move `mover` off `target` (where the waiting workload goes): 1 when some
+        node has room for it as things stand, 1 + k when moving k others (at most `left`, each of
+        which fits somewhere as things stand) makes room, else why not. `cards_only`: `target` lacks
+        only cards, so the mover may stay on it on another card."""
+        key = (mover.key, target, left)
+        cached = self._cost.get(key)
+        if cached is not None:
+            return cached
+        state = self.sched.state
+        need = self.need(mover)
+        ok = fits_now(state, need)
+        ok[target] &= cards_only and mover.binding.node == state.names[target]
+        if ok.any():
+            out: int | str = 1
+        else:
+            k = self._chain(mover, need, target, left)
+            if k is not None:
+                out = 1 + k
+            else:
+                held = needs_text(state, need)
+                out = f"{mover.key} fits on no other node, nor after moving {left} other workload(s) (it holds {held})"
+        self._cost[key] = out
+        return out
+
+    def _chain(self, mover: Mover, need: Need, target: int, left: int) -> int | None:
+        """The fewest other movers (at most `left`, each fitting elsewhere as things stand) whose
+        move makes room for `mover` on some node; None: none found."""
+        state = self.sched.state
+        best = None
+        key = (mover.key, left, target)
+        options = self._options.get(key)
+        if options is None:
+            options = self._options[key] = self.options(need, {mover.key}, left, avoid=target)
+        for node, useful in options:
+            for k in range(1, min(left, len(useful)) + 1):
+                if best is not None and k >= best:
+                    break
+                for subset in itertools.combinations(useful, k):
+                    if not covers(state, need, node, subset):
+                        continue
+                    if all(self._fits_elsewhere(c, (node, target)) for c in subset):
+                        best = k
+                        break
+            if best == 1:
+                break
+        return best
+
+    def _fits_elsewhere(self, mover: Mover, avoid: tuple[int, ...]) -> bool:
+        fits = self._fits.get(mover.key)
+        if fits is None:
+            fits = self._fits[mover.key] = np.flatnonzero(fits_now(self.sched.state, self.need(mover)))
+        return any(node not in avoid for node in fits[: len(avoid) + 1].tolist())
+
+    def options(self, need: Need, taken: Collection[str], left: int, avoid: int = -1) -> list[tuple[int, list[Mover]]]:
+        """Nodes where moving at most `left` movers (none of `taken`) could make room for `need`, the
+        least lacking first, each with its movers that hold what it lacks (at most CHAIN_NODES)."""
+        state = self.sched.state
+        count, frac, possible = lack_scores(state, need)
+        nodes = np.flatnonzero(possible & (count > 0))
+        nodes = nodes[np.lexsort((nodes, -_best_card(state, need)[nodes], frac[nodes], count[nodes]))]
+        out: list[tuple[int, list[Mover]]] = []
+        for node in nodes[: 4 * CHAIN_NODES].tolist():
+            if node == avoid:
+                continue
+            movers, _ = movers_on(self.sched, node, self.defragmenter, self.now, self.waiting)
+            movers = [m for m in movers if m.key not in taken]
+            useful = useful_movers(state, need, node, movers, CHAIN_MOVERS)
+            k = greedy_count(state, need, node, useful)
+            if k is not None and k <= left:
+                out.append((node, useful))
+                if len(out) >= CHAIN_NODES:
+                    break
+        return out
+
+
+def _best_card(state: Any, need: Need) -> npt.NDArray[np.float64]:
+    """Per node: how close its best card comes to the per-card request (1: it fits; breaks ties
+    between nodes that lack a card, so the card with the least to move off comes first)."""
+    best = np.zeros(state.n, dtype=np.float64)
+    types = getattr(state.extras.get("devices"), "types", {})
+    for kind, (_, per_card) in need.per_card.items():
+        acc = types[kind]
+        ratio = np.ones(acc.free.shape[1:], dtype=np.float64)[: state.n]
+        for dim, amount in per_card.items():
+            ratio = np.minimum(ratio, acc.free[acc.dim_index[dim], : state.n, :] / max(amount, 1))
+        best += np.where(acc.healthy[: state.n, : acc.free.shape[2]], ratio, 0).max(axis=1)
+    return best
+
+
+def needs_text(state: Any, need: Need) -> str:
+    """`cpu 11900, memory 49392123904, 1 gpu card(s) with 100 gpu-core`: a request, for reasons."""
+    parts = [f"{state.resources[r]} {a}" for r, a in need.rows.items() if state.resources[r] != "pods"]
+    for kind, (cards, per_card) in need.per_card.items():
+        parts.append(f"{cards} {kind} card(s) with {', '.join(f'{a} {d}' for d, a in per_card.items())}")
+    return ", ".join(parts)
