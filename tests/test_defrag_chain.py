@@ -5,8 +5,9 @@ n1 (3 cards, 16 CPUs, 64Gi): the movable whole-GPU workload `big` (4 CPUs, 48Gi)
 whole-GPU workload on GPU 1, GPU 2 idle; 16Gi free. n2: fixed whole-GPU workloads with 5 CPUs each
 on GPU 0 and 1, the movable 60 % share `small` (1 CPU) on GPU 2. n3 (2 CPUs, 8Gi, 1 card): idle. The
 waiting workload asks half a card, 7 CPUs and 40Gi: n1 has the card but not the memory, n2 has the
-memory but neither half a card nor 7 CPUs (6 without `small`), n3 too little of everything. Only moving `big` frees the memory, and `big` fits on no other node (no whole card is
-free where 48Gi are): it fits on n2's GPU 2 once `small` moves (to n3 or n1's other card).
+memory but neither half a card nor 7 CPUs (6 without `small`), n3 too little of everything. Only
+moving `big` frees the memory, and `big` fits on no other node (no whole card is free where 48Gi are):
+it fits on n2's GPU 2 once `small` moves (to n3 or n1's other card).
 """
 
 from __future__ import annotations
