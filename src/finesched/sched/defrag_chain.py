@@ -49,18 +49,21 @@ CHAIN_TRIALS = 12
 class Room:
     """Where movers could go, for one planner call (see the module docstring)."""
 
-    def __init__(self, sched: Any, defragmenter: Defragmenter, now: float, waiting: str):
+    def __init__(self, sched: Any, defragmenter: Defragmenter, now: float, waiting: str, budget: int):
         self.sched = sched
+        #: The most chain moves a pre-check looks for (a plan's budget less its first mover).
+        self.chain_budget = max(0, budget - 1)
         self.defragmenter = defragmenter
         self.now = now
         self.waiting = waiting
         self._needs: dict[str, Need] = {}
-        #: (mover, target node, chain moves allowed) -> moves it costs (`cost`) or why not.
-        self._cost: dict[tuple[str, int, int], int | str] = {}
+        #: (mover, target node) -> the fewest chain moves that make room for it (0: none needed;
+        #: None: none within `chain_budget`).
+        self._chains: dict[tuple[str, int], int | None] = {}
+        #: Node -> its movers (the pre-check's, on the unchanged state).
+        self._on: dict[int, list[Mover]] = {}
         #: Mover -> the nodes with room for it as things stand (the pre-check's state: unchanged).
         self._fits: dict[str, npt.NDArray[np.int64]] = {}
-        #: (mover, moves allowed, node avoided) -> `options` (the pre-check's, on the unchanged state).
-        self._options: dict[tuple[str, int, int], list[tuple[int, list[Mover]]]] = {}
 
     def need(self, mover: Mover) -> Need:
         """The mover's request in state coordinates (as the waiting workload's, sched/defrag_movers.py)."""
@@ -75,36 +78,26 @@ class Room:
         node has room for it as things stand, 1 + k when moving k others (at most `left`, each of
         which fits somewhere as things stand) makes room, else why not. `cards_only`: `target` lacks
         only cards, so the mover may stay on it on another card."""
-        key = (mover.key, target, left)
-        cached = self._cost.get(key)
-        if cached is not None:
-            return cached
+        key = (mover.key, target)
         state = self.sched.state
-        need = self.need(mover)
-        ok = fits_now(state, need)
-        ok[target] &= cards_only and mover.binding.node == state.names[target]
-        if ok.any():
-            out: int | str = 1
+        if key in self._chains:
+            k = self._chains[key]
         else:
-            k = self._chain(mover, need, target, left)
-            if k is not None:
-                out = 1 + k
-            else:
-                held = needs_text(state, need)
-                out = f"{mover.key} fits on no other node, nor after moving {left} other workload(s) (it holds {held})"
-        self._cost[key] = out
-        return out
+            ok = fits_now(state, self.need(mover))
+            ok[target] &= cards_only and mover.binding.node == state.names[target]
+            k = self._chains[key] = 0 if ok.any() else self._chain(mover, self.need(mover), target)
+        if k is not None and k <= left:
+            return 1 + k
+        held = needs_text(state, self.need(mover))
+        return f"{mover.key} fits on no other node, nor after moving {left} other workload(s) (it holds {held})"
 
-    def _chain(self, mover: Mover, need: Need, target: int, left: int) -> int | None:
-        """The fewest other movers (at most `left`, each fitting elsewhere as things stand) whose
-        move makes room for `mover` on some node; None: none found."""
+    def _chain(self, mover: Mover, need: Need, target: int) -> int | None:
+        """The fewest other movers (at most `chain_budget`, each fitting elsewhere as things stand)
+        whose move makes room for `mover` on some node; None: none found."""
         state = self.sched.state
         best = None
-        key = (mover.key, left, target)
-        options = self._options.get(key)
-        if options is None:
-            options = self._options[key] = self.options(need, {mover.key}, left, avoid=target)
-        for node, useful in options:
+        left = self.chain_budget
+        for node, useful in self.options(need, {mover.key}, left, avoid=target, cached=True):
             for k in range(1, min(left, len(useful)) + 1):
                 if best is not None and k >= best:
                     break
@@ -124,9 +117,13 @@ class Room:
             fits = self._fits[mover.key] = np.flatnonzero(fits_now(self.sched.state, self.need(mover)))
         return any(node not in avoid for node in fits[: len(avoid) + 1].tolist())
 
-    def options(self, need: Need, taken: Collection[str], left: int, avoid: int = -1) -> list[tuple[int, list[Mover]]]:
+    def options(
+        self, need: Need, taken: Collection[str], left: int, avoid: int = -1, cached: bool = False
+    ) -> list[tuple[int, list[Mover]]]:
         """Nodes where moving at most `left` movers (none of `taken`) could make room for `need`, the
-        least lacking first, each with its movers that hold what it lacks (at most CHAIN_NODES)."""
+        least lacking first, each with its movers that hold what it lacks (at most CHAIN_NODES).
+        `cached`: the state is the planner call's, unchanged (the pre-check), so movers per node are
+        kept; an exact trial's state changes as it goes."""
         state = self.sched.state
         count, frac, possible = lack_scores(state, need)
         nodes = np.flatnonzero(possible & (count > 0))
@@ -135,7 +132,11 @@ class Room:
         for node in nodes[: 4 * CHAIN_NODES].tolist():
             if node == avoid:
                 continue
-            movers, _ = movers_on(self.sched, node, self.defragmenter, self.now, self.waiting)
+            movers = self._on.get(node) if cached else None
+            if movers is None:
+                movers, _ = movers_on(self.sched, node, self.defragmenter, self.now, self.waiting)
+                if cached:
+                    self._on[node] = movers
             movers = [m for m in movers if m.key not in taken]
             useful = useful_movers(state, need, node, movers, CHAIN_MOVERS)
             k = greedy_count(state, need, node, useful)

@@ -101,7 +101,7 @@ def find_defragmentation(
         return None, "no node could hold it even with every movable workload gone"
     order = eligible[np.lexsort((eligible, frac[eligible], count[eligible]))]
     rules = MoveRules(sched, defragmenter, now)
-    room = Room(sched, defragmenter, now, workload.key)
+    room = Room(sched, defragmenter, now, workload.key, budget)
     refused: Counter[str] = Counter()
     ranked: list[tuple[tuple[int, int, int], int, list[Mover]]] = []
     for node in order[: 2 * config.candidate_nodes].tolist():
@@ -116,15 +116,19 @@ def find_defragmentation(
         if len(ranked) >= config.candidate_nodes:
             break  # enough viable nodes: the rest of the estimate's order is not looked at
     ranked.sort(key=lambda item: item[0])
-    trials = [0]
     why = "no node's movable workloads hold enough of what it lacks"
-    for _, node, useful in ranked[: config.candidate_nodes]:
-        plan, why_node = _plan_node(sched, cycle, request, skipped, need, node, useful, rules, room, budget, trials)
-        if plan is not None:
-            return plan, ""
-        why = why_node or why
-        if trials[0] >= EXACT_TRIALS:
-            break
+    # First every node without chains (the fewest moves), then with them.
+    for chains in (False, True) if budget > 1 else (False,):
+        trials = [0]
+        for _, node, useful in ranked[: config.candidate_nodes]:
+            plan, why_node = _plan_node(
+                sched, cycle, request, skipped, need, node, useful, rules, room, chains, budget, trials
+            )
+            if plan is not None:
+                return plan, ""
+            why = why_node if why_node and (chains or not why_node.startswith("no set")) else why
+            if trials[0] >= EXACT_TRIALS:
+                break
     if refused and not ranked:
         top = ", ".join(f"{why} ({n})" for why, n in refused.most_common(3))
         why = f"{why}; workloads not movable on the best nodes: {top}"
@@ -141,11 +145,13 @@ def _plan_node(
     useful: list[Mover],
     rules: MoveRules,
     room: Room,
+    chains: bool,
     budget: int,
     trials: list[int],
 ) -> tuple[DefragPlan | None, str]:
     """The smallest set of `useful` that makes room on `node` (lowest priorities first); a set
-    whose movers cannot go anywhere, even after one chain move (`Room.cost`), is not tried."""
+    whose movers cannot go anywhere, even after chain moves (`Room.cost`), is not tried. Without
+    `chains`, only sets whose movers fit somewhere as things stand."""
     state = sched.state
     name = state.names[node]
     cards_only = all(int(state.free[r, node]) >= a for r, a in need.rows.items())
@@ -162,15 +168,16 @@ def _plan_node(
             if refusal is not None:
                 why = f"moving {', '.join(m.key for m in subset)} on {name} refused: {refusal}"
                 continue
-            costs = [room.cost(m, node, cards_only, budget - size) for m in subset]
+            costs = [room.cost(m, node, cards_only, budget - size if chains else 0) for m in subset]
             stuck = next((c for c in costs if isinstance(c, str)), None)
             if stuck is not None or sum(costs) > budget:  # type: ignore[arg-type]
                 why = why or stuck or f"moving {', '.join(m.key for m in subset)} needs more than {budget} moves"
                 continue
             trials[0] += 1
             lacks = lacks_text(state, need, node)
+            chain_room = room if chains else None
             found = try_movers(
-                sched, cycle, request, node, skipped, subset, need=need, room=room, rules=rules, budget=budget
+                sched, cycle, request, node, skipped, subset, need=need, room=chain_room, rules=rules, budget=budget
             )
             if isinstance(found, str):
                 why = why or found
