@@ -300,15 +300,42 @@ def useful_movers(state: ClusterState, need: Need, node: int, movers: list[Mover
     goes to a CPU-only node; a GPU holder needs a card elsewhere)."""
     lack_rows = {r: a - int(state.free[r, node]) for r, a in need.rows.items() if int(state.free[r, node]) < a}
     kinds = set() if cards_free(state, need, node) else set(need.per_card)
+    best = _nearest_cards(state, need, node, movers) if kinds else {}
 
     def use(m: Mover) -> float:
         gain = sum(min(m.rows.get(r, 0), lack) / lack for r, lack in lack_rows.items())
-        return gain + sum(1.0 for (kind, _, _) in m.cards if kind in kinds)
+        slots = {(kind, slot) for (kind, slot, _) in m.cards if kind in kinds}
+        return gain + sum(10.0 if slot in best.get(kind, ()) else 1.0 for kind, slot in slots)
 
     scored = [(m, use(m)) for m in movers]
     scored = [(m, u) for m, u in scored if u > 0]
     scored.sort(key=lambda mu: (mu[0].priority, bool(mu[0].cards) and not kinds, -mu[1], mu[0].key))
     return [m for m, _ in scored[:limit]]
+
+
+def _nearest_cards(state: ClusterState, need: Need, node: int, movers: list[Mover]) -> dict[str, set[int]]:
+    """Per device type, the cards of `node` that would hold the per-card request once their movable
+    holders leave, the fewest holders first (as many as the request needs cards): a card's holders
+    come first, rather than shares scattered over several cards that free none."""
+    types = getattr(state.extras.get("devices"), "types", {})
+    out: dict[str, set[int]] = {}
+    for kind, (cards, per_card) in need.per_card.items():
+        acc = types[kind]
+        slots = acc.free.shape[2]
+        holders: list[list[Mover]] = [[] for _ in range(slots)]
+        for m in movers:
+            for slot in {slot for (k, slot, _) in m.cards if k == kind}:
+                holders[slot].append(m)
+        fitting = []
+        for slot in range(slots):
+            if not acc.healthy[node, slot]:
+                continue
+            held = {dim: sum(m.cards.get((kind, slot, dim), 0) for m in holders[slot]) for dim in per_card}
+            ok = all(int(acc.free[acc.dim_index[d], node, slot]) + held[d] >= a for d, a in per_card.items())
+            if ok:
+                fitting.append((len(holders[slot]), slot))
+        out[kind] = {slot for _, slot in sorted(fitting)[:cards]}
+    return out
 
 
 def covers(state: ClusterState, need: Need, node: int, movers: Sequence[Mover]) -> bool:
