@@ -127,7 +127,8 @@ class Room:
         state = self.sched.state
         count, frac, possible = lack_scores(state, need)
         nodes = np.flatnonzero(possible & (count > 0))
-        nodes = nodes[np.lexsort((nodes, -_best_card(state, need)[nodes], frac[nodes], count[nodes]))]
+        keys = (nodes, -_best_card(state, need)[nodes], frac[nodes], count[nodes], ~_card_may_empty(state, need)[nodes])
+        nodes = nodes[np.lexsort(keys)]
         out: list[tuple[int, list[Mover]]] = []
         for node in nodes[: 4 * CHAIN_NODES].tolist():
             if node == avoid:
@@ -159,6 +160,26 @@ def _best_card(state: Any, need: Need) -> npt.NDArray[np.float64]:
             ratio = np.minimum(ratio, acc.free[acc.dim_index[dim], : state.n, :] / max(amount, 1))
         best += np.where(acc.healthy[: state.n, : acc.free.shape[2]], ratio, 0).max(axis=1)
     return best
+
+
+def _card_may_empty(state: Any, need: Need) -> npt.NDArray[np.bool_]:
+    """Per node: whether one of its cards holds no more of each dimension than the largest free
+    fragment of any card in the cluster (so its holders might fit elsewhere; nodes whose cards are
+    all fuller than any fragment come after: emptying a card there needs a chain of its own)."""
+    n = state.n
+    out = np.ones(n, dtype=bool)
+    types = getattr(state.extras.get("devices"), "types", {})
+    for kind in need.per_card:
+        acc = types[kind]
+        healthy = acc.healthy[:n, : acc.free.shape[2]]
+        ok = healthy.copy()
+        for k in range(acc.free.shape[0]):
+            free = acc.free[k, :n, :]
+            used = acc.total[k, :n, :] - free
+            fragment = int(np.where(healthy, free, 0).max(initial=0))
+            ok &= used <= fragment
+        out &= ok.any(axis=1)
+    return out
 
 
 def needs_text(state: Any, need: Need) -> str:
