@@ -60,6 +60,8 @@ class Room:
         #: (mover, target node) -> the fewest chain moves that make room for it (0: none needed;
         #: None: none within `chain_budget`).
         self._chains: dict[tuple[str, int], int | None] = {}
+        #: (mover, target node) -> whether it fits somewhere as things stand.
+        self._fit: dict[tuple[str, int], bool] = {}
         #: Node -> its movers (the pre-check's, on the unchanged state).
         self._on: dict[int, list[Mover]] = {}
         #: Mover -> the nodes with room for it as things stand (the pre-check's state: unchanged).
@@ -80,12 +82,18 @@ class Room:
         only cards, so the mover may stay on it on another card."""
         key = (mover.key, target)
         state = self.sched.state
-        if key in self._chains:
-            k = self._chains[key]
-        else:
+        fits = self._fit.get(key)
+        if fits is None:
             ok = fits_now(state, self.need(mover))
             ok[target] &= cards_only and mover.binding.node == state.names[target]
-            k = self._chains[key] = 0 if ok.any() else self._chain(mover, self.need(mover), target)
+            fits = self._fit[key] = bool(ok.any())
+        if fits:
+            return 1
+        k = None
+        if left > 0:  # the chain search only when chains may be used
+            if key not in self._chains:
+                self._chains[key] = self._chain(mover, self.need(mover), target)
+            k = self._chains[key]
         if k is not None and k <= left:
             return 1 + k
         held = needs_text(state, self.need(mover))
