@@ -1,8 +1,11 @@
 """Safety of the defragmentation planner over random clusters and waiting workloads (hypothesis).
 
 Random nodes (1-4 GPUs of 40Gi or 80Gi, 4-16 CPUs, 16-64Gi), random workloads placed by the
-default profile (GPU shares, whole GPUs or CPU only; some movable, some gang members, LSE or
-with budgets), then one waiting workload. For every plan found: the planner changed nothing;
+default profile (GPU shares, whole GPUs or CPU only, some memory-heavy; some movable, some gang
+members, LSE or with budgets), then one waiting workload. Plans include chains (a mover that fits
+only after another moves; a hypothesis event; the second test packs full nodes to get them). For
+every plan found: the planner changed nothing;
+no workload moves twice, the waiting workload never moves;
 every mover was movable and neither a gang member, LSE/LSR nor holding a cpuset; its moves made
 one by one on a copy never over-allocate (state invariants after each step); and the waiting
 workload ends bound exactly as planned, every mover on its target.
@@ -35,11 +38,12 @@ workload_st = st.tuples(
     st.integers(1, 6),
     st.integers(0, 3),
     st.sampled_from(["movable", "movable", "fixed", "gang", "budget"]),
+    st.sampled_from([1, 1, 6]),  # Gi of memory per CPU: memory-heavy workloads make chains likely
 )
 
 
-def workload(name: str, kind: str, core: int, cpu: int, priority: int, flavour: str) -> Workload:
-    req: dict[str, str] = {"cpu": str(cpu), "memory": f"{cpu}Gi"}
+def workload(name: str, kind: str, core: int, cpu: int, priority: int, flavour: str, gib: int = 1) -> Workload:
+    req: dict[str, str] = {"cpu": str(cpu), "memory": f"{cpu * gib}Gi"}
     if kind == "share":
         req["gpu"] = str(core)
     elif kind == "whole":
@@ -59,10 +63,53 @@ def workload(name: str, kind: str, core: int, cpu: int, priority: int, flavour: 
 @given(nodes=nodes_st, bound=st.lists(workload_st, max_size=14), waiting=workload_st, moves=st.integers(1, 4))
 def test_plans_are_safe_and_make_the_waiting_workload_fit(
     nodes: list[tuple[int, str, int, int]],
-    bound: list[tuple[str, int, int, int, str]],
-    waiting: tuple[str, int, int, int, str],
+    bound: list[tuple[str, int, int, int, str, int]],
+    waiting: tuple[str, int, int, int, str, int],
     moves: int,
 ) -> None:
+    check_plan(nodes, bound, waiting, moves)
+
+
+#: Full GPU nodes: 2-3 of them with 2-4 cards and many workloads, so movers often fit nowhere
+#: else and need chains.
+full_nodes_st = st.lists(
+    st.tuples(st.integers(2, 4), st.sampled_from(["40Gi", "80Gi"]), st.integers(8, 16), st.integers(32, 64)),
+    min_size=2,
+    max_size=3,
+)
+movable_st = st.tuples(
+    st.sampled_from(["share", "share", "whole", "cpu"]),
+    st.sampled_from([10, 25, 30, 50, 70]),
+    st.integers(1, 4),
+    st.integers(0, 3),
+    st.sampled_from(["movable", "movable", "movable", "fixed"]),
+    st.sampled_from([1, 4, 8]),
+)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    nodes=full_nodes_st,
+    bound=st.lists(movable_st, min_size=6, max_size=18),
+    waiting=movable_st,
+    moves=st.integers(2, 4),
+)
+def test_plans_with_chains_on_full_clusters_are_safe(
+    nodes: list[tuple[int, str, int, int]],
+    bound: list[tuple[str, int, int, int, str, int]],
+    waiting: tuple[str, int, int, int, str, int],
+    moves: int,
+) -> None:
+    check_plan(nodes, bound, waiting, moves)
+
+
+def check_plan(
+    nodes: list[tuple[int, str, int, int]],
+    bound: list[tuple[str, int, int, int, str, int]],
+    waiting: tuple[str, int, int, int, str, int],
+    moves: int,
+) -> None:
+    """Place `bound`, then plan for `waiting`: the plan (if any) is safe step by step (module docstring)."""
     built = []
     for i, (gpus, memory, cpu, mem) in enumerate(nodes):
         node = make_node(f"n{i}").cpu(str(cpu)).memory(f"{mem}Gi")
@@ -71,8 +118,8 @@ def test_plans_are_safe_and_make_the_waiting_workload_fit(
     for k, spec in enumerate(bound):
         with contextlib.suppress(FitError):  # a random workload that fits nowhere is left out
             s.schedule_one(workload(f"w{k}", *spec))
-    kind, core, cpu, priority, _ = waiting
-    w = workload("waiting", kind, core, cpu, priority, "fixed")
+    kind, core, cpu, priority, _, gib = waiting
+    w = workload("waiting", kind, core, cpu, priority, "fixed", gib)
     try:
         s.schedule_one(w)
         return  # it fits: nothing to plan
@@ -87,6 +134,10 @@ def test_plans_are_safe_and_make_the_waiting_workload_fit(
         assert why
         return
     assert 1 <= len(plan.moves) <= moves
+    chained = [m for m in plan.moves if "room for another workload" in m.reason]
+    event("a chain" if chained else "no chain")
+    assert len({m.workload for m in plan.moves}) == len(plan.moves), "a workload moved twice in one plan"
+    assert w.key not in plan.mover_keys
     assert plan.workload == w.key and plan.binding.workload == w.key
     copy = s.state.copy()
     for move in plan.moves:

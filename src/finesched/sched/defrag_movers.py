@@ -278,3 +278,112 @@ def lacks_text(state: ClusterState, need: Need, node: int) -> list[str]:
 
 def keys_of(movers: Iterable[Mover]) -> list[str]:
     return [m.key for m in movers]
+
+
+def cards_free(state: ClusterState, need: Need, node: int) -> bool:
+    """Whether `node` already has enough cards with the per-card amounts free (scalars aside)."""
+    types = getattr(state.extras.get("devices"), "types", {})
+    for kind, (cards, per_card) in need.per_card.items():
+        acc = types[kind]
+        ok = acc.healthy[node].copy()
+        for dim, amount in per_card.items():
+            ok &= acc.free[acc.dim_index[dim], node, :] >= amount
+        if int(ok.sum()) < cards:
+            return False
+    return True
+
+
+def useful_movers(state: ClusterState, need: Need, node: int, movers: list[Mover], limit: int) -> list[Mover]:
+    """The movers on `node` holding something `need` lacks there, at most `limit`: lowest priority
+    first, then the most useful (largest share of the lack; a card counts only where the node lacks
+    free cards), then those holding no card where only scalar rows are lacking (a CPU-only workload
+    goes to a CPU-only node; a GPU holder needs a card elsewhere)."""
+    lack_rows = {r: a - int(state.free[r, node]) for r, a in need.rows.items() if int(state.free[r, node]) < a}
+    kinds = set() if cards_free(state, need, node) else set(need.per_card)
+    best = _nearest_cards(state, need, node, movers) if kinds else {}
+
+    def use(m: Mover) -> float:
+        gain = sum(min(m.rows.get(r, 0), lack) / lack for r, lack in lack_rows.items())
+        slots = {(kind, slot) for (kind, slot, _) in m.cards if kind in kinds}
+        return gain + sum(10.0 if slot in best.get(kind, ()) else 1.0 for kind, slot in slots)
+
+    scored = [(m, use(m)) for m in movers]
+    scored = [(m, u) for m, u in scored if u > 0]
+    scored.sort(key=lambda mu: (mu[0].priority, bool(mu[0].cards) and not kinds, -mu[1], mu[0].key))
+    return [m for m, _ in scored[:limit]]
+
+
+def _nearest_cards(state: ClusterState, need: Need, node: int, movers: list[Mover]) -> dict[str, set[int]]:
+    """Per device type, the cards of `node` that would hold the per-card request once their movable
+    holders leave, the fewest holders first (as many as the request needs cards): a card's holders
+    come first, rather than shares scattered over several cards that free none."""
+    types = getattr(state.extras.get("devices"), "types", {})
+    out: dict[str, set[int]] = {}
+    for kind, (cards, per_card) in need.per_card.items():
+        acc = types[kind]
+        slots = acc.free.shape[2]
+        holders: list[list[Mover]] = [[] for _ in range(slots)]
+        for m in movers:
+            for slot in {slot for (k, slot, _) in m.cards if k == kind}:
+                holders[slot].append(m)
+        fitting = []
+        for slot in range(slots):
+            if not acc.healthy[node, slot]:
+                continue
+            held = {dim: sum(m.cards.get((kind, slot, dim), 0) for m in holders[slot]) for dim in per_card}
+            ok = all(int(acc.free[acc.dim_index[d], node, slot]) + held[d] >= a for d, a in per_card.items())
+            if ok:
+                fitting.append((len(holders[slot]), slot))
+        out[kind] = {slot for _, slot in sorted(fitting)[:cards]}
+    return out
+
+
+def covers(state: ClusterState, need: Need, node: int, movers: Sequence[Mover]) -> bool:
+    """Cheap check: with `movers` gone, every requested row and enough cards would be free."""
+    free = state.free
+    for r, amount in need.rows.items():
+        have = int(free[r, node])
+        if have < amount and have + sum(m.rows.get(r, 0) for m in movers) < amount:
+            return False
+    if not need.per_card:
+        return True
+    types = state.extras["devices"].types  # type: ignore[attr-defined]
+    for kind, (cards, per_card) in need.per_card.items():
+        acc = types[kind]
+        ok = acc.healthy[node].copy()
+        for dim, amount in per_card.items():
+            k = acc.dim_index[dim]
+            card_free = acc.free[k, node, :].copy()
+            for m in movers:
+                for (mk, slot, mdim), a in m.cards.items():
+                    if mk == kind and mdim == dim:
+                        card_free[slot] += a
+            ok &= card_free >= amount
+        if int(ok.sum()) < cards:
+            return False
+    return True
+
+
+def greedy_count(state: ClusterState, need: Need, node: int, useful: Sequence[Mover]) -> int | None:
+    """How many of `useful` (in order) a greedy takes before `covers` passes (None: never)."""
+    for k in range(1, len(useful) + 1):
+        if covers(state, need, node, useful[:k]):
+            return k
+    return None
+
+
+def fits_now(state: ClusterState, need: Need) -> npt.NDArray[np.bool_]:
+    """Per node: every requested row and enough cards are free as things stand (cheap, numpy)."""
+    n = state.n
+    ok = np.ones(n, dtype=bool)
+    free = state.free
+    for r, amount in need.rows.items():
+        ok &= free[r, :n] >= amount
+    types = getattr(state.extras.get("devices"), "types", {})
+    for kind, (cards, per_card) in need.per_card.items():
+        acc = types[kind]
+        fits = acc.healthy[:n, : acc.free.shape[2]].copy()
+        for dim, amount in per_card.items():
+            fits &= acc.free[acc.dim_index[dim], :n, :] >= amount
+        ok &= fits.sum(axis=1) >= cards
+    return ok

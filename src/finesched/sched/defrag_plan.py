@@ -27,16 +27,20 @@ import numpy as np
 from finesched.model.workload import Workload
 from finesched.sched.cycle_state import CycleState
 from finesched.sched.defrag import Defragmenter, DefragPlan, Move
+from finesched.sched.defrag_chain import Room
 from finesched.sched.defrag_movers import (
     Mover,
     MoveRules,
     Need,
+    covers,
     describe,
+    greedy_count,
     lack_scores,
     lacks_text,
     movers_on,
     need_of,
     shortfall,
+    useful_movers,
 )
 from finesched.sched.defrag_trial import try_movers
 from finesched.sched.diagnosis import unresolvable_nodes
@@ -45,7 +49,6 @@ from finesched.sched.memo import request_shape
 from finesched.sched.preempt import SchedulerView
 from finesched.sched.request import ScheduleRequest
 from finesched.sched.runtime import PreFilterFailed
-from finesched.state.cluster import ClusterState
 
 #: Movers considered per node (lowest priority first, then the most useful): bounds the subsets.
 MOVERS_PER_NODE = 10
@@ -98,13 +101,14 @@ def find_defragmentation(
         return None, "no node could hold it even with every movable workload gone"
     order = eligible[np.lexsort((eligible, frac[eligible], count[eligible]))]
     rules = MoveRules(sched, defragmenter, now)
+    room = Room(sched, defragmenter, now, workload.key, budget)
     refused: Counter[str] = Counter()
     ranked: list[tuple[tuple[int, int, int], int, list[Mover]]] = []
     for node in order[: 2 * config.candidate_nodes].tolist():
         movers, why_not = movers_on(sched, node, defragmenter, now, workload.key)
         refused.update(why_not)
-        useful = _useful(state, need, node, movers)
-        moves = _greedy_count(state, need, node, useful)
+        useful = useful_movers(state, need, node, movers, MOVERS_PER_NODE)
+        moves = greedy_count(state, need, node, useful)
         if moves is None or moves > budget:
             continue
         top = max(m.priority for m in useful[:moves]) if moves else 0
@@ -112,69 +116,23 @@ def find_defragmentation(
         if len(ranked) >= config.candidate_nodes:
             break  # enough viable nodes: the rest of the estimate's order is not looked at
     ranked.sort(key=lambda item: item[0])
-    trials = [0]
     why = "no node's movable workloads hold enough of what it lacks"
-    for _, node, useful in ranked[: config.candidate_nodes]:
-        plan, why_node = _plan_node(sched, cycle, request, skipped, need, node, useful, rules, budget, trials)
-        if plan is not None:
-            return plan, ""
-        why = why_node or why
-        if trials[0] >= EXACT_TRIALS:
-            break
+    # First every node without chains (the fewest moves), then with them.
+    for chains in (False, True) if budget > 1 else (False,):
+        trials = [0]
+        for _, node, useful in ranked[: config.candidate_nodes]:
+            plan, why_node = _plan_node(
+                sched, cycle, request, skipped, need, node, useful, rules, room, chains, budget, trials
+            )
+            if plan is not None:
+                return plan, ""
+            why = why_node if why_node and (chains or not why_node.startswith("no set")) else why
+            if trials[0] >= EXACT_TRIALS:
+                break
     if refused and not ranked:
         top = ", ".join(f"{why} ({n})" for why, n in refused.most_common(3))
         why = f"{why}; workloads not movable on the best nodes: {top}"
     return None, why
-
-
-def _useful(state: ClusterState, need: Need, node: int, movers: list[Mover]) -> list[Mover]:
-    """The movers on `node` holding something the workload lacks there, lowest priority first,
-    then the most useful (largest share of the lack), at most MOVERS_PER_NODE."""
-    lack_rows = {r: a - int(state.free[r, node]) for r, a in need.rows.items() if int(state.free[r, node]) < a}
-    kinds = set(need.per_card)
-
-    def use(m: Mover) -> float:
-        gain = sum(min(m.rows.get(r, 0), lack) / lack for r, lack in lack_rows.items())
-        return gain + sum(1.0 for (kind, _, _) in m.cards if kind in kinds)
-
-    scored = [(m, use(m)) for m in movers]
-    scored = [(m, u) for m, u in scored if u > 0]
-    scored.sort(key=lambda mu: (mu[0].priority, -mu[1], mu[0].key))
-    return [m for m, _ in scored[:MOVERS_PER_NODE]]
-
-
-def _covers(state: ClusterState, need: Need, node: int, movers: tuple[Mover, ...] | list[Mover]) -> bool:
-    """Cheap check: with `movers` gone, every requested row and enough cards would be free."""
-    free = state.free
-    for r, amount in need.rows.items():
-        have = int(free[r, node])
-        if have < amount and have + sum(m.rows.get(r, 0) for m in movers) < amount:
-            return False
-    if not need.per_card:
-        return True
-    types = state.extras["devices"].types  # type: ignore[attr-defined]
-    for kind, (cards, per_card) in need.per_card.items():
-        acc = types[kind]
-        ok = acc.healthy[node].copy()
-        for dim, amount in per_card.items():
-            k = acc.dim_index[dim]
-            card_free = acc.free[k, node, :].copy()
-            for m in movers:
-                for (mk, slot, mdim), a in m.cards.items():
-                    if mk == kind and mdim == dim:
-                        card_free[slot] += a
-            ok &= card_free >= amount
-        if int(ok.sum()) < cards:
-            return False
-    return True
-
-
-def _greedy_count(state: ClusterState, need: Need, node: int, useful: list[Mover]) -> int | None:
-    """How many of `useful` (in order) a greedy takes before the cheap check passes (None: never)."""
-    for k in range(1, len(useful) + 1):
-        if _covers(state, need, node, useful[:k]):
-            return k
-    return None
 
 
 def _plan_node(
@@ -186,12 +144,17 @@ def _plan_node(
     node: int,
     useful: list[Mover],
     rules: MoveRules,
+    room: Room,
+    chains: bool,
     budget: int,
     trials: list[int],
 ) -> tuple[DefragPlan | None, str]:
-    """The smallest set of `useful` that makes room on `node` (lowest priorities first)."""
+    """The smallest set of `useful` that makes room on `node` (lowest priorities first); a set
+    whose movers cannot go anywhere, even after chain moves (`Room.cost`), is not tried. Without
+    `chains`, only sets whose movers fit somewhere as things stand."""
     state = sched.state
     name = state.names[node]
+    cards_only = all(int(state.free[r, node]) >= a for r, a in need.rows.items())
     why = ""
     looked = 0
     for size in range(1, min(budget, len(useful)) + 1):
@@ -199,22 +162,31 @@ def _plan_node(
             looked += 1
             if looked > SUBSETS_PER_NODE or trials[0] >= EXACT_TRIALS:
                 return None, why or f"no set of its movers tried on {name} frees enough"
-            if not _covers(state, need, node, subset):
+            if not covers(state, need, node, subset):
                 continue
             refusal = rules.refusal(subset)
             if refusal is not None:
                 why = f"moving {', '.join(m.key for m in subset)} on {name} refused: {refusal}"
                 continue
+            costs = [room.cost(m, node, cards_only, budget - size if chains else 0) for m in subset]
+            stuck = next((c for c in costs if isinstance(c, str)), None)
+            if stuck is not None or sum(costs) > budget:  # type: ignore[arg-type]
+                why = why or stuck or f"moving {', '.join(m.key for m in subset)} needs more than {budget} moves"
+                continue
             trials[0] += 1
             lacks = lacks_text(state, need, node)
-            found = try_movers(sched, cycle, request, node, skipped, subset)
-            if found is None:
-                why = why or f"moving {', '.join(m.key for m in subset)} does not make room on {name}"
+            chain_room = room if chains else None
+            found = try_movers(
+                sched, cycle, request, node, skipped, subset, need=need, room=chain_room, rules=rules, budget=budget
+            )
+            if isinstance(found, str):
+                why = why or found
                 continue
             binding, steps = found
             if not steps:
                 continue
             key = request.key
+            direct = {m.key for m in subset}
             moves = tuple(
                 Move(
                     m.key,
@@ -222,13 +194,16 @@ def _plan_node(
                     m.priority,
                     m.binding,
                     target,
-                    f"moved from {describe(m.binding)} to {describe(target)} to make room for {key}",
+                    f"moved from {describe(m.binding)} to {describe(target)} to make room for {key}"
+                    + ("" if m.key in direct else f" (room for another workload moved off {name})"),
                 )
                 for m, target in steps
             )
+            chained = len(moves) - len(direct & {m.workload for m in moves})
             reason = (
                 f"{key} fits on no node as things stand; on {name} it lacked {'; '.join(lacks) or 'room'}: "
                 f"moving {len(moves)} workload(s) ({', '.join(m.workload for m in moves)}) frees it"
+                + (f" ({chained} of them to make room for the others)" if chained else "")
             )
             return DefragPlan(key, binding, moves, reason), ""
     return None, why or f"no set of at most {budget} of its movers frees enough on {name}"
