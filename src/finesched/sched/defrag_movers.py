@@ -14,7 +14,7 @@ profile's own filters and reserve (sched/defrag_trial.py).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -264,15 +264,11 @@ def lacks_text(state: ClusterState, need: Need, node: int) -> list[str]:
         free = int(state.free[r, node])
         if free < amount:
             out.append(f"{state.resources[r]} {amount} ({free} free)")
-    types = getattr(state.extras.get("devices"), "types", {})
     for kind, (cards, per_card) in need.per_card.items():
-        acc = types[kind]
-        ok = acc.healthy[node].copy()
-        for dim, amount in per_card.items():
-            ok &= acc.free[acc.dim_index[dim], node, :] >= amount
-        if int(ok.sum()) < cards:
+        have = roomy_cards(state, kind, per_card, node)
+        if have < cards:
             amounts = ", ".join(f"{a} {d}" for d, a in per_card.items())
-            out.append(f"{cards} {kind} card(s) with {amounts} free ({int(ok.sum())} such)")
+            out.append(f"{cards} {kind} card(s) with {amounts} free ({have} such)")
     return out
 
 
@@ -282,15 +278,16 @@ def keys_of(movers: Iterable[Mover]) -> list[str]:
 
 def cards_free(state: ClusterState, need: Need, node: int) -> bool:
     """Whether `node` already has enough cards with the per-card amounts free (scalars aside)."""
-    types = getattr(state.extras.get("devices"), "types", {})
-    for kind, (cards, per_card) in need.per_card.items():
-        acc = types[kind]
-        ok = acc.healthy[node].copy()
-        for dim, amount in per_card.items():
-            ok &= acc.free[acc.dim_index[dim], node, :] >= amount
-        if int(ok.sum()) < cards:
-            return False
-    return True
+    return all(roomy_cards(state, kind, per_card, node) >= cards for kind, (cards, per_card) in need.per_card.items())
+
+
+def roomy_cards(state: ClusterState, kind: str, per_card: Mapping[str, int], node: int) -> int:
+    """How many healthy `kind` cards of `node` have every per-card amount free."""
+    acc = getattr(state.extras.get("devices"), "types", {})[kind]
+    ok = acc.healthy[node].copy()
+    for dim, amount in per_card.items():
+        ok &= acc.free[acc.dim_index[dim], node, :] >= amount
+    return int(ok.sum())
 
 
 def useful_movers(state: ClusterState, need: Need, node: int, movers: list[Mover], limit: int) -> list[Mover]:

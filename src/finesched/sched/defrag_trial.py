@@ -39,31 +39,12 @@ from finesched.sched.defrag_movers import (
     same_place,
 )
 from finesched.sched.diagnosis import FitError
-from finesched.sched.framework import NodeBatch
+from finesched.sched.preempt import exact_binding
 from finesched.sched.request import ScheduleRequest
 from finesched.state.cluster import StateError
 
 #: (mover, its target binding) in the order the moves are made.
 Steps = list[tuple[Mover, Binding]]
-
-
-def exact_binding(
-    sched: Any, cycle: CycleState, request: ScheduleRequest, node: int, skipped: set[str]
-) -> Binding | None:
-    """The waiting workload's exact binding on `node` in the state as it is now (None: it does not fit)."""
-    state, framework = sched.state, sched.framework
-    trial = cycle.clone()
-    if framework.node_local:
-        mask, _ = framework.run_filter(trial, request, NodeBatch(state, index=np.array([node])), skipped)
-        ok = bool(mask[0])
-    else:
-        mask, _ = framework.run_filter(trial, request, NodeBatch(state), skipped)
-        ok = bool(mask[node])
-    if not ok or not framework.run_reserve(trial, request, node).ok:
-        return None
-    binding = framework.run_pre_bind(trial, request, node, sched._binding(request, node, 0))
-    framework.run_unreserve(trial, request, node)
-    return binding
 
 
 def try_movers(

@@ -116,7 +116,7 @@ class Handle:
         self, cycle: CycleState, request: ScheduleRequest, node: int, victims: Iterable[str]
     ) -> Binding | None:
         sched = self.scheduler
-        state, framework = sched.state, sched.framework
+        state = sched.state
         index = state.extras.get(INDEX_NAME)
         version = state.capacity_version
         saved: list[tuple[Binding, bool]] = []
@@ -126,18 +126,7 @@ class Handle:
             for key in victims:
                 committed = state.is_committed(key)
                 saved.append((state.forget(key), committed))
-            trial = cycle.clone()
-            if framework.node_local:
-                mask, _ = framework.run_filter(trial, request, NodeBatch(state, index=np.array([node])), self.skipped)
-                ok = bool(mask[0])
-            else:
-                mask, _ = framework.run_filter(trial, request, NodeBatch(state), self.skipped)
-                ok = bool(mask[node])
-            if not ok or not framework.run_reserve(trial, request, node).ok:
-                return None
-            binding = framework.run_pre_bind(trial, request, node, sched._binding(request, node, 0))
-            framework.run_unreserve(trial, request, node)
-            return binding
+            return exact_binding(sched, cycle, request, node, self.skipped)
         finally:
             for binding, committed in saved:
                 state.assume(binding)
@@ -146,6 +135,26 @@ class Handle:
             if index is not None:
                 index.paused = False  # type: ignore[attr-defined]
             state.capacity_version = version  # the state is exactly as it was
+
+
+def exact_binding(
+    sched: SchedulerView, cycle: CycleState, request: ScheduleRequest, node: int, skipped: set[str]
+) -> Binding | None:
+    """The workload's exact binding on `node` in the state as it is now, or None when it does not fit
+    there: the profile's filters on that node, then reserve and pre_bind (undone: nothing is held)."""
+    state, framework = sched.state, sched.framework
+    trial = cycle.clone()
+    if framework.node_local:
+        mask, _ = framework.run_filter(trial, request, NodeBatch(state, index=np.array([node])), skipped)
+        ok = bool(mask[0])
+    else:
+        mask, _ = framework.run_filter(trial, request, NodeBatch(state), skipped)
+        ok = bool(mask[node])
+    if not ok or not framework.run_reserve(trial, request, node).ok:
+        return None
+    binding = framework.run_pre_bind(trial, request, node, sched._binding(request, node, 0))
+    framework.run_unreserve(trial, request, node)
+    return binding
 
 
 def find_preemption(
