@@ -121,4 +121,4 @@ def test_cli_rejects_bad_defragmentation_settings(
 def test_cli_settings_need_defragment(fragmented: tuple[Path, Path]) -> None:
     nodes, pods = map(str, fragmented)
     code, _, stderr = invoke("replay", "--nodes", nodes, "--pods", pods, "--cooldown", "5")
-    assert code == 2 and "--cooldown need --defragment" in stderr
+    assert code == 2 and "--cooldown needs --defragment" in stderr

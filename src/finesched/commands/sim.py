@@ -550,7 +550,7 @@ def _defragmentation(on: bool, given: dict[str, float]) -> tuple[tuple[str, floa
 
     if not on:
         if given:
-            raise _Fail(f"{', '.join(given)} need --defragment", 2)
+            raise _Fail(f"{', '.join(given)} {'needs' if len(given) == 1 else 'need'} --defragment", 2)
         return None
     settings = {_DEFRAG_FIELDS[option]: value for option, value in given.items()}
     try:
