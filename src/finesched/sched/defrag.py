@@ -34,6 +34,11 @@ if TYPE_CHECKING:
 
 #: How far back the per-minute budgets look.
 BUDGET_WINDOW_S = 60.0
+#: Plans tried per `Scheduler.run` (a failed one costs milliseconds): a queue of thousands of
+#: workloads that fit nowhere does not slow every decision behind it, and one tenant's flood does
+#: not take the tries of the others (per tenant of the waiting workload).
+TRIES_PER_RUN = 32
+TRIES_PER_TENANT_PER_RUN = 8
 
 
 @dataclass(frozen=True)
@@ -75,6 +80,23 @@ class Defragmenter:
         self._moved_at: dict[str, float] = {}
         #: Waiting workload -> when its plan was recorded, so that a plan taken back is not charged.
         self._recorded: dict[str, float] = {}
+        #: Plans tried in the current `Scheduler.run`, in all and per tenant of the waiting workload.
+        self._tries = 0
+        self._tenant_tries: dict[str, int] = {}
+
+    def begin_run(self) -> None:
+        """A new `Scheduler.run`: the tries per run start again."""
+        self._tries = 0
+        self._tenant_tries.clear()
+
+    def may_try(self, tenant: str) -> bool:
+        """Whether a plan may be tried now for a waiting workload of `tenant` (and count it)."""
+        used = self._tenant_tries.get(tenant, 0)
+        if self._tries >= TRIES_PER_RUN or used >= TRIES_PER_TENANT_PER_RUN:
+            return False
+        self._tries += 1
+        self._tenant_tries[tenant] = used + 1
+        return True
 
     def _expire(self, now: float) -> None:
         while self._recent and self._recent[0][0] <= now - BUDGET_WINDOW_S:

@@ -396,6 +396,8 @@ class Scheduler:
         workload on every call) and `flush_backoff=False` (backoff follows the wall clock)."""
         results: list[Result] = []
         seen_version = self.state.capacity_version
+        if self.defragmenter is not None:
+            self.defragmenter.begin_run()
         if seen_version != self._capacity_seen:
             self.queue.cluster_changed()  # capacity changed since the last run: parked work may fit now
         if flush_backoff:
@@ -455,6 +457,10 @@ class Scheduler:
         except FitError as exc:
             if exc.unresolvable:
                 raise
+            if not self.defragmenter.may_try(workload.tenant):
+                if not preempt:
+                    raise
+                return place_or_preempt(self, workload)[0]
             plan, _ = self.find_defragmentation(workload)
             if plan is not None:
                 return self.apply_defragmentation(plan)
