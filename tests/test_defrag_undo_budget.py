@@ -66,3 +66,20 @@ def test_plans_tried_per_run_are_bounded_and_shared_between_tenants() -> None:
     assert calls.count("flood") == TRIES_PER_TENANT_PER_RUN
     assert calls.count("calm") == 1
     assert any(isinstance(r, Binding) and r.workload == "calm/w" for r in results)
+
+
+def test_a_workload_placed_again_without_migration_is_not_movable() -> None:
+    """A movable workload deleted and submitted again under the same name without `migration` (the
+    driver forgot its binding through the state) is never moved."""
+    nodes = [make_node(n).cpu("4").memory("8Gi").obj() for n in ("n1", "n2")]
+    s = Scheduler(ClusterState.from_nodes(nodes), ONE_MOVE_A_MINUTE)
+    s.submit([make_workload("a").req(cpu="2").set(migration={"allowed": True}).obj()])
+    s.run()
+    assert "default/a" in s.movable
+    s.state.forget("default/a")
+    s.submit([make_workload("a").req(cpu="2").obj()])
+    s.run()
+    assert "default/a" not in s.movable
+    s.remember_movable(make_workload("a").req(cpu="2").set(migration={"allowed": True}).obj())
+    s.remember_movable(make_workload("a").req(cpu="2").obj())
+    assert "default/a" not in s.movable

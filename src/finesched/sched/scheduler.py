@@ -196,6 +196,8 @@ class Scheduler:
                 state.commit(binding.workload)
             if workload.migration is not None and workload.migration.allowed:
                 self.movable[workload_key] = workload
+            elif self.movable:  # a workload of the same key that was movable before is gone
+                self.movable.pop(workload_key, None)
             return binding
         _, results = self.framework.run_filter(cycle, request, NodeBatch(state), skipped)
         failures = failures or Counter()
@@ -530,6 +532,8 @@ class Scheduler:
         """A driver restoring a bound workload tells the defragmenter whether it may move it."""
         if workload.movable:
             self.movable[workload.key] = workload
+        else:
+            self.movable.pop(workload.key, None)
 
     def find_defragmentation(
         self, workload: Workload, defragmenter: Defragmenter | None = None, now: float | None = None

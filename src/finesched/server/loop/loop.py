@@ -387,6 +387,7 @@ class SchedulerLoop:
                 for key in keys:
                     self.queued.pop(key, None)
                     self.deferred.pop(key, None)
+                    scheduler.movable.pop(key, None)
                     if key in scheduler.state.bindings:
                         scheduler.state.forget(key)
                         released = True
