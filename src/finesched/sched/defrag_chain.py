@@ -35,6 +35,7 @@ from finesched.sched.defrag_movers import (
     useful_movers,
 )
 from finesched.sched.memo import request_shape
+from finesched.state.devices import device_types
 
 #: How deep a chain goes: 1 = a mover's room is made by moving others; 2 = theirs too.
 CHAIN_DEPTH = 2
@@ -160,7 +161,7 @@ def _best_card(state: Any, need: Need) -> npt.NDArray[np.float64]:
     """Per node: how close its best card comes to the per-card request (1: it fits; breaks ties
     between nodes that lack a card, so the card with the least to move off comes first)."""
     best = np.zeros(state.n, dtype=np.float64)
-    types = getattr(state.extras.get("devices"), "types", {})
+    types = device_types(state)
     for kind, (_, per_card) in need.per_card.items():
         acc = types[kind]
         ratio = np.ones(acc.free.shape[1:], dtype=np.float64)[: state.n]
@@ -176,7 +177,7 @@ def _card_may_empty(state: Any, need: Need) -> npt.NDArray[np.bool_]:
     all fuller than any fragment come after: emptying a card there needs a chain of its own)."""
     n = state.n
     out = np.ones(n, dtype=bool)
-    types = getattr(state.extras.get("devices"), "types", {})
+    types = device_types(state)
     for kind in need.per_card:
         acc = types[kind]
         healthy = acc.healthy[:n, : acc.free.shape[2]]

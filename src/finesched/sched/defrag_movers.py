@@ -26,6 +26,7 @@ from finesched.model.resources import GPU_CORE, device_dimension, translate_gpu_
 from finesched.model.workload import Workload
 from finesched.sched.defrag import Defragmenter
 from finesched.sched.request import ScheduleRequest
+from finesched.state.devices import device_types
 
 if TYPE_CHECKING:
     from finesched.state.cluster import ClusterState
@@ -91,8 +92,7 @@ class Need:
 def need_of(state: ClusterState, request: ScheduleRequest) -> Need:
     """The waiting workload's request in state coordinates (devices by the device accounts' dims)."""
     rows = {int(r): int(a) for r, a in request.pairs}
-    accounts = state.extras.get("devices")
-    types = getattr(accounts, "types", {})
+    types = device_types(state)
     devices: dict[str, dict[str, int]] = {}
     for name, amount in translate_gpu_shortcuts(request.workload.requests).items():
         if amount <= 0 or name in request.scalar:
@@ -118,7 +118,7 @@ def shortfall(state: ClusterState, need: Need) -> str | None:
         total = int(free[r, :n].sum())
         if total < amount:
             return f"the cluster's free {state.resources[r]} is {total}, the workload needs {amount}"
-    types = getattr(state.extras.get("devices"), "types", {})
+    types = device_types(state)
     for kind, dims in need.devices.items():
         acc = types[kind]
         for dim, amount in dims.items():
@@ -141,7 +141,7 @@ def lack_scores(state: ClusterState, need: Need) -> tuple[Int64Array, npt.NDArra
         count += lack > 0
         frac += lack / max(amount, 1)
         possible &= alloc[r, :n] >= amount
-    types = getattr(state.extras.get("devices"), "types", {})
+    types = device_types(state)
     for kind, (cards, per_card) in need.per_card.items():
         acc = types[kind]
         dmax = acc.free.shape[2]
@@ -163,8 +163,7 @@ def movers_on(
 ) -> tuple[list[Mover], Counter[str]]:
     """The movers bound on `node`, and a count of why the others may not move."""
     state = sched.state
-    accounts = state.extras.get("devices")
-    types = getattr(accounts, "types", {})
+    types = device_types(state)
     out: list[Mover] = []
     refused: Counter[str] = Counter()
     for binding in state.bindings_on(state.names[node]):
@@ -283,7 +282,7 @@ def cards_free(state: ClusterState, need: Need, node: int) -> bool:
 
 def roomy_cards(state: ClusterState, kind: str, per_card: Mapping[str, int], node: int) -> int:
     """How many healthy `kind` cards of `node` have every per-card amount free."""
-    acc = getattr(state.extras.get("devices"), "types", {})[kind]
+    acc = device_types(state)[kind]
     ok = acc.healthy[node].copy()
     for dim, amount in per_card.items():
         ok &= acc.free[acc.dim_index[dim], node, :] >= amount
@@ -314,7 +313,7 @@ def _nearest_cards(state: ClusterState, need: Need, node: int, movers: list[Move
     """Per device type, the cards of `node` that would hold the per-card request once their movable
     holders leave, the fewest holders first (as many as the request needs cards): a card's holders
     come first, rather than shares scattered over several cards that free none."""
-    types = getattr(state.extras.get("devices"), "types", {})
+    types = device_types(state)
     out: dict[str, set[int]] = {}
     for kind, (cards, per_card) in need.per_card.items():
         acc = types[kind]
@@ -344,7 +343,7 @@ def covers(state: ClusterState, need: Need, node: int, movers: Sequence[Mover]) 
             return False
     if not need.per_card:
         return True
-    types = state.extras["devices"].types  # type: ignore[attr-defined]
+    types = device_types(state)
     for kind, (cards, per_card) in need.per_card.items():
         acc = types[kind]
         ok = acc.healthy[node].copy()
@@ -376,7 +375,7 @@ def fits_now(state: ClusterState, need: Need) -> npt.NDArray[np.bool_]:
     free = state.free
     for r, amount in need.rows.items():
         ok &= free[r, :n] >= amount
-    types = getattr(state.extras.get("devices"), "types", {})
+    types = device_types(state)
     for kind, (cards, per_card) in need.per_card.items():
         acc = types[kind]
         fits = acc.healthy[:n, : acc.free.shape[2]].copy()

@@ -566,6 +566,19 @@ def attach_device_accounts(state: ClusterState) -> DeviceAccounts:
     return state.attach(DeviceAccounts())
 
 
+def device_accounts(state: ClusterState) -> DeviceAccounts | None:
+    """The device accounts the scheduler's plugins keep on the state, or None (a profile without
+    devices). Never attached from here: reading the state must not change it."""
+    accounts = state.extras.get(DeviceAccounts.name)
+    return accounts if isinstance(accounts, DeviceAccounts) else None
+
+
+def device_types(state: ClusterState) -> dict[str, DeviceTypeAccounts]:
+    """The state's per-type device accounts ({} without device accounts), read as `device_accounts`."""
+    accounts = device_accounts(state)
+    return accounts.types if accounts is not None else {}
+
+
 def node_devices_from_manifest(node: Node) -> dict[str, NodeDevices]:
     """A node manifest's devices per type (foreign allocations counted as used), for tests and tools."""
     accounts = DeviceAccounts()

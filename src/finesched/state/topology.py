@@ -21,6 +21,7 @@ import numpy.typing as npt
 
 from finesched.model.topology import Topology
 from finesched.state.cluster import ClusterState
+from finesched.state.devices import device_types
 
 IntArray = npt.NDArray[np.int64]
 OUTSIDE = -1
@@ -167,8 +168,7 @@ def _capacity_rows(state: ClusterState, n: int) -> tuple[list[str], IntArray, In
     accounts hold apart from the scalar columns."""
     names = list(state.resources)
     allocatable, free = [state.allocatable[:, :n]], [state.free[:, :n]]
-    accounts = state.extras.get("devices")
-    for acc in getattr(accounts, "types", {}).values():
+    for acc in device_types(state).values():
         for k, dim in enumerate(acc.dims):
             if dim in names:
                 continue

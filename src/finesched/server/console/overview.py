@@ -41,7 +41,7 @@ from finesched.plugins.fragmentation.target import GPU_MODEL_LABEL, MILLI, Targe
 from finesched.sched.queue import QueuedUnit, SchedulingQueue
 from finesched.sched.scheduler import Scheduler
 from finesched.state.cluster import ClusterState
-from finesched.state.devices import DeviceAccounts
+from finesched.state.devices import device_accounts
 from finesched.state.topology import DomainIndex
 
 IntArray = npt.NDArray[np.int64]
@@ -49,13 +49,6 @@ IntArray = npt.NDArray[np.int64]
 TYPICAL_SAMPLE = 20_000
 #: The typical request when no GPU workload runs or waits: one whole GPU.
 WHOLE_GPU = TargetWorkload.from_specs([{"cpu": 0, "gpuCount": 1, "gpuMilli": MILLI, "count": 1}])
-
-
-def device_accounts(state: ClusterState) -> DeviceAccounts | None:
-    """The device accounts the scheduler's plugins keep on the state, or None (a profile without
-    devices). Never attached from here: reading the live state must not change it."""
-    accounts = state.extras.get(DeviceAccounts.name)
-    return accounts if isinstance(accounts, DeviceAccounts) else None
 
 
 def gpu_core_rows(state: ClusterState) -> tuple[IntArray, IntArray] | None:
