@@ -20,16 +20,15 @@ import json
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, get_args
 
 from finesched.agent.identity import RunAs
 from finesched.cpuset import CPUSet
 from finesched.model.resources import CPU, MEMORY, ResourceVector
+from finesched.model.workload import EXCLUSIVE_QOS, QoS
 from finesched.plugins.resource_status import ANNOTATION_RESOURCE_STATUS
 
-#: QoS classes whose cpuset is exclusive (Koordinator: LSE and LSR own their CPUs).
-EXCLUSIVE_QOS = frozenset({"LSE", "LSR"})
-QOS_CLASSES = frozenset({"LSE", "LSR", "LS", "BE"})
+QOS_CLASSES = frozenset(get_args(QoS))
 
 
 class BindingError(ValueError):

@@ -50,13 +50,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from finesched.agent.binding import EXCLUSIVE_QOS, AgentBinding
+from finesched.agent.binding import AgentBinding
 from finesched.agent.cgroup_groups import Group, Limits
 from finesched.agent.identity import Identity
 from finesched.agent.sandbox import RUNAS, Sandbox
 from finesched.cpuset import CPUSet
 from finesched.model.node import Node
 from finesched.model.resources import CPU, GPU, GPU_CORE, GPU_MEMORY, GPU_MEMORY_RATIO, MEMORY, ResourceVector
+from finesched.model.workload import EXCLUSIVE_QOS
 from finesched.private import open_private
 
 #: Environment variables the agent owns: a workload's own env cannot override them.

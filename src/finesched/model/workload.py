@@ -25,6 +25,8 @@ from finesched.model.resources import CPU, DEVICE_RESOURCE_NAMES, FPGA, MEMORY, 
 from finesched.model.topology import GangTopology
 
 QoS = Literal["LSE", "LSR", "LS", "BE"]
+#: QoS classes whose workloads own their CPUs (an exclusive cpuset; Koordinator's LSE and LSR).
+EXCLUSIVE_QOS = frozenset({"LSE", "LSR"})
 K8sQoS = Literal["Guaranteed", "Burstable", "BestEffort"]
 CPUBindPolicy = Literal["Default", "FullPCPUs", "SpreadByPCPUs", "ConstrainedBurst"]
 CPUExclusivePolicy = Literal["None", "PCPULevel", "NUMANodeLevel"]
@@ -338,7 +340,7 @@ class Workload(Model):
         for name, text in limits.items():
             if self.limits[name] < self.requests.get(name, 0):
                 problems.append((("limits", name), f"is below the request ({shown[name]})", text))
-        if self.qos in ("LSE", "LSR"):
+        if self.qos in EXCLUSIVE_QOS:
             cpu = self.requests.get(CPU, 0)
             if cpu <= 0 or cpu % 1000:
                 rule = f"{self.qos} needs whole CPUs (a multiple of 1000m)"

@@ -23,8 +23,9 @@ import numpy.typing as npt
 
 from finesched.model.binding import Binding
 from finesched.model.resources import GPU_CORE, device_dimension, translate_gpu_shortcuts
-from finesched.model.workload import Workload
+from finesched.model.workload import EXCLUSIVE_QOS, Workload
 from finesched.sched.defrag import Defragmenter
+from finesched.sched.preempt import INDEX_NAME
 from finesched.sched.request import ScheduleRequest
 from finesched.state.devices import device_types
 
@@ -32,9 +33,6 @@ if TYPE_CHECKING:
     from finesched.state.cluster import ClusterState
 
 Int64Array = npt.NDArray[np.int64]
-PINNED_QOS = frozenset({"LSE", "LSR"})
-#: Name of the preemption plugin's state extra that records disruption budgets.
-INDEX_NAME = "PreemptionIndex"
 
 
 @dataclass(frozen=True)
@@ -70,7 +68,7 @@ def mover_refusal(sched: Any, binding: Binding, defragmenter: Defragmenter, now:
         return "its binding is still in flight"
     if workload.gang is not None:
         return "it is a gang member"
-    if binding.qos in PINNED_QOS:
+    if binding.qos in EXCLUSIVE_QOS:
         return f"its qos is {binding.qos}"
     if binding.cpuset:
         return "it holds a cpuset"

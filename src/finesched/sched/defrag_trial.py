@@ -29,7 +29,6 @@ from finesched.model.workload import Workload
 from finesched.sched.cycle_state import CycleState
 from finesched.sched.defrag_chain import CHAIN_DEPTH, CHAIN_TRIALS, Room
 from finesched.sched.defrag_movers import (
-    INDEX_NAME,
     Mover,
     MoveRules,
     Need,
@@ -39,7 +38,7 @@ from finesched.sched.defrag_movers import (
     same_place,
 )
 from finesched.sched.diagnosis import FitError
-from finesched.sched.preempt import exact_binding
+from finesched.sched.preempt import INDEX_NAME, exact_binding
 from finesched.sched.request import ScheduleRequest
 from finesched.state.cluster import StateError
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from finesched.cpuset import CPUSet
 from finesched.hashed import HashedOnce
 from finesched.model.resources import CPU, MEMORY
-from finesched.model.workload import Workload
+from finesched.model.workload import EXCLUSIVE_QOS, Workload
 from finesched.sched.cycle_state import CycleState, StateKey
 from finesched.sched.memo import request_shape
 from finesched.state.cpu_topology import check_choice
@@ -93,7 +93,7 @@ def compile_cpu_request(workload: Workload) -> CPURequest:
         cpu_limit_milli=workload.limits.get(CPU, cpu),
         memory=workload.requests.get(MEMORY, 0),
         qos=qos,
-        exclusive=qos in ("LSE", "LSR"),
+        exclusive=qos in EXCLUSIVE_QOS,
         static_exclusive=qos == "LS" and workload.k8s_qos == "Guaranteed" and cpu > 0 and cpu % 1000 == 0,
         required_bind="" if required == "Default" else required,
         preferred_bind="" if preferred == "Default" else preferred,
