@@ -45,10 +45,8 @@ from finesched.sched.defrag_movers import (
 from finesched.sched.defrag_trial import try_movers
 from finesched.sched.diagnosis import unresolvable_nodes
 from finesched.sched.framework import NodeBatch
-from finesched.sched.memo import request_shape
-from finesched.sched.preempt import SchedulerView
+from finesched.sched.preempt import SchedulerView, prepare
 from finesched.sched.request import ScheduleRequest
-from finesched.sched.runtime import PreFilterFailed
 
 #: Movers considered per node (lowest priority first, then the most useful): bounds the subsets.
 MOVERS_PER_NODE = 10
@@ -79,12 +77,10 @@ def find_defragmentation(
     budget = min(config.max_moves_per_plan, defragmenter.moves_left(now))
     if budget <= 0:
         return None, f"the cluster's budget of moves is spent (maxMovesPerMinute {config.max_moves_per_minute})"
-    request = sched._compiler.compile(workload, request_shape(workload))
-    cycle = CycleState()
-    try:
-        skipped = sched.framework.run_pre_filter(cycle, request, NodeBatch(state))
-    except PreFilterFailed as exc:
-        return None, f"{exc.status.message()} ({exc.status.plugin})"
+    prepared = prepare(sched, workload)
+    if isinstance(prepared, str):
+        return None, prepared
+    request, cycle, skipped = prepared
     if request.unknown:
         return None, f"no node offers {', '.join(request.unknown)}"
     need = need_of(state, request)
@@ -174,7 +170,6 @@ def _plan_node(
                 why = why or stuck or f"moving {', '.join(m.key for m in subset)} needs more than {budget} moves"
                 continue
             trials[0] += 1
-            lacks = lacks_text(state, need, node)
             chain_room = room if chains else None
             found = try_movers(
                 sched, cycle, request, node, skipped, subset, need=need, room=chain_room, rules=rules, budget=budget
@@ -200,6 +195,7 @@ def _plan_node(
                 for m, target in steps
             )
             chained = len(moves) - len(direct & {m.workload for m in moves})
+            lacks = lacks_text(state, need, node)  # the trial left the state as it was
             reason = (
                 f"{key} fits on no node as things stand; on {name} it lacked {'; '.join(lacks) or 'room'}: "
                 f"moving {len(moves)} workload(s) ({', '.join(m.workload for m in moves)}) frees it"

@@ -157,6 +157,19 @@ def exact_binding(
     return binding
 
 
+def prepare(sched: SchedulerView, workload: Workload) -> tuple[ScheduleRequest, CycleState, set[str]] | str:
+    """A workload's compiled request, its cycle state after pre_filter and the plugins pre_filter
+    skipped, for a decision about it that changes nothing (preemption's, the defragmenter's); or
+    why pre_filter rejects it."""
+    request = sched._compiler.compile(workload, request_shape(workload))
+    cycle = CycleState()
+    try:
+        skipped = sched.framework.run_pre_filter(cycle, request, NodeBatch(sched.state))
+    except PreFilterFailed as exc:
+        return f"{exc.status.message()} ({exc.status.plugin})"
+    return request, cycle, skipped
+
+
 def find_preemption(
     sched: SchedulerView, workload: Workload, allowed: npt.NDArray[np.bool_] | None = None
 ) -> tuple[Preemption | None, str]:
@@ -168,12 +181,10 @@ def find_preemption(
     state = sched.state
     if workload.key in state.bindings or state.n == 0:
         return None, "already bound" if state.n else "no nodes"
-    request = sched._compiler.compile(workload, request_shape(workload))
-    cycle = CycleState()
-    try:
-        skipped = sched.framework.run_pre_filter(cycle, request, NodeBatch(state))
-    except PreFilterFailed as exc:
-        return None, f"{exc.status.message()} ({exc.status.plugin})"
+    prepared = prepare(sched, workload)
+    if isinstance(prepared, str):
+        return None, prepared
+    request, cycle, skipped = prepared
     p, why = plugin.post_filter(cycle, request, Handle(sched, skipped, allowed))
     if p is not None and allowed is not None and not allowed[state.index[p.node]]:
         return None, "the preemption found lies outside the gang's topology domain"
