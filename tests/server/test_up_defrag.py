@@ -10,18 +10,16 @@ start, watch and stop them (whatever a failure leaves behind is killed by its se
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from manifests import API, tenant
-from server_harness import FINESCHED, free_port, wait_until
-from test_up_topology import FAILURE, Fleet, _answers, _workload_processes, cleanup
+from server_harness import wait_until
+from test_up_topology import FAILURE, Fleet, _workload_processes, cleanup, start_up
 
 from profiles import defrag_profile
-from reachable import reachable_dir
 
 NODE = "n1"
 #: What each workload prints before it sleeps (until it is deleted or moved).
@@ -38,21 +36,9 @@ def doc(name: str, requests: dict[str, Any], **spec: Any) -> dict[str, Any]:
 @pytest.fixture
 def fleet(tmp_path: Path) -> Iterator[Fleet]:
     """`up` alone (its own agent, two simulated GPUs) with the defragmenter's profile."""
-    work = reachable_dir(0o711, "finesched-work-")
-    data, port = tmp_path / "up", free_port()
     profile = defrag_profile(tmp_path)
-    with (tmp_path / "up.out").open("wb") as out:
-        up = subprocess.Popen(
-            [*FINESCHED, "up", "--data", str(data), "--port", str(port), "--work-root", str(work / "up"),
-             "--interval", "1", "--node-name", NODE, "--fake-gpus", "2:16Gi", "--profile", str(profile)],
-            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
-    fleet = Fleet(tmp_path, data, f"http://127.0.0.1:{port}", work, up, logs=[tmp_path / "up.out", data / "server.log"])
+    fleet = start_up(tmp_path, "--node-name", NODE, "--fake-gpus", "2:16Gi", "--profile", str(profile))
     try:
-        token_file = data / "admin.token"
-        wait_until(lambda: token_file.is_file() and token_file.read_text().strip() != "", 60, "up's admin token")
-        fleet.admin = fleet.client(token_file.read_text().strip())
-        wait_until(lambda: _answers(fleet.admin), 60, "the server to answer")
         wait_until(lambda: _two_gpus(fleet), 60, "the node with its two GPUs")
         yield fleet
     finally:

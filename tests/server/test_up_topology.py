@@ -82,15 +82,15 @@ class Fleet:
         return self.cli(("submit", "-f", str(path)), token=token)[0]
 
 
-def start(tmp: Path) -> Fleet:
-    """`up` on a free port, then an agent per node of RACKS with its own token, data and work root
-    (all stopped again if one cannot start)."""
+def start_up(tmp: Path, *options: str) -> Fleet:
+    """`up` on a free port with `options`, once it answers as the leader with its admin token
+    (stopped again if it does not)."""
     work = reachable_dir(0o711, "finesched-work-")
     data, port = tmp / "up", free_port()
     with (tmp / "up.out").open("wb") as out:
         up = subprocess.Popen(
             [*FINESCHED, "up", "--data", str(data), "--port", str(port), "--work-root", str(work / "up"),
-             "--interval", "1"],
+             "--interval", "1", *options],
             stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
     fleet = Fleet(tmp, data, f"http://127.0.0.1:{port}", work, up, logs=[tmp / "up.out", data / "server.log"])
@@ -99,6 +99,18 @@ def start(tmp: Path) -> Fleet:
         wait_until(lambda: token_file.is_file() and token_file.read_text().strip() != "", 60, "up's admin token")
         fleet.admin = fleet.client(token_file.read_text().strip())
         wait_until(lambda: _answers(fleet.admin), 60, "the server to answer")
+    except BaseException:
+        cleanup(fleet)
+        raise
+    return fleet
+
+
+def start(tmp: Path) -> Fleet:
+    """`up` on a free port, then an agent per node of RACKS with its own token, data and work root
+    (all stopped again if one cannot start)."""
+    fleet = start_up(tmp)
+    work = fleet.work
+    try:
         for (name, rack), token in zip(RACKS.items(), fleet.tokens("agent", *RACKS), strict=True):
             (work / name).mkdir(mode=0o711)
             fleet.logs.append(tmp / f"agent-{name}.out")
