@@ -19,7 +19,8 @@ from server_harness import Api, inprocess_server, store_tenants, wait_until
 
 from finesched.model.binding import Binding
 from finesched.sched.defrag import DefragPlan, Move
-from finesched.server.loop.loop import LoopConfig, SchedulerLoop, plan_write
+from finesched.server.loop.loop import LoopConfig, SchedulerLoop
+from finesched.server.store.move_store import PlanWrite
 from finesched.server.store.store import BOUND, PENDING, RUNNING, SUCCEEDED, Store
 from profiles import defrag_profile
 
@@ -227,13 +228,13 @@ def test_the_store_writes_a_plan_whole_or_not_at_all(store: Store) -> None:
                  target.model_copy(update={"workload": "team-a/other"}), "moved")  # fmt: skip
     good = Move("team-a/mover", "team-a", 0, source, target, "moved from n1 to n2 for team-a/big")
     bad_plan = DefragPlan("team-a/big", wanted, (good, stray), "no node holds 2 cpu")
-    conflicts, _ = store.bind([(big, 1, "team-a/big", "n1", data)], moves={big: plan_write(bad_plan)})
+    conflicts, _ = store.bind([(big, 1, "team-a/big", "n1", data)], moves={big: PlanWrite(bad_plan)})
     assert conflicts == [big] and other
     assert store.get_workload("team-a", "mover")["binding"]["node"] == "n1"
     assert store.get_workload("team-a", "big")["phase"] == PENDING
     # the plan as found: the mover's binding replaced (unacked), then big bound; events on both
     plan = DefragPlan("team-a/big", wanted, (good,), "no node holds 2 cpu")
-    conflicts, _ = store.bind([(big, 1, "team-a/big", "n1", data)], moves={big: plan_write(plan)})
+    conflicts, _ = store.bind([(big, 1, "team-a/big", "n1", data)], moves={big: PlanWrite(plan)})
     assert conflicts == []
     row = store.get_workload("team-a", "mover")
     assert (row["phase"], row["node"], row["binding"]["node"], row["binding"]["acked"]) == (BOUND, "n2", "n2", False)

@@ -52,7 +52,7 @@ from finesched.server.metrics import Metrics, cluster_figures
 from finesched.server.store import job_store, topology_store
 from finesched.server.store.cluster_view import binding_from_row, node_from_row, tenant_from_row, workload_from_row
 from finesched.server.store.locking import LoopLock
-from finesched.server.store.move_store import MoveWrite, PlanWrite
+from finesched.server.store.move_store import PlanWrite
 from finesched.server.store.store import HOLDING, PENDING, REJECTED, Event, NotFound, Store, now
 from finesched.server.store.topology_store import topology_from_row
 from finesched.state.cluster import ClusterState, StateError
@@ -648,7 +648,7 @@ class SchedulerLoop:
             for entry, b in decisions
             if (p := preemptions.get(b.workload)) is not None
         }
-        moves = {entry.id: plan_write(p) for entry, b in decisions if (p := plans.get(b.workload)) is not None}
+        moves = {entry.id: PlanWrite(p) for entry, b in decisions if (p := plans.get(b.workload)) is not None}
         write_started = time.thread_time()
         try:
             conflicts, event_ids = self.store.bind(payload, fence=self.lease.fence, evictions=evictions, moves=moves)
@@ -801,12 +801,6 @@ class SchedulerLoop:
             if self.scheduler is None:
                 return None
             return cluster_figures(self.scheduler.state, len(self.queued))
-
-
-def plan_write(plan: DefragPlan) -> PlanWrite:
-    """What the store writes of a plan (server/store/move_store.py)."""
-    moves = tuple(MoveWrite(m.workload, m.tenant, m.source, m.target, m.reason) for m in plan.moves)
-    return PlanWrite(plan.binding.tenant, plan.reason, moves)
 
 
 def remember_movable(scheduler: Scheduler, row: dict[str, Any]) -> None:

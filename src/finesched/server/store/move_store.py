@@ -26,46 +26,24 @@ from typing import Any
 from sqlalchemy import Connection, select, update
 
 from finesched.model.binding import Binding
+from finesched.sched.defrag import DefragPlan, Move
+from finesched.sched.records import ANOTHER_TENANT, plan_reason
 from finesched.server.store import schema as t
 from finesched.server.store.store import BOUND, HOLDING, Event
 
 
 @dataclass(frozen=True)
-class MoveWrite:
-    """One move as the store writes it: the mover, its binding now and after, and why."""
-
-    workload: str
-    tenant: str
-    source: Binding
-    target: Binding
-    reason: str
-
-    def summary(self, seen_by: str) -> str:
-        """``ns/name: n1 gpu 0 -> n1 gpu 1`` (what the waiting workload's event lists), the name
-        hidden from another tenant `seen_by`."""
-        who = self.workload if self.tenant == seen_by else OTHER
-        return f"{who}: {where(self.source)} -> {where(self.target)}"
-
-
-@dataclass(frozen=True)
 class PlanWrite:
-    """The moves a waiting workload's binding needs, and why it needed them (what `Store.bind`
-    takes per waiting workload: it checks `in_place`, then `write`s)."""
+    """A defragmentation plan as `Store.bind` takes it per waiting workload: it checks `in_place`,
+    then `write`s (the store cannot import this module: it only knows the protocol)."""
 
-    #: The waiting workload's tenant.
-    tenant: str
-    reason: str
-    moves: tuple[MoveWrite, ...]
+    plan: DefragPlan
 
     def in_place(self, conn: Connection) -> bool:
-        return movers_in_place(conn, self)
+        return movers_in_place(conn, self.plan)
 
     def write(self, conn: Connection, waiting: str, stamp: datetime) -> list[Event]:
-        return write_moves(conn, waiting, self, stamp)
-
-
-#: What a tenant is told instead of another tenant's workload's name.
-OTHER = "a workload of another tenant"
+        return write_moves(conn, waiting, self.plan, stamp)
 
 
 def where(binding: Binding) -> str:
@@ -74,7 +52,14 @@ def where(binding: Binding) -> str:
     return f"{binding.node} {devices}".strip()
 
 
-def movers_in_place(conn: Connection, plan: PlanWrite) -> bool:
+def summary(move: Move, seen_by: str) -> str:
+    """``ns/name: n1 gpu 0 -> n1 gpu 1`` (what the waiting workload's event lists), the name hidden
+    from another tenant `seen_by`."""
+    who = move.workload if move.tenant == seen_by else ANOTHER_TENANT
+    return f"{who}: {where(move.source)} -> {where(move.target)}"
+
+
+def movers_in_place(conn: Connection, plan: DefragPlan) -> bool:
     """Every mover still bound exactly as the plan found it (rows locked for this transaction)."""
     keys = [m.workload for m in plan.moves]
     query = (
@@ -99,11 +84,12 @@ def _same(data: Any, binding: Binding) -> bool:
         return False
 
 
-def write_moves(conn: Connection, waiting: str, plan: PlanWrite, stamp: datetime) -> list[Event]:
+def write_moves(conn: Connection, waiting: str, plan: DefragPlan, stamp: datetime) -> list[Event]:
     """Replace each mover's binding by its target (checked with `movers_in_place` first); the events."""
+    tenant = plan.binding.tenant
     events = []
     for move in plan.moves:
-        reason = move.reason if move.tenant == plan.tenant else move.reason.replace(waiting, OTHER)
+        reason = move.reason if move.tenant == tenant else move.reason.replace(waiting, ANOTHER_TENANT)
         target = move.target
         data = target.model_dump(mode="json", by_alias=True)
         workload_id = conn.execute(
@@ -119,11 +105,8 @@ def write_moves(conn: Connection, waiting: str, plan: PlanWrite, stamp: datetime
                     version=t.workloads.c.version + 1, updated=stamp)
         )  # fmt: skip
         events.append(Event("Workload", move.workload, "Moved", reason))
-    why = plan.reason
-    for move in plan.moves:
-        if move.tenant != plan.tenant:
-            why = why.replace(move.workload, OTHER)
-    listed = "; ".join(m.summary(plan.tenant) for m in plan.moves)
+    why = plan_reason(plan, lambda _key, mover_tenant: mover_tenant == tenant)
+    listed = "; ".join(summary(m, tenant) for m in plan.moves)
     count = f"{len(plan.moves)} move{'s' if len(plan.moves) != 1 else ''}"
     events.append(Event("Workload", waiting, "Defragmented", f"{why} ({count}: {listed})"))
     return events
