@@ -7,6 +7,7 @@ also publishes each requested class's share after placement, which the S0.4 scor
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import ClassVar
 
 import numpy as np
@@ -19,11 +20,16 @@ from finesched.sched.framework import (
     Code,
     CountArray,
     Explanation,
+    FilterPlugin,
     FilterResult,
     NodeBatch,
+    PreScorePlugin,
+    ScorePlugin,
     Status,
 )
+from finesched.sched.fused import FusedEvaluator
 from finesched.sched.request import ScheduleRequest
+from finesched.state.cluster import ClusterState
 
 
 class ResourcesFit:
@@ -77,6 +83,19 @@ class ResourcesFit:
             never = nodes.row(state.allocatable, r) < amount
             out[f"insufficient {state.resources[r]}"] = (short, never)
         return out
+
+    def fuse(
+        self,
+        state: ClusterState,
+        filters: Sequence[FilterPlugin],
+        pre_score: Sequence[PreScorePlugin],
+        score: Sequence[tuple[ScorePlugin, int]],
+        normalizing: bool,
+    ) -> FusedEvaluator | None:
+        """The fused scalar path (plugins/fused_scalar.py) when the profile's plugins allow it."""
+        from finesched.plugins.fused_scalar import FusedScalar  # it imports this module's neighbours
+
+        return FusedScalar.build(state, filters, pre_score, score, normalizing)
 
     def pre_score(self, cycle: CycleState, request: ScheduleRequest, nodes: NodeBatch) -> Status:
         state = nodes.state

@@ -41,6 +41,7 @@ from finesched.sched.framework import (
     StateUser,
     Status,
 )
+from finesched.sched.fused import FusedEvaluator, FusingPlugin
 from finesched.sched.profile import Profile
 from finesched.sched.registry import Registry
 from finesched.sched.request import ScheduleRequest
@@ -141,6 +142,16 @@ class Framework:
                     )
                 )
             points.post_filter = plugin
+
+    def fused(self, state: ClusterState) -> FusedEvaluator | None:
+        """A fused filter and score path for this profile's plugins (sched/fused.py), or None."""
+        points = self.points
+        for plugin in self.plugins:
+            if isinstance(plugin, FusingPlugin):
+                fused = plugin.fuse(state, points.filter, points.pre_score, points.score, bool(self._normalizers))
+                if fused is not None:
+                    return fused
+        return None
 
     def owns(self, resource: str) -> bool:
         """Whether a plugin (not the scalar fit) owns this request name."""

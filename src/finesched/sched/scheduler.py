@@ -77,6 +77,7 @@ class Scheduler:
         memoize: bool = True,
         preemption: bool = True,
         topologies: Iterable[Topology] = (),
+        fused: bool = True,
     ):
         """`preemption=False` turns the profile's post_filter (DefaultPreemption) off: `run` then
         never evicts anything (`finesched plan --no-preemption`). `topologies`: the network trees
@@ -93,6 +94,9 @@ class Scheduler:
         self.queue = SchedulingQueue(tenants, capacity=state.totals, usage=self.usage.of)
         self.memo = ScoreMemo()
         self._compiler = RequestCompiler(state, self.framework.owns)
+        #: Filter and score of scalar requests in a few numpy calls (sched/fused.py); None: the
+        #: profile needs the generic plugin path (`fused=False` forces it, for the equivalence tests).
+        self._fused = self.framework.fused(state) if fused else None
         self._tie_rank: npt.NDArray[np.int64] | None = None
         self._tie_version = -1
         #: The state's capacity version when `run` last looked: a change made between runs (added or
@@ -218,19 +222,30 @@ class Scheduler:
         profile asks for it), -1 on infeasible nodes; the highest key wins.
         """
         state = self.state
+        fused = self._fused if self._fused is not None and self._fused.applies(request, skipped) else None
         if shape is not None:
             entry, dirty = self.memo.lookup(shape, state)
             if entry is not None and dirty is not None:
                 batch = NodeBatch(state, index=dirty)
-                mask, _ = self.framework.run_filter(cycle, request, batch, skipped)
-                entry.patch(dirty, mask, self._score_key(cycle, request, batch, mask), state.change_position)
+                if fused is not None:
+                    mask, total = fused.evaluate(cycle, request, batch, skipped)
+                    entry.patch(dirty, mask, self._key_of(total, batch, mask), state.change_position)
+                else:
+                    mask, _ = self.framework.run_filter(cycle, request, batch, skipped)
+                    entry.patch(dirty, mask, self._score_key(cycle, request, batch, mask), state.change_position)
                 if entry.feasible_count:
                     return entry.feasible, entry.key
         nodes = NodeBatch(state)
-        feasible, results = self.framework.run_filter(cycle, request, nodes, skipped)
-        if not feasible.any():
-            raise diagnose(request.key, state.n, results)
-        key = self._score_key(cycle, request, nodes, feasible)
+        if fused is not None:
+            feasible, total = fused.evaluate(cycle, request, nodes, skipped)
+            if not feasible.any():  # the plugins word the diagnosis
+                raise diagnose(request.key, state.n, self.framework.run_filter(cycle, request, nodes, skipped)[1])
+            key = self._key_of(total, nodes, feasible)
+        else:
+            feasible, results = self.framework.run_filter(cycle, request, nodes, skipped)
+            if not feasible.any():
+                raise diagnose(request.key, state.n, results)
+            key = self._score_key(cycle, request, nodes, feasible)
         if shape is not None:
             self.memo.store(shape, MemoEntry(state.change_position, state.nodes_version, feasible, key))
         return feasible, key
@@ -245,7 +260,11 @@ class Scheduler:
             raise _prefilter_error(request.key, self.state.n, exc) from None
         if nodes.n == 0:
             return np.empty(0, dtype=np.int64)
-        total = self.framework.run_score(cycle, request, scored)
+        return self._key_of(self.framework.run_score(cycle, request, scored), nodes, feasible)
+
+    def _key_of(self, total: ScoreArray, nodes: NodeBatch, feasible: npt.NDArray[np.bool_]) -> ScoreArray:
+        """The selection key of a batch from its score totals: the seeded tie-break folded in
+        when the profile asks for it, -1 on infeasible nodes."""
         if self.profile.tie_break == "random":
             n = self.state.n
             total = total * (n + 1) + (n - nodes.take(self._tie_ranks()))

@@ -281,6 +281,8 @@ class CPUAccounts:
 
     def _hold(self, index: int, binding: Binding) -> Hold | None:
         """The binding's hold on node `index`, checked to fit (StateError, nothing changed, if not)."""
+        if not binding.numa and not binding.cpuset:  # a plain scalar binding holds no CPU or NUMA slot
+            return None
         grants = tuple((g.numa, g.resources.get(CPU, 0), g.resources.get(MEMORY, 0)) for g in binding.numa)
         if not binding.cpuset and not grants:
             return None

@@ -1,0 +1,185 @@
+"""The fused scalar decision path (sched/fused.py): filter and score without the plugin round trip.
+
+ResourcesFit offers it (`ResourcesFit.fuse`). For the common case -- a scalar request under a profile
+whose active filters are ResourcesFit, NodeUnschedulable (and any label filter, run as is) and
+whose scorers are the share scorers of plugins/scoring.py -- `FusedScalar.evaluate` computes the
+same mask and the same total with the same numpy operations in the same order, so its answer is
+bit for bit the generic one (tests/test_fused_scalar.py holds the two equal on random clusters).
+
+Anything it does not cover goes the generic way: `FusedScalar.build` returns None for a profile
+with other scorers, a score normalizer or a pre_score plugin it does not know, and `applies` is
+False per cycle while a filter or pre_score plugin it cannot stand in for is active (devices,
+CPU pinning, NUMA, a request for a resource no node offers). When no node is feasible the caller
+re-runs the generic filters for the diagnosis (FitError reasons), which only the plugins can word.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from finesched.plugins.node_unschedulable import UNSCHEDULABLE_LABEL, NodeUnschedulable
+from finesched.plugins.scoring import _ShareScorer, least_requested, most_allocated, most_balanced
+from finesched.plugins.shares import Shares
+from finesched.sched.cycle_state import CycleState
+from finesched.sched.framework import BoolArray, FilterPlugin, NodeBatch, PreScorePlugin, ScoreArray, ScorePlugin
+from finesched.sched.request import ScheduleRequest
+from finesched.state.cluster import ClusterState
+
+#: The score functions the fused path evaluates itself, by the plugin class attribute they sit in.
+_FUSABLE_SCORES = (least_requested, most_allocated, most_balanced)
+#: pre_score plugins that add nothing in a cycle where their own pre_filter asked to be skipped
+#: (DeviceShare publishes device shares only for a device request, which it skips without).
+_QUIET_WHEN_SKIPPED = frozenset({"DeviceShare"})
+#: Filters the fused path runs unchanged (label and tenant masks: a cached mask and a gather, read
+#: nothing pre_score writes); any other filter must have skipped at pre_filter.
+_AS_IS = frozenset({"NodeSelector", "TenantIsolation"})
+
+
+class FusedScalar:
+    """The fused filter and score of one profile's plugins (see the module docstring)."""
+
+    def __init__(
+        self,
+        state: ClusterState,
+        others: Sequence[FilterPlugin],
+        must_skip: frozenset[str],
+        scorers: Sequence[tuple[Callable[[Shares, int], ScoreArray], int]],
+        unschedulable: bool,
+        fit: bool,
+    ):
+        self._state = state
+        #: Filters run as they are (label filters: a cached mask and a gather, nothing to fuse).
+        self._others = tuple(others)
+        #: Plugins (filter or pre_score) that must have skipped at pre_filter for the path to apply.
+        self._must_skip = must_skip
+        self._scorers = tuple((f, w) for f, w in scorers if w != 0)
+        self._unschedulable = unschedulable
+        self._fit = fit
+        self._marked: BoolArray | None = None
+        self._marked_version = (-1, -1)
+
+    @classmethod
+    def build(
+        cls,
+        state: ClusterState,
+        filters: Sequence[FilterPlugin],
+        pre_score: Sequence[PreScorePlugin],
+        score: Sequence[tuple[ScorePlugin, int]],
+        normalizing: bool,
+    ) -> FusedScalar | None:
+        """The fused path for these plugins, or None when the profile needs the generic one."""
+        if normalizing:
+            return None
+        scorers = []
+        for plugin, weight in score:
+            function = getattr(type(plugin), "FUNCTION", None)
+            if function not in _FUSABLE_SCORES or type(plugin).score is not _ShareScorer.score:  # type: ignore[attr-defined]
+                return None
+            scorers.append((function, weight))
+        must_skip: set[str] = set()
+        fit = any(p.NAME == "ResourcesFit" for p in filters)
+        for plugin in pre_score:
+            if plugin.NAME == "ResourcesFit":
+                continue
+            name = getattr(plugin, "NAME", "")
+            if name not in _QUIET_WHEN_SKIPPED:
+                return None
+            must_skip.add(name)
+        if not fit and scorers:
+            return None  # the share scorers read what ResourcesFit's pre_score publishes
+        others: list[FilterPlugin] = []
+        for plugin in filters:
+            if plugin.NAME == "ResourcesFit" or isinstance(plugin, NodeUnschedulable):
+                continue
+            if plugin.NAME in _AS_IS:
+                others.append(plugin)
+            else:
+                must_skip.add(plugin.NAME)
+        unschedulable = any(isinstance(p, NodeUnschedulable) for p in filters)
+        return cls(state, others, frozenset(must_skip), scorers, unschedulable, fit)
+
+    def applies(self, request: ScheduleRequest, skipped: set[str]) -> bool:
+        """Whether this cycle may take the fused path (pre_filter has run; `skipped` is its answer)."""
+        return not request.unknown and self._must_skip <= skipped
+
+    def evaluate(
+        self, cycle: CycleState, request: ScheduleRequest, nodes: NodeBatch, skipped: set[str]
+    ) -> tuple[BoolArray, ScoreArray]:
+        """The feasibility mask and weighted score total of `nodes` (what run_filter and run_score
+        return); the total is computed on every node of the batch, feasible or not."""
+        state = self._state
+        index = nodes.index
+        if index is None:
+            n = state.n
+            mask = self._fit_all(request, n) if self._fit else np.ones(n, dtype=bool)
+            if self._unschedulable:
+                mask &= ~self._marked_all(n)
+        else:
+            n = len(index)
+            floor = request.floor
+            if self._fit and floor is not None and len(floor) == len(state.resources):
+                mask = np.logical_and.reduce(state.free_at(index) >= floor, axis=0)
+            elif self._fit:
+                mask = self._fit_all(request, state.n)[index]
+            else:
+                mask = np.ones(n, dtype=bool)
+            if self._unschedulable:
+                mask &= ~self._marked_all(state.n)[index]
+        for plugin in self._others:
+            if plugin.NAME not in skipped:
+                mask &= plugin.filter(cycle, request, nodes).mask
+        return mask, self._total(request, index, n)
+
+    def _fit_all(self, request: ScheduleRequest, n: int) -> BoolArray:
+        free = self._state.free
+        pairs = request.pairs
+        r, amount = pairs[0]
+        mask = free[r] >= amount
+        for r, amount in pairs[1:]:
+            mask &= free[r] >= amount
+        return mask
+
+    def _marked_all(self, n: int) -> BoolArray:
+        """[n] True on nodes labelled unschedulable; labels change only with the node set."""
+        version = (self._state.nodes_version, n)
+        if self._marked is None or self._marked_version != version:
+            self._marked = self._state.labels.has_key(UNSCHEDULABLE_LABEL, n)
+            self._marked_version = version
+        return self._marked
+
+    def _total(self, request: ScheduleRequest, index: npt.NDArray[np.intp] | None, n: int) -> ScoreArray:
+        """The weighted sum of the share scorers, with ResourcesFit's pre_score shares (same operations)."""
+        scorers = self._scorers
+        if not scorers:
+            return np.zeros(n, dtype=np.int64)
+        state = self._state
+        share_pairs = request.share_pairs
+        arrays: list[npt.NDArray[np.float64]] = []
+        if self._fit:
+            if index is None:
+                used, inv = state.used_float, state.inv_allocatable
+                for r, amount in share_pairs:
+                    share = used[r] + float(amount)
+                    arrays.append(np.multiply(share, inv[r], out=share))
+            elif share_pairs and request.share_add is not None and len(request.share_add) == len(state.resources):
+                block = state.used_float_at(index)
+                block += request.share_add
+                block *= state.inv_allocatable_at(index)
+                arrays = [block[r] for r, _ in share_pairs]
+            else:
+                used, inv = state.used_float, state.inv_allocatable
+                for r, amount in share_pairs:
+                    share = used[r][index] + float(amount)
+                    arrays.append(np.multiply(share, inv[r][index], out=share))
+        shares = Shares(n, arrays)
+        total: ScoreArray | None = None
+        for function, weight in scorers:
+            scores = function(shares, n)
+            if weight != 1:
+                scores = scores * weight
+            total = scores if total is None else np.add(total, scores, out=total)
+        assert total is not None
+        return total
