@@ -11,7 +11,8 @@ changed since (a subset `NodeBatch`) and patch the arrays.
 Every node is still filtered and scored for every decision: an unchanged node's result is
 reused, not skipped. The ClusterState change log tells which nodes changed; a trimmed log,
 a changed node set (add/remove/update, tracked by `nodes_version`) or a large dirty set
-falls back to full evaluation.
+falls back to full evaluation. A shape is stored from its second sighting on (`ScoreMemo.wants`):
+a one-off shape would pay for an entry it never uses.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ MAX_SHAPES = 512
 #: An entry holds 9 bytes per node (mask + key): 512 shapes at 100,000 nodes would be 460 MB, so
 #: the memo is also bounded in bytes and keeps fewer shapes on larger clusters.
 MAX_BYTES = 128 * 2**20
+#: Shapes seen once and not (yet) stored, remembered up to this many (then forgotten at once).
+_SEEN_LIMIT = 65536
 
 
 @dataclass
@@ -137,6 +140,7 @@ class ScoreMemo:
 
     def __init__(self, max_shapes: int = MAX_SHAPES, max_bytes: int = MAX_BYTES):
         self._entries: OrderedDict[Hashable, MemoEntry] = OrderedDict()
+        self._seen: dict[Hashable, None] = {}
         self._max = max_shapes
         self._max_bytes = max_bytes
 
@@ -150,6 +154,24 @@ class ScoreMemo:
             return None, None
         self._entries.move_to_end(shape)
         return entry, state.distinct_changed(entry.position, changed)
+
+    def wants(self, shape: Hashable) -> bool:
+        """Whether an evaluation of `shape` is worth keeping: the shape was seen before.
+
+        A shape's first evaluation is not stored: keeping an entry pins two fresh [n] arrays and
+        evicts an older shape, which only pays off when the shape comes back. A stream of one-off
+        shapes (every request different) so pays for none of it; a repeated shape pays one more
+        full evaluation, at its second sighting. The shapes seen once are kept in a bounded dict."""
+        if shape in self._entries:
+            return True
+        seen = self._seen
+        if shape in seen:
+            del seen[shape]
+            return True
+        if len(seen) >= _SEEN_LIMIT:
+            seen.clear()
+        seen[shape] = None
+        return False
 
     def store(self, shape: Hashable, entry: MemoEntry) -> None:
         """Keep `entry` as the most recent; evict the least recent beyond the shape or byte bound."""
@@ -165,3 +187,4 @@ class ScoreMemo:
 
     def clear(self) -> None:
         self._entries.clear()
+        self._seen.clear()
