@@ -64,6 +64,9 @@ class FusedScalar:
         #: Plugins (filter or pre_score) that must have skipped at pre_filter for the path to apply.
         self._must_skip = must_skip
         self._scorers = tuple((f, w) for f, w in scorers if w != 0)
+        functions = {f for f, _ in self._scorers}
+        self._needs_mean = least_requested in functions or most_allocated in functions
+        self._needs_variance = most_balanced in functions
         self._unschedulable = unschedulable
         self._fit = fit
         self._marked: BoolArray | None = None
@@ -168,8 +171,21 @@ class FusedScalar:
         state = self._state
         share_pairs = request.share_pairs
         arrays: list[npt.NDArray[np.float64]] = []
-        if self._fit and index is None and len(share_pairs) == 2:
-            return self._total_two(share_pairs, n)
+        if self._fit and len(share_pairs) == 2:
+            (r0, amount0), (r1, amount1) = share_pairs
+            if index is None:
+                used, inv = state.used_float, state.inv_allocatable
+                a0 = used[r0] + float(amount0)
+                np.multiply(a0, inv[r0], out=a0)
+                a1 = used[r1] + float(amount1)
+                np.multiply(a1, inv[r1], out=a1)
+                return self._total_two(a0, a1)
+            add = request.share_add
+            if add is not None and len(add) == len(state.resources):
+                block = state.used_float_at(index)  # ResourcesFit.pre_score's subset arithmetic
+                block += add
+                block *= state.inv_allocatable_at(index)
+                return self._total_two(block[r0], block[r1])
         if self._fit:
             if index is None:
                 used, inv = state.used_float, state.inv_allocatable
@@ -196,8 +212,9 @@ class FusedScalar:
         assert total is not None
         return total
 
-    def _total_two(self, share_pairs: tuple[tuple[int, int], ...], n: int) -> ScoreArray:
-        """`_total` over every node for two share classes (cpu and memory, the usual request).
+    def _total_two(self, a0: npt.NDArray[np.float64], a1: npt.NDArray[np.float64]) -> ScoreArray:
+        """`_total` for two share classes (cpu and memory, the usual request): `a0`, `a1` are the
+        shares (this cycle's own arrays, overwritten here).
 
         The values of Shares.mean / Shares.variance and the score functions of plugins/scoring.py,
         with fewer passes over the nodes (over 100,000 nodes each pass is a megabyte), every
@@ -212,18 +229,10 @@ class FusedScalar:
           take one rounding of 1/allocatable, far below the 1e-9 epsilon), so every score
           already lies in range; infeasible nodes get the key -1 whatever their total.
         """
-        state = self._state
-        used, inv = state.used_float, state.inv_allocatable
-        (r0, amount0), (r1, amount1) = share_pairs
-        a0 = used[r0] + float(amount0)
-        np.multiply(a0, inv[r0], out=a0)
-        a1 = used[r1] + float(amount1)
-        np.multiply(a1, inv[r1], out=a1)
-        functions = {f for f, _ in self._scorers}
         twice_mean = square_diff = None
-        if least_requested in functions or most_allocated in functions:
+        if self._needs_mean:
             twice_mean = a0 + a1
-        if most_balanced in functions:
+        if self._needs_variance:
             np.subtract(a0, a1, out=a0)
             square_diff = np.multiply(a0, a0, out=a0)
         buf = a1  # no longer needed: a scratch buffer for each scorer's float values

@@ -268,6 +268,8 @@ class Scheduler:
         if self.profile.tie_break == "random":
             n = self.state.n
             total = total * (n + 1) + (n - nodes.take(self._tie_ranks()))
+        if total.shape[0] < 1024:  # a memo's few changed nodes: one call
+            return np.where(feasible, total, -1)
         # np.where(feasible, total, -1), branch-free: np.where takes a branch per element, which
         # a mask of mixed verdicts mispredicts half the time (several times slower over many nodes).
         # `total` is this cycle's own array (run_score and the fused path return fresh ones).
