@@ -3,8 +3,10 @@
 ResourcesFit offers it (`ResourcesFit.fuse`). For the common case -- a scalar request under a profile
 whose active filters are ResourcesFit, NodeUnschedulable (and any label filter, run as is) and
 whose scorers are the share scorers of plugins/scoring.py -- `FusedScalar.evaluate` computes the
-same mask and the same total with the same numpy operations in the same order, so its answer is
-bit for bit the generic one (tests/test_fused_scalar.py holds the two equal on random clusters).
+same mask and, on every feasible node, the same total: the same numpy operations in the same order,
+or (two share classes, `_total_two`) fewer ones that are exact identities in IEEE arithmetic, so
+the decision is bit for bit the generic one (tests/test_fused_scalar.py holds the two equal on
+random clusters).
 
 Anything it does not cover goes the generic way: `FusedScalar.build` returns None for a profile
 with other scorers, a score normalizer or a pre_score plugin it does not know, and `applies` is
