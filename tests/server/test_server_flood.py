@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import json
 import socket
+import sys
 import threading
 import time
+import traceback
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -196,11 +198,24 @@ class OneTenantFloods(RuleBasedStateMachine):
             return
         deadline = time.monotonic() + BOUND_WITHIN_S
         for key in self.b_submitted:
-            wait_until(lambda key=key: self.phase(key) in ("Bound", "Running"), timeout=deadline - time.monotonic(),
-                       what=f"{key} bound while {self.a} floods")  # fmt: skip
+            try:
+                wait_until(lambda key=key: self.phase(key) in ("Bound", "Running"), timeout=deadline - time.monotonic(),
+                           what=f"{key} bound while {self.a} floods")  # fmt: skip
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}\n{self.where_it_waits(key)}") from None
         seen = lambda: {e["object"] for e in self.watch_b.events if e["reason"] == "Bound"}  # noqa: E731
         wait_until(lambda: set(self.b_submitted) <= seen(), timeout=BOUND_WITHIN_S, what="B's watch to see it")
         assert {e["object"].split("/")[0] for e in self.watch_b.events if e["kind"] == "Workload"} <= {self.b}
+
+    def where_it_waits(self, key: str) -> str:
+        """What the server's loop is doing while `key` waits: where the queue holds it, and the loop
+        thread's stack (a timing failure says its cause)."""
+        loop = self.api.app.state.ctx.loop
+        frames = sys._current_frames()
+        thread = loop._thread
+        stack = "".join(traceback.format_stack(frames[thread.ident])) if thread and thread.ident in frames else "?"
+        return (f"leader {loop.is_leader}, queued here {key in loop.queued}, deferred {key in loop.deferred}, "
+                f"reason {loop.reasons([key], wait=False)}; the loop thread:\n{stack}")  # fmt: skip
 
     def phase(self, key: str) -> str:
         return str(self.client_b.get(f"/v1/workloads/{key}").json()["status"]["phase"])
