@@ -74,6 +74,10 @@ def test_the_server_imports_nothing_a_request_does_not_need() -> None:
     )
 
 
+def test_the_command_line_imports_no_http_client_until_it_makes_a_request() -> None:
+    _python("import sys\nimport finesched.cli\nassert 'httpx' not in sys.modules and 'alembic' not in sys.modules\n")
+
+
 # node_from_row: copies only what it changes ------------------------------------------------------------
 def _reference(row: dict[str, Any]) -> Any:
     """node_from_row as it was: the manifest deep-copied, then changed in place."""
