@@ -11,7 +11,9 @@ spawned) to:
 * `authed`: the first 200 of an authenticated GET /v1/nodes?limit=1 (an admin token; on a fresh
   database the token is written as soon as the server has made the schema, so this one includes
   that write's wait);
-* `leader`: /readyz says this replica leads (the state rebuilt from the store).
+* `leader`: /readyz says this replica leads (the state rebuilt from the store);
+* `healthz cpu`, `leader cpu`: the server process's own CPU seconds (user + system, /proc) at those
+  two moments: steadier than the wall clock on a machine that other processes load.
 
 Two databases: `fresh` (a new, empty one for every run: the server makes the schema) and `existing`
 (made once, --nodes nodes registered through the store, then reused by every run: the schema is
@@ -50,6 +52,10 @@ from finesched.server.store.store import Store
 HERE_SRC = str(Path(__file__).resolve().parent.parent / "src")
 POLL_S = 0.01
 FIGURES = ("healthz", "authed", "leader")
+#: The server's own CPU seconds (user + system) when it first answered /healthz and when it led:
+#: on a machine other processes load, a steadier figure than the wall clock.
+CPU_FIGURES = ("healthz cpu", "leader cpu")
+TICKS = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass
@@ -71,6 +77,12 @@ class Code:
         if not where.startswith(self.src):
             raise SystemExit(f"{self.label}: finesched is imported from {where}, not from {self.src}")
         return where
+
+
+def _cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS
 
 
 def _get(url: str, headers: dict[str, str] | None = None) -> bool:
@@ -108,13 +120,14 @@ def launch(code: Code, url: str, token: str | None, log: Path) -> dict[str, floa
         proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, env=code.env())
         try:
             deadline = time.monotonic() + 120
-            while len(out) < len(FIGURES):
+            while len(out) < len(FIGURES) + len(CPU_FIGURES):
                 if proc.poll() is not None:
                     raise RuntimeError(f"{code.label}: server exited with {proc.returncode} (log: {log})")
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"{code.label}: no answer after 120 s (log: {log})")
                 if "healthz" not in out and _get(f"{base}/healthz"):
                     out["healthz"] = time.perf_counter() - started
+                    out["healthz cpu"] = _cpu_seconds(proc.pid)
                 if "healthz" in out and token is None:
                     token = _token_when_ready(url)
                 authed = {"Authorization": f"Bearer {token}"}
@@ -122,6 +135,7 @@ def launch(code: Code, url: str, token: str | None, log: Path) -> dict[str, floa
                     out["authed"] = time.perf_counter() - started
                 if "leader" not in out and "healthz" in out and _leads(base):
                     out["leader"] = time.perf_counter() - started
+                    out["leader cpu"] = _cpu_seconds(proc.pid)
                 time.sleep(POLL_S)
         finally:
             proc.terminate()
@@ -182,7 +196,7 @@ def main() -> None:
                                           for label, fig in pair.items())  # fmt: skip
                         print(f"  {database}: {shown}", flush=True)
                         if "base" in pair:
-                            for name in FIGURES:
+                            for name in FIGURES + CPU_FIGURES:
                                 ratios.setdefault((backend, database, name), []).append(
                                     pair["new"][name] / pair["base"][name]
                                 )
@@ -192,7 +206,7 @@ def main() -> None:
     print("|---|---|---|" + "---:|" * len(codes) + ("---|" if args.base else ""))
     for backend in backends:
         for database in databases:
-            for name in FIGURES:
+            for name in FIGURES + CPU_FIGURES:
                 key = (backend, database, name)
                 cells = []
                 for code in codes:

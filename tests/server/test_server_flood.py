@@ -208,14 +208,15 @@ class OneTenantFloods(RuleBasedStateMachine):
         assert {e["object"].split("/")[0] for e in self.watch_b.events if e["kind"] == "Workload"} <= {self.b}
 
     def where_it_waits(self, key: str) -> str:
-        """What the server's loop is doing while `key` waits: where the queue holds it, and the loop
-        thread's stack (a timing failure says its cause)."""
+        """What the server is doing while `key` waits: where the loop's queue holds it, and the stacks of
+        the threads in finesched's code (a timing failure says its cause)."""
         loop = self.api.app.state.ctx.loop
-        frames = sys._current_frames()
-        thread = loop._thread
-        stack = "".join(traceback.format_stack(frames[thread.ident])) if thread and thread.ident in frames else "?"
+        names = {t.ident: t.name for t in threading.enumerate()}
+        stacks = [f"thread {names.get(ident, ident)}:\n" + "".join(traceback.format_stack(frame)[-12:])
+                  for ident, frame in sys._current_frames().items()
+                  if "finesched" in "".join(traceback.format_stack(frame))]  # fmt: skip
         return (f"leader {loop.is_leader}, queued here {key in loop.queued}, deferred {key in loop.deferred}, "
-                f"reason {loop.reasons([key], wait=False)}; the loop thread:\n{stack}")  # fmt: skip
+                f"reason {loop.reasons([key], wait=False)}; the server's threads:\n" + "\n".join(stacks))  # fmt: skip
 
     def phase(self, key: str) -> str:
         return str(self.client_b.get(f"/v1/workloads/{key}").json()["status"]["phase"])
