@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import json
 import socket
+import sys
 import threading
 import time
+import traceback
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -196,11 +198,25 @@ class OneTenantFloods(RuleBasedStateMachine):
             return
         deadline = time.monotonic() + BOUND_WITHIN_S
         for key in self.b_submitted:
-            wait_until(lambda key=key: self.phase(key) in ("Bound", "Running"), timeout=deadline - time.monotonic(),
-                       what=f"{key} bound while {self.a} floods")  # fmt: skip
+            try:
+                wait_until(lambda key=key: self.phase(key) in ("Bound", "Running"), timeout=deadline - time.monotonic(),
+                           what=f"{key} bound while {self.a} floods")  # fmt: skip
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}\n{self.where_it_waits(key)}") from None
         seen = lambda: {e["object"] for e in self.watch_b.events if e["reason"] == "Bound"}  # noqa: E731
         wait_until(lambda: set(self.b_submitted) <= seen(), timeout=BOUND_WITHIN_S, what="B's watch to see it")
         assert {e["object"].split("/")[0] for e in self.watch_b.events if e["kind"] == "Workload"} <= {self.b}
+
+    def where_it_waits(self, key: str) -> str:
+        """What the server is doing while `key` waits: where the loop's queue holds it, and the stacks of
+        the threads in finesched's code (a timing failure says its cause)."""
+        loop = self.api.app.state.ctx.loop
+        names = {t.ident: t.name for t in threading.enumerate()}
+        stacks = [f"thread {names.get(ident, ident)}:\n" + "".join(traceback.format_stack(frame)[-12:])
+                  for ident, frame in sys._current_frames().items()
+                  if "finesched" in "".join(traceback.format_stack(frame))]  # fmt: skip
+        return (f"leader {loop.is_leader}, queued here {key in loop.queued}, deferred {key in loop.deferred}, "
+                f"reason {loop.reasons([key], wait=False)}; the server's threads:\n" + "\n".join(stacks))  # fmt: skip
 
     def phase(self, key: str) -> str:
         return str(self.client_b.get(f"/v1/workloads/{key}").json()["status"]["phase"])

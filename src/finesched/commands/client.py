@@ -13,9 +13,8 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
-import httpx
 import typer
 import yaml
 from rich.console import Console
@@ -30,6 +29,9 @@ from finesched.commands.topology_views import NAMES as TOPOLOGY_NAMES
 from finesched.model.manifest import load_manifests, to_manifest
 from finesched.model.resources import human_amount, human_amounts
 from finesched.tls import TransportError, client_options
+
+if TYPE_CHECKING:  # httpx is imported where a request is made: `serve` and `--help` need it not
+    import httpx
 
 out = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
@@ -73,6 +75,8 @@ class Client:
             options = client_options(server, ca, insecure)  # never a token in clear over the network (tls.py)
         except TransportError as exc:
             _fail(str(exc), code=2)
+        import httpx
+
         self.http = httpx.Client(base_url=server.rstrip("/"), headers={"Authorization": f"Bearer {token}"},
                                  timeout=timeout, **options)  # fmt: skip
         self._whoami: dict[str, Any] | None = None
@@ -80,6 +84,8 @@ class Client:
         self.advice = "pass -n {ns} (or {ns}/NAME)"
 
     def call(self, method: str, path: str, **kwargs: Any) -> Any:
+        import httpx
+
         try:
             response = self.http.request(method, path, **kwargs)
         except httpx.HTTPError as exc:
@@ -149,6 +155,8 @@ def _fail_response(response: httpx.Response, client: Client | None = None) -> No
 def server_world(server: str, token: str, *, ca: Path | None = None, insecure: bool = False) -> tuple[Any, str]:
     """(admission World of the tenants and priority classes the server holds that the token may see,
     "") or (None, why they could not be read): `validate` then checks against its files only."""
+    import httpx
+
     from finesched.admission import World
     from finesched.model.manifest import API_VERSION, parse_manifest
     from finesched.model.tenant import Tenant
@@ -192,6 +200,8 @@ def refusal_hint(status: int, detail: Any, client: Client | None) -> str:
         return TOKEN_HINT
     if status != 403 or not isinstance(detail, str) or not detail.startswith("namespace ") or client is None:
         return ""
+    import httpx
+
     try:
         answer = client.http.get("/v1/whoami")
         mine = answer.json().get("namespaces") if answer.status_code == 200 else None
@@ -737,6 +747,8 @@ def watch(
 ) -> None:
     """Stream events as they happen (Server-Sent Events); resumes after `--since`."""
     _check_output(output)
+    import httpx
+
     client = Client(server, token, timeout=None, ca=ca, insecure=insecure)
     params = {"since": since} if since is not None else {}
     seen = 0

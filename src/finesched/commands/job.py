@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import httpx
 import typer
 from rich.console import Console
 from rich.markup import escape
@@ -36,6 +35,9 @@ from finesched.model.manifest import load_manifests, to_manifest
 from finesched.quantity import human_quantity
 from finesched.sched.diagnosis import FitError
 from finesched.tls import TransportError, client_options
+
+if TYPE_CHECKING:  # httpx is imported where a request is made: `serve` and `--help` need it not
+    import httpx
 
 job_app = typer.Typer(
     name="job",
@@ -270,6 +272,8 @@ def submit_cmd(
         raise _exit_with([d.located(f"{file} ({job.namespace}/{job.name})") for d in problems])
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     url = server.rstrip("/") + "/v1/jobs"
+    import httpx
+
     try:
         response = httpx.post(url, json=to_manifest(job), headers=headers, timeout=TIMEOUT_SECONDS, **tls)
     except httpx.HTTPError as exc:

@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 from typing import Annotated
 
-import httpx
 import typer
 
 from finesched.commands.client import (
@@ -50,6 +49,8 @@ def logs_cmd(
     params: dict[str, str | int] = {"follow": "true"} if follow else {}
     if tail is not None:
         params["tail"] = tail
+    import httpx
+
     client = Client(server, token, timeout=None, ca=ca, insecure=insecure)
     key = "/".join(client.key(name, namespace))
     out = sys.stdout.buffer

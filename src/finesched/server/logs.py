@@ -28,10 +28,9 @@ import ssl
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 from urllib.parse import urlsplit
 
-import httpx
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
@@ -45,6 +44,9 @@ from finesched.server.api.routes_workloads import _visible_workload
 from finesched.server.store import schema as t
 from finesched.server.store.store import as_dict, now
 from finesched.tls import ca_context, in_clear_to_another_host, is_loopback, pinned_context
+
+if TYPE_CHECKING:  # httpx is imported by the one route that reads an agent (a server's start needs it not)
+    import httpx
 
 log = logging.getLogger("finesched.server")
 router = APIRouter(prefix="/v1", tags=["logs"])
@@ -181,6 +183,8 @@ async def workload_logs(
     follow: Annotated[bool, Query(description="keep streaming until the process ends")] = False,
 ) -> StreamingResponse:
     """The workload's output (stdout and stderr) as its node agent recorded it, as plain text."""
+    import httpx
+
     node, url, grant = await run_in_threadpool(_grant, ctx, trust, caller, namespace, name, tail, follow)
     client = httpx.AsyncClient(
         timeout=httpx.Timeout(AGENT_TIMEOUT_S, read=None if follow else AGENT_TIMEOUT_S), verify=trust.context(url)
