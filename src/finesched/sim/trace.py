@@ -393,7 +393,7 @@ class WorkloadFactory:
         template = self._templates.get(key)
         if template is None:
             template = self._templates[key] = self._template(*key)
-        return template.model_copy(update={"name": name or table.names[i]})
+        return fast_copy(template, {"name": name or table.names[i]})  # = model_copy, a few µs less
 
     def _template(self, cpu: int, mem_mib: int, k: int, d: int, spec: str, qos: str) -> Workload:
         requests: dict[str, Any] = {"cpu": f"{cpu}m", "memory": f"{mem_mib}Mi", **gpu_requests(k, d)}
