@@ -121,6 +121,8 @@ class Extender:
         #: Assumed bindings waiting for the API to show the Pod bound: key -> deadline.
         self.pending: dict[str, float] = {}
         self._lists: OrderedDict[tuple[int, tuple[str, ...]], npt.NDArray[np.intp]] = OrderedDict()
+        #: The last list object asked about, its node-set version and positions.
+        self._last_list: tuple[list[str], int, npt.NDArray[np.intp]] | None = None
         #: Nodes the API has but finesched could not convert: name -> why (set by the sync).
         self.node_problems: Mapping[str, str] = {}
         #: Nodes learned from full-Nodes requests (nodeCacheCapable: false): name -> resourceVersion
@@ -248,7 +250,8 @@ class Extender:
                     if not mask[i]:
                         ok[position] = False
                         failed[names[position]] = reason
-            return filter_result(args, np.flatnonzero(ok).tolist(), failed, unresolvable)
+            passed = range(len(names)) if ok.all() else np.flatnonzero(ok).tolist()
+            return filter_result(args, passed, failed, unresolvable)
 
     def _offered(self, positions: npt.NDArray[np.intp]) -> npt.NDArray[np.bool_]:
         offered = np.zeros(self.state.n, dtype=bool)
@@ -293,6 +296,9 @@ class Extender:
     def _positions(self, names: list[str]) -> npt.NDArray[np.intp]:
         """State indices of `names` (-1 for unknown ones). kube-scheduler sends the same list again
         and again (every feasible node), so the last few lists are kept while the node set stays."""
+        last = self._last_list
+        if last is not None and last[0] is names and last[1] == self.state.nodes_version:
+            return last[2]  # the very list again (wire.same_names): no hashing of its names
         key = (self.state.nodes_version, tuple(names))
         found = self._lists.get(key)
         if found is None:
@@ -301,6 +307,7 @@ class Extender:
             self._lists[key] = found
             while len(self._lists) > 4:
                 self._lists.popitem(last=False)
+        self._last_list = (names, self.state.nodes_version, found)
         return found
 
     @staticmethod

@@ -70,6 +70,15 @@ def extender_args(doc: Mapping[str, Any]) -> ExtenderArgs:
     return ExtenderArgs(pod, [str((n.get("metadata") or {}).get("name", "")) for n in items], items)
 
 
+def same_names(args: ExtenderArgs, before: ExtenderArgs) -> ExtenderArgs:
+    """`args`, holding `before`'s name list itself when the names are equal (kube-scheduler sends
+    the same list to every call): what is kept per list (positions, reply prefixes) is then found
+    by identity, without hashing thousands of new strings."""
+    if args.nodes is None and before.nodes is None and args.names is not before.names and args.names == before.names:
+        return ExtenderArgs(args.pod, before.names, None)
+    return args
+
+
 def filter_result(
     args: ExtenderArgs,
     passed: Sequence[int],
@@ -81,6 +90,8 @@ def filter_result(
     if args.nodes is not None:
         nodes: Any = {"metadata": {}, "items": list(map(args.nodes.__getitem__, passed))}
         names: Any = None
+    elif isinstance(passed, range) and passed == range(len(args.names)):
+        nodes, names = None, list(args.names)  # every node passed (the usual answer)
     else:
         nodes, names = None, list(map(args.names.__getitem__, passed))
     return {
@@ -112,6 +123,8 @@ def host_priorities(names: Sequence[str], scores: Sequence[int]) -> list[dict[st
 #: to its score: ``{"Host":"node-1","Score":`` (a few lists kept).
 _PREFIXES: dict[tuple[str, ...], list[str]] = {}
 _SUFFIXES = [f"{s}}}" for s in range(MIN_PRIORITY, MAX_PRIORITY + 1)]
+#: The last name list object itself and its prefixes (`same_names` hands the same list again).
+_LAST_PREFIXES: list[Any] = []
 
 
 def encode_priorities(names: Sequence[str], scores: Sequence[int]) -> bytes:
@@ -121,13 +134,18 @@ def encode_priorities(names: Sequence[str], scores: Sequence[int]) -> bytes:
         raise ValueError(f"{len(names)} names but {len(scores)} scores")
     if not all(MIN_PRIORITY <= s <= MAX_PRIORITY for s in (min(scores, default=0), max(scores, default=0))):
         raise ValueError(f"scores must be within {MIN_PRIORITY}..{MAX_PRIORITY}")
-    key = tuple(names)
-    prefixes = _PREFIXES.get(key)
-    if prefixes is None:
-        prefixes = [f'{{"Host":{encode_basestring(n)},"Score":' for n in names]
-        if len(_PREFIXES) >= 4:
-            _PREFIXES.pop(next(iter(_PREFIXES)))
-        _PREFIXES[key] = prefixes
+    if _LAST_PREFIXES and _LAST_PREFIXES[0] is names:
+        prefixes = _LAST_PREFIXES[1]
+    else:
+        key = tuple(names)
+        prefixes = _PREFIXES.get(key)
+        if prefixes is None:
+            prefixes = [f'{{"Host":{encode_basestring(n)},"Score":' for n in names]
+            if len(_PREFIXES) >= 4:
+                _PREFIXES.pop(next(iter(_PREFIXES)))
+            _PREFIXES[key] = prefixes
+        if isinstance(names, list):
+            _LAST_PREFIXES[:] = [names, prefixes]
     items = ",".join(map(str.__add__, prefixes, map(_SUFFIXES.__getitem__, scores)))
     return f"[{items}]".encode()
 
@@ -193,3 +211,25 @@ def preemption_result(kept: Mapping[str, Victims]) -> dict[str, Any]:
 
 def encode(doc: Any) -> bytes:
     return json.dumps(doc, separators=(",", ":")).encode()
+
+
+#: The last name list object passed whole and its JSON (`encode_filter_result`).
+_LAST_NAMES_JSON: list[Any] = []
+
+
+def encode_filter_result(args: ExtenderArgs, doc: Mapping[str, Any]) -> bytes:
+    """`encode(doc)` of `filter_result(args, ...)`: when every node passed, the name list's JSON is
+    the request's list again, written once per list (`same_names` hands the same list object to
+    every call) instead of once per call."""
+    names = doc.get("NodeNames")
+    if list(doc) != _FILTER_KEYS or doc["Nodes"] is not None or not isinstance(names, list) or names != args.names:
+        return encode(doc)
+    if not _LAST_NAMES_JSON or _LAST_NAMES_JSON[0] is not args.names:
+        _LAST_NAMES_JSON[:] = [args.names, json.dumps(args.names, separators=(",", ":"))]
+    rest = json.dumps(
+        {k: doc[k] for k in ("FailedNodes", "FailedAndUnresolvableNodes", "Error")}, separators=(",", ":")
+    )
+    return f'{{"Nodes":null,"NodeNames":{_LAST_NAMES_JSON[1]},{rest[1:]}'.encode()
+
+
+_FILTER_KEYS = ["Nodes", "NodeNames", "FailedNodes", "FailedAndUnresolvableNodes", "Error"]

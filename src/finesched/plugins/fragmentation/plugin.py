@@ -11,7 +11,7 @@ import numpy.typing as npt
 
 from finesched.errors import ValidationError
 from finesched.model.resources import CPU, GPU, GPU_CORE, WHOLE_GPU_NAMES
-from finesched.plugins.fragmentation.index import FragmentationIndex, fgd_score
+from finesched.plugins.fragmentation.index import FragmentationIndex, fgd_scores
 from finesched.plugins.fragmentation.target import GPU_MODEL_LABEL, MILLI, OnlineTarget, Shape, TargetWorkload
 from finesched.plugins.shared_keys import DEVICE_CHOOSER
 from finesched.sched.cycle_state import CycleState, MissingState, StateKey
@@ -86,6 +86,16 @@ class FGDState:
 FGD_STATE = StateKey("FGD/scores", FGDState)
 
 
+@dataclass
+class _Scored:
+    """One shape's scores and Δ' per node, as of the index version `seen` of each node."""
+
+    seen: IntArray
+    scores: ScoreArray
+    delta: FloatArray
+    clock: int = -1  # the index's clock when `seen` was brought up to date
+
+
 class FGDScore:
     """Score: ⌊100·σ(−Δ/1000)⌋ of the fragmentation increase; picks the share GPU too (DEVICE_CHOOSER).
 
@@ -122,6 +132,10 @@ class FGDScore:
         self.cpu_aware = cpu_aware
         self.index: FragmentationIndex | None = None
         self._online_version = -1
+        #: Scores per task shape, refreshed on the nodes that changed (`pre_score`); dropped with
+        #: the index's caches (its epoch).
+        self._scores: dict[Shape, _Scored] = {}
+        self._scored_epoch = -1
         #: Scores depend only on the workload and each node (not with an online target, which moves).
         self.NODE_LOCAL = isinstance(target, TargetWorkload)
 
@@ -179,22 +193,40 @@ class FGDScore:
                 index.set_target(self.source.target)
                 self._online_version = self.source.version
         cache = index.deltas(shape)
-        delta = cache.delta / max(index.target.total, 1)
-        if self.cpu_aware > 0:
-            delta = delta + self.cpu_aware * self._stranding_delta(index, shape)
-        scores = np.where(cache.fits, fgd_score(delta), 0)
+        scored = self._scored(index, shape)
+        if scored.clock != cache.clock:  # Δ' and the score of a node change only with the node
+            stale = np.flatnonzero(scored.seen != cache.seen)
+            delta = cache.delta[stale] / max(index.target.total, 1)
+            if self.cpu_aware > 0:
+                delta = delta + self.cpu_aware * self._stranding_delta(index, shape, stale)
+            scored.scores[stale] = np.where(cache.fits[stale], fgd_scores(delta), 0)
+            scored.delta[stale] = delta
+            scored.seen[stale] = cache.seen[stale]
+            scored.clock = cache.clock
         if self.KEEP_DELTA:
-            cycle.write(FGD_STATE, FGDState(scores, np.asarray(delta, dtype=np.float64), cache.fits))
+            cycle.write(FGD_STATE, FGDState(scored.scores.copy(), scored.delta.copy(), cache.fits))
         else:
-            cycle.write(FGD_STATE, FGDState(scores))
+            cycle.write(FGD_STATE, FGDState(scored.scores.copy()))
         cycle.write(DEVICE_CHOOSER, GpuPick(cache.gpu, shape[1] == 1 and shape[2] < MILLI))
         return SUCCESS
 
-    def _stranding_delta(self, index: FragmentationIndex, shape: Shape) -> FloatArray:
-        n = index.state.n
+    def _scored(self, index: FragmentationIndex, shape: Shape) -> _Scored:
+        """This plugin's scores of `shape` (per plugin: λ differs between plugins sharing an index)."""
+        if self._scored_epoch != index.epoch:
+            self._scores.clear()
+            self._scored_epoch = index.epoch
+        scored = self._scores.get(shape)
+        if scored is None:
+            n = index.state.n
+            scored = self._scores[shape] = _Scored(
+                np.full(n, -1, dtype=np.int64), np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.float64)
+            )
+        return scored
+
+    def _stranding_delta(self, index: FragmentationIndex, shape: Shape, nodes: IntArray) -> FloatArray:
         rho = index.target.cpu_per_gpu_milli
-        idle = index.idle().astype(np.float64)
-        cpu = index.state.free[self._cpu_row, :n].astype(np.float64)
+        idle = index.idle()[nodes].astype(np.float64)
+        cpu = index.state.free[self._cpu_row][nodes].astype(np.float64)
         cpu_task, k, d = shape
         return stranded_milli(idle - k * d, cpu - cpu_task, rho) - stranded_milli(idle, cpu, rho)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter, deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -37,7 +38,8 @@ class TargetWorkload:
     def __len__(self) -> int:
         return len(self.models)
 
-    @property
+    # cached: the index and the plugins read these on every decision (the arrays are never changed)
+    @cached_property
     def total(self) -> int:
         return int(self.counts.sum())
 
@@ -72,7 +74,7 @@ class TargetWorkload:
             tuple(self.counts.tolist()),
         )
 
-    @property
+    @cached_property
     def cpu_per_gpu_milli(self) -> float:
         """ρ: CPU milli the GPU specs ask per GPU milli, weighted by count (0 without GPU specs)."""
         gpu = self.gpu_count * self.gpu_milli
