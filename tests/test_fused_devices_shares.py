@@ -1,19 +1,21 @@
 """DeviceShare's per-decision shortcuts give what the straightforward code gives, bit for bit:
 
-* device shares on a few changed nodes (one gather and multiply-add for all requested dimensions)
-  equal the whole-cluster shares (`DeviceAccounts.share_after`) at those rows;
+* device shares on a few changed nodes equal the whole-cluster shares (`DeviceAccounts.share_after`)
+  at those rows;
 * an offer's memoized device-allocated annotation is the one formatted from its grants.
 """
 
 from __future__ import annotations
 
 import contextlib
+from typing import Any
 
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from finesched.model.device_allocated import format_device_allocated
+from finesched.model.node import Node
 from finesched.model.workload import Workload
 from finesched.plugins.deviceshare import DeviceShare
 from finesched.plugins.deviceshare.plugin import _RULES
@@ -24,7 +26,28 @@ from finesched.sched.framework import NodeBatch
 from finesched.sched.memo import request_shape
 from finesched.sched.scheduler import Scheduler
 from finesched.state.cluster import ClusterState
-from test_fused_devices_accounts import nodes
+
+
+@st.composite
+def nodes(draw: st.DrawFn, name: str) -> Node:
+    """GPUs on sparse minors (some unhealthy, 40 or 80 GiB) and up to two RDMA NICs."""
+    minors = draw(st.lists(st.integers(0, 5), min_size=3, max_size=6, unique=True))
+    devices: list[dict[str, Any]] = [
+        {
+            "type": "gpu",
+            "minor": m,
+            "health": draw(st.sampled_from([True, True, True, False])),
+            "resources": {
+                "gpu-core": 100,
+                "gpu-memory-ratio": 100,
+                "gpu-memory": draw(st.sampled_from(["40Gi", "80Gi"])),
+            },
+        }
+        for m in minors
+    ]
+    devices += [{"type": "rdma", "minor": r} for r in range(draw(st.integers(0, 2)))]
+    return Node.model_validate({"name": name, "allocatable": {"cpu": "8", "memory": "8Gi"}, "devices": devices})
+
 
 REQUESTS = [
     {"koordinator.sh/gpu": 25},

@@ -164,27 +164,6 @@ class DeviceTypeAccounts:
             self.hfree[k, i] = hfree
             self.used_share[k, i] = (int(self.htotal[k, i]) - hfree) * float(self.inv_htotal[k, i])
 
-    def take_many(self, i: int, ks: list[int], slots: list[int], amounts: list[int]) -> None:
-        """`take` of several (dimension, slot, amount) on node i at once: one write of the free
-        amounts, one update of each dimension's node sums (the same values as one `take` each)."""
-        if len(ks) == 1:
-            self.take(i, ks[0], slots[0], amounts[0])
-            return
-        delta = np.asarray(amounts, dtype=np.int64)
-        if len(set(zip(ks, slots, strict=True))) == len(ks):
-            self.free[ks, i, slots] -= delta
-        else:  # the same device dimension twice: add each
-            np.subtract.at(self.free, (ks, i, slots), delta)
-        healthy = self.healthy[i].tolist()
-        sums: dict[int, int] = {}
-        for k, slot, amount in zip(ks, slots, amounts, strict=True):
-            if healthy[slot]:
-                sums[k] = sums.get(k, 0) + amount
-        for k, amount in sums.items():
-            hfree = int(self.hfree[k, i]) - amount
-            self.hfree[k, i] = hfree
-            self.used_share[k, i] = (int(self.htotal[k, i]) - hfree) * float(self.inv_htotal[k, i])
-
     def shape_key(self, i: int) -> bytes:
         """Node i's devices of this type apart from their free amounts (totals, health, minors,
         NUMA, PCIe, links) as bytes, cached until the node's devices are rewritten (`clear`)."""

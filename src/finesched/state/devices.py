@@ -221,32 +221,19 @@ class DeviceAccounts:
                 return
         where = f"{self._names[i]}"
         replay = key in self._replay[i] or self.rebuilding
-        # Node i's rows are read once per type as Python lists (one numpy call each, not one per
-        # device and dimension); every check runs before anything is taken.
-        plan: list[tuple[DeviceTypeAccounts, list[int], list[int], list[int]]] = []
+        plan: list[tuple[DeviceTypeAccounts, int, int, int]] = []
         on_unhealthy = renamed = False
         for kind, grants in devices.items():
             acc = self.types.get(kind)
-            if acc is None:
-                if grants:
-                    raise StateError(f"binding {key}: {where} has no {kind} with minor {grants[0].minor}")
-                continue
-            minors = acc.minor[i, : int(acc.count[i])].tolist()
-            healthy = free = None
-            ks: list[int] = []
-            slots: list[int] = []
-            amounts: list[int] = []
             seen: set[int] = set()
             for grant in grants:
-                slot = _slot_in(minors, grant.minor)
-                if slot is None:
+                slot = None if acc is None else acc.slot_of(i, grant.minor)
+                if acc is None or slot is None:
                     raise StateError(f"binding {key}: {where} has no {kind} with minor {grant.minor}")
                 if slot in seen:
                     raise StateError(f"binding {key}: {kind} {grant.minor} granted twice")
                 seen.add(slot)
-                if healthy is None:
-                    healthy, free = acc.healthy[i].tolist(), acc.free[:, i].tolist()
-                if not healthy[slot]:
+                if not acc.healthy[i, slot]:
                     if not replay:
                         raise StateError(f"binding {key}: {kind} {grant.minor} on {where} is unhealthy")
                     on_unhealthy = True
@@ -256,19 +243,15 @@ class DeviceAccounts:
                         renamed = True  # "koordinator.sh/xpu" on an xpu device: held under "xpu"
                     if k is None or amount < 0:
                         raise StateError(f"binding {key}: {kind} {grant.minor} has no {name} dimension")
-                    have = free[k][slot]  # type: ignore[index]
+                    have = int(acc.free[k, i, slot])
                     if amount > have:
                         raise StateError(
                             f"binding {key} does not fit on {where}: {kind} {grant.minor} {name} "
                             f"(asks {amount}, {have} free)"
                         )
-                    ks.append(k)
-                    slots.append(slot)
-                    amounts.append(amount)
-            if ks:
-                plan.append((acc, ks, slots, amounts))
-        for acc, ks, slots, amounts in plan:
-            acc.take_many(i, ks, slots, amounts)
+                    plan.append((acc, k, slot, amount))
+        for acc, k, slot, amount in plan:
+            acc.take(i, k, slot, amount)
         if renamed:
             devices = {kind: [_bare_grant(g) for g in grants] for kind, grants in devices.items()}
         # forget, granted and violations read the held copy: it names what was actually taken
@@ -310,19 +293,11 @@ class DeviceAccounts:
             return
         for kind, grants in held.devices.items():
             acc = self.types[kind]
-            minors = acc.minor[i, : int(acc.count[i])].tolist()
-            ks: list[int] = []
-            slots: list[int] = []
-            amounts: list[int] = []
             for grant in grants:
-                slot = _slot_in(minors, grant.minor)
+                slot = acc.slot_of(i, grant.minor)
                 assert slot is not None, (binding.workload, kind, grant.minor)
                 for name, amount in grant.resources.items():
-                    ks.append(acc.dim_index[name])
-                    slots.append(slot)
-                    amounts.append(-amount)
-            if ks:
-                acc.take_many(i, ks, slots, amounts)
+                    acc.take(i, acc.dim_index[name], slot, -amount)
         self.note_changed(i)
 
     def snapshot(self) -> object:
@@ -566,13 +541,6 @@ class DeviceAccounts:
 def _bare_grant(grant: DeviceGrant) -> DeviceGrant:
     resources = ResourceVector({device_dimension(name): amount for name, amount in grant.resources.items()})
     return DeviceGrant.model_construct(minor=grant.minor, resources=resources)
-
-
-def _slot_in(minors: list[int], minor: int) -> int | None:
-    """`DeviceTypeAccounts.slot_of` on a node's minors read as a list (slot = minor, the usual case)."""
-    if minor < len(minors) and minors[minor] == minor:
-        return minor
-    return minors.index(minor) if minor in minors else None
 
 
 def node_rows(acc: DeviceTypeAccounts, rows: slice | npt.NDArray[np.intp]) -> tuple[Int64Array, Int64Array, BoolArray]:

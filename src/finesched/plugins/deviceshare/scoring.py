@@ -28,7 +28,6 @@ from finesched.plugins.scoring import least_requested, most_allocated
 from finesched.sched.cycle_state import CycleState, StateKey
 from finesched.sched.framework import NodeBatch, ScoreArray
 from finesched.sched.request import ScheduleRequest
-from finesched.state.device_types import DeviceTypeAccounts
 from finesched.state.devices import STRATEGIES, DeviceAccounts
 
 FloatArray = npt.NDArray[np.float64]
@@ -46,32 +45,21 @@ DEVICE_SHARES = StateKey("DeviceShare/shares", DeviceShares)
 
 def device_shares(accounts: DeviceAccounts, requests: Sequence[TypeRequest], nodes: NodeBatch) -> list[FloatArray]:
     """[batch] share after placement per requested dimension (0 on nodes without that device type)."""
-    out: list[FloatArray] = []
-    everyone, index = nodes.state.n, nodes.index
+    out = []
+    everyone = nodes.state.n
     for request in requests:
         acc = accounts.types.get(request.type)
-        if index is not None and acc is not None:
-            out.extend(_subset_shares(acc, request, index))
-            continue
         for name, amount in request.per_device.items():
             if acc is None or name not in acc.dim_index:
                 out.append(np.zeros(nodes.n))
                 continue
-            out.append(accounts.share_after(request.type, name, request.count * amount, everyone))
+            total = request.count * amount
+            if nodes.index is None:
+                out.append(accounts.share_after(request.type, name, total, everyone))
+            else:  # a few changed nodes: compute them directly
+                k, index = acc.dim_index[name], nodes.index
+                out.append(acc.used_share[k][index] + acc.inv_htotal[k][index] * float(total))
     return out
-
-
-def _subset_shares(acc: DeviceTypeAccounts, request: TypeRequest, index: npt.NDArray[np.intp]) -> list[FloatArray]:
-    """`device_shares` of one type on a few changed nodes: ``used + inv_htotal · amount`` for all
-    the requested dimensions in one gather and one multiply-add (the same float operations)."""
-    dims = [(acc.dim_index.get(name), request.count * amount) for name, amount in request.per_device.items()]
-    ks = [k for k, _ in dims if k is not None]
-    if not ks:
-        return [np.zeros(len(index)) for _ in dims]
-    amounts = np.array([float(total) for k, total in dims if k is not None])
-    rows = acc.used_share.take(index, axis=1)[ks] + acc.inv_htotal.take(index, axis=1)[ks] * amounts[:, None]
-    it = iter(rows)
-    return [next(it) if k is not None else np.zeros(len(index)) for k, _ in dims]
 
 
 def strategy_arg(args: Mapping[str, Any], default: str) -> str:
