@@ -103,6 +103,8 @@ class PartitionTables:
         self._held: list[dict[str, frozenset[int]]] = []
         self._tolerated: list[set[str]] = []
         self._active: set[int] = set()
+        #: (count, restricted, bandwidth) -> `plan_matrix`; cleared whenever `tables` changes.
+        self._matrices: dict[tuple[int, bool, int | None], tuple[Int64Array, npt.NDArray[np.bool_]]] = {}
 
     @property
     def active(self) -> bool:
@@ -146,6 +148,7 @@ class PartitionTables:
         if tid is None:
             tid = self._ids[ident] = len(self.tables)
             self.tables.append(compile_table(key, slots))
+            self._matrices = {}
         self.table_id[i] = tid
         self._allowed[i] = frozenset(frozenset(p.minors) for parts in node.gpu_partitions.values() for p in parts)
         self._note(i)
@@ -190,7 +193,29 @@ class PartitionTables:
         self._names, self._allowed = list(names), list(allowed)
         self._held, self._tolerated = [dict(h) for h in held], [set(t) for t in tolerated]
         self._active = set(active)
+        self._matrices = {}
         self.resize(capacity)
+
+    def plan_matrix(
+        self, count: int, restricted: bool, bandwidth: int | None
+    ) -> tuple[Int64Array, npt.NDArray[np.bool_]]:
+        """Every table's allowed `count`-GPU partitions as one padded array, so a filter tests all
+        nodes at once whatever their table: ([T, P] slot masks, [T, P] allowed), row t for
+        ``tables[t]`` (no allowed column where a table has no such partition)."""
+        key = (count, restricted, bandwidth)
+        hit = self._matrices.get(key)
+        if hit is None:
+            plans = [t.plans.get(count) for t in self.tables]
+            width = max([1, *(len(p.masks) for p in plans if p is not None)])
+            masks = np.zeros((max(len(plans), 1), width), dtype=np.int64)
+            allowed = np.zeros(masks.shape, dtype=bool)
+            for t, plan in enumerate(plans):
+                if plan is not None:
+                    masks[t, : len(plan.masks)] = plan.masks
+                    allowed[t, : len(plan.masks)] = plan.allowed(restricted, bandwidth)
+            masks.flags.writeable = allowed.flags.writeable = False
+            hit = self._matrices[key] = (masks, allowed)
+        return hit
 
     def table_of(self, index: int) -> CompiledTable | None:
         tid = int(self.table_id[index])

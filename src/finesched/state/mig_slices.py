@@ -28,6 +28,7 @@ from finesched.state.cluster import ClusterState, StateError
 from finesched.state.mig_cards import MIGCard, card_of
 
 Int64Array = npt.NDArray[np.int64]
+_ROWS_CACHE = 4096
 
 
 def mig_grants(binding: Binding) -> list[tuple[int, MIGPlacement]]:
@@ -67,6 +68,10 @@ class MIGSlices:
         #: is fresher than the manifest the agent registered, until the manifest itself changes.
         self._reported: list[dict[int, tuple[object, tuple[MIGInstance, ...]]]] = []
         self._specs: list[dict[int, object]] = []
+        #: A node's cards -> its `fit` / `profile_slices` rows and slice counts (`_refresh`): cards
+        #: are immutable values and nodes of one shape pass through the same card states again and
+        #: again. Columns follow `profile_ids`, so `restore` and a widened `fit` clear it.
+        self._rows: dict[tuple[MIGCard, ...], tuple[Int64Array, Int64Array, int, int]] = {}
 
     # NodeExtra ----------------------------------------------------------------------------------
     def resize(self, capacity: int) -> None:
@@ -210,6 +215,7 @@ class MIGSlices:
         capacity = self.capacity
         for name, value in snapshot.items():
             setattr(self, name, _copy(value))
+        self._rows = {}
         self.resize(capacity)
 
     # Reports ------------------------------------------------------------------------------------
@@ -259,8 +265,26 @@ class MIGSlices:
         return next((c for c, card in enumerate(self.cards[i]) if card.minor == minor), None)
 
     def _refresh(self, i: int) -> None:
-        """Recompute node i's per-profile capacity row and slice counts."""
+        """Recompute node i's per-profile capacity row and slice counts (memoized per card tuple)."""
         cards = self.cards[i]
+        hit = self._rows.get(cards)
+        if hit is None:
+            hit = self._row_of(cards)
+            if len(self._rows) >= _ROWS_CACHE:
+                self._rows.clear()
+            self._rows[cards] = hit
+        row, sizes, total, used = hit
+        self.fit[i], self.profile_slices[i] = row, sizes
+        self.slices_total[i], self.slices_used[i] = total, used
+        self.card_count[i], self.any_dynamic[i] = len(cards), any(c.dynamic for c in cards)
+        if cards:
+            self._with_cards.add(i)
+        else:
+            self._with_cards.discard(i)
+
+    def _row_of(self, cards: tuple[MIGCard, ...]) -> tuple[Int64Array, Int64Array, int, int]:
+        """`fit` and `profile_slices` rows, healthy and used memory slices of a node with `cards`
+        (interning new profile names, widening the arrays when they need more columns)."""
         for card in cards:
             for p in card.geometry.profiles:
                 if p.name not in self.profile_ids:
@@ -271,6 +295,7 @@ class MIGSlices:
                 new = np.zeros((self.capacity, len(self.profile_ids) + 8), dtype=np.int64)
                 new[:, : old.shape[1]] = old
                 setattr(self, name, new)
+            self._rows.clear()  # rows of the old width
         row = np.zeros(self.fit.shape[1], dtype=np.int64)
         sizes = np.zeros(self.fit.shape[1], dtype=np.int64)
         total = used = 0
@@ -282,13 +307,8 @@ class MIGSlices:
             if card.healthy:
                 total += card.geometry.memory_slices
                 used += card.geometry.memory_slices - card.free_slices()
-        self.fit[i], self.profile_slices[i] = row, sizes
-        self.slices_total[i], self.slices_used[i] = total, used
-        self.card_count[i], self.any_dynamic[i] = len(cards), any(c.dynamic for c in cards)
-        if cards:
-            self._with_cards.add(i)
-        else:
-            self._with_cards.discard(i)
+        row.flags.writeable = sizes.flags.writeable = False  # shared by every node with these cards
+        return row, sizes, total, used
 
     # Invariants ---------------------------------------------------------------------------------
     def violations(self) -> list[str]:

@@ -36,7 +36,7 @@ import dataclasses
 import itertools
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Protocol
 
@@ -44,6 +44,7 @@ import numpy as np
 import numpy.typing as npt
 
 from finesched.model.binding import DeviceGrant
+from finesched.model.device_allocated import format_device_allocated
 from finesched.model.resources import GPU, GPU_CORE, GPU_MEMORY, GPU_MEMORY_RATIO, ResourceVector
 from finesched.plugins.deviceshare.hints import (
     SCOPE_WORDS,
@@ -99,9 +100,19 @@ class DeviceAllocation:
     """An offer: per device type, the grants (minor + amounts per dimension), minor ascending."""
 
     devices: Mapping[str, tuple[DeviceGrant, ...]]
+    _annotation: str | None = field(default=None, compare=False, repr=False)
 
     def binding_devices(self) -> dict[str, list[DeviceGrant]]:
         return {kind: list(grants) for kind, grants in self.devices.items()}
+
+    def annotation(self) -> str:
+        """The device-allocated annotation of these grants, formatted once: offers are memoized
+        (DeviceShare.reserve) and the same offer is bound again and again."""
+        text = self._annotation
+        if text is None:
+            text = format_device_allocated(self.devices)
+            object.__setattr__(self, "_annotation", text)  # a cache, not a field of the value
+        return text
 
 
 def device_scores(

@@ -159,13 +159,13 @@ def partition_mask(
             return (ok,)
         fits = fit_mask(rule, *node_rows(acc, rows))
         bits = (fits.astype(np.int64) << np.arange(fits.shape[1], dtype=np.int64)).sum(axis=1)
-        for t in np.unique(tid[honor & (tid >= 0)]).tolist():
-            sel = honor & (tid == t)
-            plan = tables.tables[t].plans.get(tr.count)
-            if plan is None:
-                continue
-            masks = plan.masks[plan.allowed(restricted, _bandwidth(spec))]
-            ok[sel] = ((bits[sel, None] & masks[None, :]) == masks[None, :]).any(axis=1)
+        # Every node against its own table's allowed partitions in one pass (padded per table);
+        # a binding node without a table, or whose table has no such partition, fails.
+        masks, allowed = tables.plan_matrix(tr.count, restricted, _bandwidth(spec))
+        has = honor & (tid >= 0)
+        mine = masks[np.where(has, tid, 0)]
+        free = ((bits[:, None] & mine) == mine) & allowed[np.where(has, tid, 0)]
+        ok |= has & free.any(axis=1)
         return (ok,)
 
     if index is not None:

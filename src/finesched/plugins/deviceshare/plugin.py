@@ -35,7 +35,7 @@ import numpy as np
 from finesched.hashed import HashedOnce
 from finesched.model.base import fast_copy
 from finesched.model.binding import Binding
-from finesched.model.device_allocated import DEVICE_ALLOCATED, format_device_allocated
+from finesched.model.device_allocated import DEVICE_ALLOCATED
 from finesched.model.mig import mig_profile_of
 from finesched.model.resources import GPU
 from finesched.model.workload import Workload
@@ -509,5 +509,5 @@ class DeviceShare:
         if offer is None:
             raise MissingState(f"DeviceShare/offers: no offer for node {node}; did reserve run?")
         devices = offer.binding_devices()
-        annotations = {**binding.annotations, DEVICE_ALLOCATED: format_device_allocated(devices)}
+        annotations = {**binding.annotations, DEVICE_ALLOCATED: offer.annotation()}
         return fast_copy(binding, {"devices": devices, "annotations": annotations})
