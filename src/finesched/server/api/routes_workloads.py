@@ -136,7 +136,7 @@ def _submit_group(ctx: ServerContext, group: list[Pending[tuple[Any, Identity]]]
     results = ctx.store.submit_group(requests, check, refusals=(QuotaExceeded,))
     ctx.metrics.submit_store_seconds.observe(time.thread_time() - started)
     stored, events = [], []
-    for (pending, workloads, uids), result in zip(accepted, results, strict=True):
+    for (pending, workloads, uids), (items, _), result in zip(accepted, requests, results, strict=True):
         if isinstance(result, Conflict):
             pending.error = HTTPException(409, str(result))
         elif isinstance(result, QuotaExceeded):
@@ -147,19 +147,21 @@ def _submit_group(ctx: ServerContext, group: list[Pending[tuple[Any, Identity]]]
             ids, event_ids = result
             stored += zip(ids, workloads, strict=True)
             events += event_ids
-            pending.answer = (workloads, ids, uids)
+            pending.answer = (workloads, [doc for _, _, _, doc in items], ids, uids)
     if stored:
         ctx.loop.submitted(stored, events)
     live = ctx.loop.reasons((w.key for _, w in stored), wait=False)
     for pending, _, _ in accepted:
         if pending.error is None:
-            workloads, ids, uids = pending.answer
-            items = zip(workloads, ids, uids, strict=True)
-            pending.answer = {"items": [_pending_view(w, i, u, live.get(w.key)) for w, i, u in items]}
+            workloads, docs, ids, uids = pending.answer
+            views = zip(workloads, docs, ids, uids, strict=True)
+            pending.answer = {"items": [_pending_view(w, d, i, u, live.get(w.key)) for w, d, i, u in views]}
 
 
-def _pending_view(workload: Workload, workload_id: int, uid: str, live_reason: str | None) -> dict[str, Any]:
-    doc = canonical(workload)
+def _pending_view(
+    workload: Workload, doc: dict[str, Any], workload_id: int, uid: str, live_reason: str | None
+) -> dict[str, Any]:
+    """The answer for a workload just stored: `doc` is its canonical manifest, as stored."""
     reason = pending_reason("", live_reason)
     status = {"phase": PENDING, "reason": reason, "tenant": workload.tenant, "binding": None, "id": workload_id}
     metadata = {**doc["metadata"], "namespace": workload.namespace, "uid": uid}
