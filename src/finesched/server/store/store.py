@@ -451,23 +451,26 @@ class Store:
         writes nothing and leaves the others as they are; the rest commit together, and nothing is
         returned before that commit. Any other error (the database's) fails the whole group.
 
-        All of them are first written at once (one check, one insert, one event write); only when
-        that is refused (a key taken, also by another of the group, or a quota reached) is each
-        written again alone in its own savepoint, in order."""
-        everything = list(range(len(requests)))
+        All of them are first written at once, in a transaction of their own (one check, one insert,
+        one event write, no savepoint); only when that is refused (a key taken, also by another of
+        the group, or a quota reached) is each written again alone in its own savepoint, in order."""
+        try:
+            with self.write() as conn:
+                if check is not None:
+                    check(conn, list(range(len(requests))))
+                items = [item for request in requests for item in request[0]]
+                uids = [uid for request in requests for uid in request[1]]
+                ids, events = self.insert_pending(conn, items, None, uids)
+            return list(_split(requests, ids, events))
+        except IntegrityError:
+            if len(requests) == 1:  # what `submit` answers
+                keys = [f"{ns}/{name}" for ns, name, _, _ in requests[0][0]]
+                taken = self.existing_workloads(keys)
+                return [Conflict(f"workload {taken[0] if taken else keys[0]} already exists")]
+        except refusals as exc:
+            if len(requests) == 1:
+                return [exc]
         with self.write() as conn:
-            if len(requests) > 1:
-                try:
-                    with conn.begin_nested():
-                        if check is not None:
-                            check(conn, everything)
-                        items = [item for request in requests for item in request[0]]
-                        uids = [uid for request in requests for uid in request[1]]
-                        ids, events = self.insert_pending(conn, items, None, uids)
-                except (IntegrityError, *refusals):
-                    pass
-                else:
-                    return list(_split(requests, ids, events))
             results: list[tuple[list[int], list[int]] | Exception] = []
             for i, (items, uids) in enumerate(requests):
                 try:
