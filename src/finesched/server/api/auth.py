@@ -28,6 +28,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from fastapi import HTTPException, Request
+from fastapi.concurrency import run_in_threadpool
 from sqlalchemy import Connection, insert, select, update
 
 from finesched.admission import DEFAULT_TENANT
@@ -240,6 +241,14 @@ class TokenCache:
             return None, "expired token"
         return seen.identity, seen.reason
 
+    def known(self, token: str) -> Identity | None:
+        """The token's identity when `verify` would answer it without reading the store (read less
+        than `fresh_s` ago, valid, not expired); None otherwise (ask `verify`)."""
+        seen = self._seen.get(digest(token))
+        if seen is None or seen.identity is None or seen.until <= time.monotonic() or seen.expires <= time.time():
+            return None
+        return seen.identity
+
     def identify(self, token: str) -> Identity | None:
         return self.verify(token)[0]
 
@@ -283,9 +292,21 @@ def source_of(request: Request) -> str:
     return request.client.host if request.client is not None else "unknown"
 
 
-def authenticate(request: Request) -> Identity:
+async def authenticate(request: Request) -> Identity:
     """FastAPI dependency: the caller's identity from `Authorization: Bearer <token>`; 401 otherwise,
-    or 429 with `Retry-After` once its source failed too often (server/api/auth_limit.py)."""
+    or 429 with `Retry-After` once its source failed too often (server/api/auth_limit.py).
+
+    A token this replica has read recently and that holds is answered on the event loop; anything
+    else (a read of the store, a refusal) in a worker thread, as a blocking call."""
+    token = _bearer(request)
+    if token:
+        identity = request.app.state.ctx.tokens.known(token)
+        if identity is not None:
+            return identity
+    return await run_in_threadpool(_authenticate, request)
+
+
+def _authenticate(request: Request) -> Identity:
     tokens: TokenCache = request.app.state.ctx.tokens
     token = _bearer(request)
     identity, reason = tokens.verify(token) if token else (None, "missing bearer token")

@@ -28,6 +28,7 @@ from collections.abc import Callable, Coroutine, MutableMapping
 from typing import Annotated, Any
 
 from fastapi import Depends, HTTPException, Request
+from fastapi.concurrency import run_in_threadpool
 
 from finesched.server.api.auth import ADMIN, AGENT, TENANT, Identity
 from finesched.server.api.context import Caller, ServerContext, get_context
@@ -125,12 +126,15 @@ def check_namespaces(ctx: ServerContext, caller: Identity, body: Any, world: Any
         ctx.check_namespace(caller, namespace, world)
 
 
-def _manifest_writer(
+async def _manifest_writer(
     ctx: Annotated[ServerContext, Depends(get_context)],
     caller: AdminOrTenant,
     body: Annotated[Any, Depends(sent_json)],
 ) -> Identity:
-    check_namespaces(ctx, caller, body)
+    """`check_namespaces`: in a worker thread when it reads the store (a tenant's manifests), at
+    once otherwise (an admin: nothing to read, no thread to wait for)."""
+    if body is not None and caller.role == TENANT:
+        await run_in_threadpool(check_namespaces, ctx, caller, body)
     return caller
 
 

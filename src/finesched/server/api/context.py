@@ -18,6 +18,7 @@ from finesched.model.tenant import Tenant
 from finesched.model.topology import Topology
 from finesched.sched.scheduler import Scheduler
 from finesched.server.api.auth import TENANT, Identity, TokenCache, authenticate
+from finesched.server.api.group_commit import GroupCommit
 from finesched.server.loop.loop import SchedulerLoop
 from finesched.server.metrics import Metrics
 from finesched.server.store.cluster_view import tenant_from_row
@@ -48,6 +49,8 @@ class ServerContext:
     _classes: dict[str, tuple[Any, PriorityClass | None]] = field(default_factory=dict)
     #: Parsed Topologies by name, likewise.
     _topologies: dict[str, tuple[Any, Topology | None]] = field(default_factory=dict)
+    #: Concurrent workload submissions written together (server/api/group_commit.py).
+    submissions: GroupCommit[Any] = field(default_factory=GroupCommit)
 
     def scheduler(self) -> Scheduler:
         """The leader's scheduler, or 503 on a replica that does not hold the lease."""
@@ -125,7 +128,8 @@ def _parsed(cache: dict[str, tuple[Any, Any]], row: dict[str, Any], parse: Any) 
         return row["spec"], None
 
 
-def get_context(request: Request) -> ServerContext:
+async def get_context(request: Request) -> ServerContext:
+    """The server's context (async: FastAPI runs a plain function dependency in a worker thread)."""
     return request.app.state.ctx  # type: ignore[no-any-return]
 
 

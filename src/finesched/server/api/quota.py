@@ -59,8 +59,15 @@ def limits_of(spec: Any) -> ObjectLimits | None:
 
 
 def charge_all(conn: Connection, adding: Mapping[str, Charge]) -> None:
-    """`charge` each tenant, in name order (so two writers lock tenant rows in the same order)."""
-    for tenant in sorted(adding):
+    """`charge` each tenant, in name order (so two writers lock tenant rows in the same order). The
+    tenants' manifests are read in one query first: those without limits (the common case) are
+    passed without a query (nor a lock) each."""
+    names = sorted(adding)
+    if len(names) > 1:
+        query = select(t.tenants.c.name, t.tenants.c.spec).where(t.tenants.c.name.in_(names))
+        specs = {name: spec for name, spec in conn.execute(query)}
+        names = [name for name in names if name in specs and limits_of(specs[name]) is not None]
+    for tenant in names:
         charge(conn, tenant, adding[tenant])
 
 

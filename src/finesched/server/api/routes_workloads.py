@@ -6,11 +6,12 @@ import gc
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Annotated, Any, Literal, get_args
 
 from fastapi import APIRouter, Body, Depends, HTTPException, Query
 from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy import Connection
 
 from finesched.admission import World, admit_workload
 from finesched.errors import ValidationError
@@ -21,6 +22,7 @@ from finesched.server.api import paging
 from finesched.server.api.auth import ADMIN, AGENT, TENANT, Identity
 from finesched.server.api.authz import ManifestWriter, check_namespaces
 from finesched.server.api.context import MAX_ITEMS_PER_REQUEST, Caller, Ctx, ServerContext
+from finesched.server.api.group_commit import Pending
 from finesched.server.api.paging import ContinueQuery, LimitQuery
 from finesched.server.api.quota import Charge, QuotaExceeded, charge_all
 from finesched.server.loop import lifecycle, memory
@@ -97,31 +99,69 @@ def parse_workloads(body: Any, caller: Identity, ctx: ServerContext, world: Worl
 
 
 @router.post("/workloads", status_code=201)
-def submit_workloads(body: ManifestBody, ctx: Ctx, caller: ManifestWriter) -> dict[str, Any]:
-    """Submit one Workload manifest or a list (all or none); they are Pending until bound."""
-    workloads = parse_workloads(body, caller, ctx, ctx.world())
-    items = [(w.namespace, w.name, w.tenant, canonical(w)) for w in workloads]
-    per_tenant: dict[str, int] = {}
-    for w in workloads:
-        per_tenant[w.tenant] = per_tenant.get(w.tenant, 0) + 1
-    charges = {tenant: Charge(workloads=n, pending=n) for tenant, n in per_tenant.items()}
+async def submit_workloads(body: ManifestBody, ctx: Ctx, caller: ManifestWriter) -> dict[str, Any]:
+    """Submit one Workload manifest or a list (all or none); they are Pending until bound.
+    Concurrent submissions are checked and written together (`_submit_group`)."""
+    return await ctx.submissions.run((body, caller), lambda group: _submit_group(ctx, group))  # type: ignore[no-any-return]
+
+
+def _submit_group(ctx: ServerContext, group: list[Pending[tuple[Any, Identity]]]) -> None:
+    """Concurrent submissions, each checked as alone (admission against the stored objects read once
+    for the group, the tenants' quotas in its own savepoint, in arrival order) and written in one
+    transaction: a refused one changes nothing and its error is its own; the loop is handed the
+    group's workloads and woken once, after the commit (server/api/group_commit.py)."""
+    world = ctx.world()
+    accepted: list[tuple[Pending[tuple[Any, Identity]], list[Workload], list[str]]] = []
+    for pending in group:
+        body, caller = pending.item
+        try:
+            workloads = parse_workloads(body, caller, ctx, world)
+        except Exception as exc:  # its answer (422, 403, 413); the others go on
+            pending.error = exc
+            continue
+        accepted.append((pending, workloads, [new_uid() for _ in workloads]))
+    if not accepted:
+        return
+    requests = [([(w.namespace, w.name, w.tenant, canonical(w)) for w in workloads], uids)
+                for _, workloads, uids in accepted]  # fmt: skip
+
+    def check(conn: Connection, indexes: Sequence[int]) -> None:
+        per_tenant: dict[str, int] = {}
+        for i in indexes:
+            for w in accepted[i][1]:
+                per_tenant[w.tenant] = per_tenant.get(w.tenant, 0) + 1
+        charge_all(conn, {tenant: Charge(workloads=n, pending=n) for tenant, n in per_tenant.items()})
+
     started = time.thread_time()
-    try:
-        uids = [new_uid() for _ in items]
-        ids, events = ctx.store.submit(items, check=lambda conn: charge_all(conn, charges), uids=uids)
-    except Conflict as exc:
-        raise HTTPException(409, str(exc)) from None
-    except QuotaExceeded as exc:
-        raise HTTPException(403, str(exc)) from None
+    results = ctx.store.submit_group(requests, check, refusals=(QuotaExceeded,))
     ctx.metrics.submit_store_seconds.observe(time.thread_time() - started)
-    ctx.loop.submitted(zip(ids, workloads, strict=True), events)
-    live = ctx.loop.reasons((w.key for w in workloads), wait=False)
-    items = zip(workloads, ids, uids, strict=True)
-    return {"items": [_pending_view(w, i, u, live.get(w.key)) for w, i, u in items]}
+    stored, events = [], []
+    for (pending, workloads, uids), (items, _), result in zip(accepted, requests, results, strict=True):
+        if isinstance(result, Conflict):
+            pending.error = HTTPException(409, str(result))
+        elif isinstance(result, QuotaExceeded):
+            pending.error = HTTPException(403, str(result))
+        elif isinstance(result, Exception):
+            pending.error = result
+        else:
+            ids, event_ids = result
+            stored += zip(ids, workloads, strict=True)
+            events += event_ids
+            pending.answer = (workloads, [doc for _, _, _, doc in items], ids, uids)
+    if stored:
+        ctx.loop.submitted(stored, events)
+    live = ctx.loop.reasons((w.key for _, w in stored), wait=False)
+    for pending, _, _ in accepted:
+        if pending.error is None:
+            workloads, docs, ids, uids = pending.answer
+            views = zip(workloads, docs, ids, uids, strict=True)
+            pending.answer = {"items": [_pending_view(w, d, i, u, live.get(w.key)) for w, d, i, u in views]}
 
 
-def _pending_view(workload: Workload, workload_id: int, uid: str, live_reason: str | None) -> dict[str, Any]:
-    doc = canonical(workload)
+def _pending_view(
+    workload: Workload, doc: dict[str, Any], workload_id: int, uid: str, live_reason: str | None
+) -> dict[str, Any]:
+    """The answer for a workload just stored: `doc` is its canonical manifest, as stored."""
     reason = pending_reason("", live_reason)
     status = {"phase": PENDING, "reason": reason, "tenant": workload.tenant, "binding": None, "id": workload_id}
     metadata = {**doc["metadata"], "namespace": workload.namespace, "uid": uid}

@@ -46,6 +46,24 @@ CHUNK = 1000  # rows per statement when a batch is read or written with IN (...)
 T = TypeVar("T")
 
 
+#: One submission of a group commit (`Store.submit_group`): its (namespace, name, tenant, manifest)
+#: items and the new objects' uids, one each.
+Submission = tuple[Sequence[tuple[str, str, str, Mapping[str, Any]]], Sequence[str]]
+#: The check of a group commit: refuses, by raising, the submissions at these indexes taken together.
+GroupCheck = Callable[[Connection, Sequence[int]], None]
+
+
+def _split(
+    requests: Sequence[Submission], ids: Sequence[int], events: Sequence[int]
+) -> Iterator[tuple[list[int], list[int]]]:
+    """The ids and event ids of one write of all `requests`, each request's own (one event a row)."""
+    start = 0
+    for items, _ in requests:
+        end = start + len(items)
+        yield list(ids[start:end]), list(events[start:end])
+        start = end
+
+
 class Conflict(Exception):
     """The object changed under the writer, or its name is taken (HTTP 409)."""
 
@@ -422,6 +440,52 @@ class Store:
             taken = self.existing_workloads(keys)
             raise Conflict(f"workload {taken[0] if taken else keys[0]} already exists") from None
 
+    def submit_group(
+        self, requests: Sequence[Submission], check: GroupCheck | None = None,
+        refusals: tuple[type[Exception], ...] = (),
+    ) -> list[tuple[list[int], list[int]] | Exception]:  # fmt: skip
+        """Independent submissions (a group commit of concurrent requests) in one transaction: per
+        submission, what `submit` returns or the exception it would raise, as if each had been
+        written alone in this order. `check(conn, indexes)` refuses the submissions at `indexes`
+        taken together by raising one of `refusals` (the tenants' object quotas); a refused one
+        writes nothing and leaves the others as they are; the rest commit together, and nothing is
+        returned before that commit. Any other error (the database's) fails the whole group.
+
+        All of them are first written at once, in a transaction of their own (one check, one insert,
+        one event write, no savepoint); only when that is refused (a key taken, also by another of
+        the group, or a quota reached) is each written again alone in its own savepoint, in order."""
+        try:
+            with self.write() as conn:
+                if check is not None:
+                    check(conn, list(range(len(requests))))
+                items = [item for request in requests for item in request[0]]
+                uids = [uid for request in requests for uid in request[1]]
+                ids, events = self.insert_pending(conn, items, None, uids)
+            return list(_split(requests, ids, events))
+        except IntegrityError:
+            if len(requests) == 1:  # what `submit` answers
+                keys = [f"{ns}/{name}" for ns, name, _, _ in requests[0][0]]
+                taken = self.existing_workloads(keys)
+                return [Conflict(f"workload {taken[0] if taken else keys[0]} already exists")]
+        except refusals as exc:
+            if len(requests) == 1:
+                return [exc]
+        with self.write() as conn:
+            results: list[tuple[list[int], list[int]] | Exception] = []
+            for i, (items, uids) in enumerate(requests):
+                try:
+                    with conn.begin_nested():
+                        if check is not None:
+                            check(conn, [i])
+                        results.append(self.insert_pending(conn, items, None, uids))
+                except IntegrityError:
+                    keys = [f"{ns}/{name}" for ns, name, _, _ in items]
+                    taken = self.existing_workloads(keys, conn)  # this transaction's rows count too
+                    results.append(Conflict(f"workload {taken[0] if taken else keys[0]} already exists"))
+                except refusals as exc:
+                    results.append(exc)
+        return results
+
     @classmethod
     def insert_pending(
         cls, conn: Connection, items: Sequence[tuple[str, str, str, Mapping[str, Any]]], job: str | None = None,
@@ -442,14 +506,18 @@ class Store:
                                 for r in rows])  # fmt: skip
         return ids, events
 
-    def existing_workloads(self, keys: Sequence[str]) -> list[str]:
+    def existing_workloads(self, keys: Sequence[str], conn: Connection | None = None) -> list[str]:
+        """The keys of `keys` stored already (read in `conn`'s transaction when given)."""
         pairs = [tuple(k.split("/", 1)) for k in keys]
-        with self.read() as conn:
-            found = {
-                f"{ns}/{n}"
-                for ns, n in conn.execute(select(t.workloads.c.namespace, t.workloads.c.name).where(
-                    t.workloads.c.namespace.in_({p[0] for p in pairs}), t.workloads.c.name.in_({p[1] for p in pairs})))
-            }  # fmt: skip
+        columns = t.workloads.c
+        query = select(columns.namespace, columns.name).where(
+            columns.namespace.in_({p[0] for p in pairs}), columns.name.in_({p[1] for p in pairs})
+        )
+        if conn is not None:
+            found = {f"{ns}/{n}" for ns, n in conn.execute(query)}
+        else:
+            with self.read() as reader:
+                found = {f"{ns}/{n}" for ns, n in reader.execute(query)}
         return [k for k in keys if k in found]
 
     def find_workload(self, namespace: str, name: str) -> dict[str, Any] | None:
