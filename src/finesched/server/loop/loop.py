@@ -357,9 +357,17 @@ class SchedulerLoop:
 
     def own(self, event_ids: Iterable[int]) -> None:
         """Events this process wrote and already applied: the feed skips them. Safe inside a write
-        transaction (it takes only a leaf lock)."""
+        transaction (it takes only a leaf lock).
+
+        Called after the commit (a submission, a bulk delete), the feed may have read an event
+        already: it applied it again, which changes nothing, and will never meet it again, so
+        an id it has passed is not kept (else it would stay in the set for good: a leak that grows
+        with every flood). The position only grows, and `_follow_feed` matches ids under this
+        lock, so an id read meanwhile is either matched there or not added here."""
+        feed = self._feed
         with self._own_lock:
-            self._own_events.update(event_ids)
+            position, missing = feed.position, feed.missing
+            self._own_events.update(i for i in event_ids if i > position or i in missing)
 
     def submitted(self, rows: Iterable[tuple[int, Workload]], event_ids: Iterable[int]) -> None:
         """Workloads this process just stored as Pending (id, workload): queue them without a reload.
