@@ -6,7 +6,9 @@ Counts and table sizes, not RSS (BENCHMARKS.md has the process's memory before, 
 
 from __future__ import annotations
 
+import sqlite3
 import sys
+import threading
 
 import pytest
 from manifests import node, workload
@@ -19,6 +21,7 @@ from finesched.sched.queue import SchedulingQueue
 from finesched.server.loop import memory
 from finesched.server.loop.upkeep import WaitingReasons
 from finesched.server.store.correlator import correlator_for
+from finesched.server.store.db import BUSY_TIMEOUT_S
 from finesched.server.store.store import Store
 
 FLOOD = 3000  # three lists of 1,000 (the most one request takes)
@@ -60,22 +63,66 @@ def test_a_deleted_flood_leaves_the_loop_and_the_correlator_as_they_were(api: Ap
     assert [e["count"] for e in events_of(api, f"team-a/a-{FLOOD - 1}", "Deleted")] == [1, 1]
 
 
+def test_events_owned_after_the_feed_passed_them_are_not_kept(api: Api) -> None:
+    """A submission or bulk delete marks its events as the loop's own after the commit; the feed may
+    have read them first. Those ids are not kept (the feed never meets them again: they would stay
+    in the set for good), while ids the feed has not reached yet are."""
+    loop = api.app.state.ctx.loop
+    assert api.admin.post("/v1/workloads", json=workload("early", cpu="1000")).status_code == 201
+    last = api.store.last_event_id()
+    wait_until(lambda: loop._feed.position >= last, what="the feed to pass the submission")
+    wait_until(lambda: not loop._own_events, what="the submission's own events to be met")
+    loop.own([last])  # read by the feed already
+    assert last not in loop._own_events
+    ahead = loop._feed.position + 10**9  # far beyond anything the feed read
+    loop.own([ahead])
+    assert ahead in loop._own_events
+    with loop._own_lock:
+        loop._own_events.discard(ahead)
+
+
 def test_release_idle_closes_idle_connections_and_the_store_goes_on(store: Store) -> None:
     engines = store.engines
+    pools = (engines.writer.pool, engines.reader.pool)
     store.put_tenant("team-a", 1.0, {"apiVersion": "finesched.io/v1alpha1", "kind": "Tenant",
                                      "metadata": {"name": "team-a"}}, create_only=True)  # fmt: skip
     assert [t["name"] for t in store.list_tenants()] == ["team-a"]
     assert engines.writer.pool.checkedin() + engines.reader.pool.checkedin() >= 1
+    with engines.writer.connect() as conn:  # the idle writer's driver connection, seen from outside
+        idle = conn.connection.dbapi_connection
     held = store.read()  # in use across the release: left alone
     assert held.execute(text("SELECT 1")).scalar() == 1
     engines.release_idle()
-    assert engines.writer.pool.checkedin() == 0 and engines.reader.pool.checkedin() == 0
+    assert (engines.writer.pool, engines.reader.pool) == pools  # the same pools: no waiter stranded
     assert held.execute(text("SELECT 2")).scalar() == 2
-    held.close()  # closed for good, not handed to the new pool
-    assert engines.reader.pool.checkedin() == 0
+    held.close()
+    if engines.is_sqlite:  # closed: a closed sqlite3 connection refuses any statement
+        with pytest.raises(sqlite3.ProgrammingError):
+            idle.execute("SELECT 1")  # type: ignore[union-attr]
+    else:
+        assert idle.closed  # type: ignore[union-attr]
     store.put_tenant("team-b", 1.0, {"apiVersion": "finesched.io/v1alpha1", "kind": "Tenant",
                                      "metadata": {"name": "team-b"}}, create_only=True)  # fmt: skip
     assert [t["name"] for t in store.list_tenants()] == ["team-a", "team-b"]
+
+
+def test_a_writer_waiting_across_release_idle_gets_the_connection(store: Store) -> None:
+    """The scheduling loop may be waiting for the writer when a bulk delete releases the idle
+    connections: it must get the writer when its holder is done, not wait out the pool timeout."""
+    engines = store.engines
+    done = threading.Event()
+
+    def write() -> None:
+        with store.write() as conn:
+            conn.execute(text("SELECT 1"))
+        done.set()
+
+    with engines.writer.connect():  # held: the thread below queues for it (SQLite has one writer)
+        waiter = threading.Thread(target=write, daemon=True)
+        waiter.start()
+        waiter.join(0.2)  # give it time to queue (it may not have yet: the test holds either way)
+    engines.release_idle()
+    assert done.wait(BUSY_TIMEOUT_S / 3), "the waiting writer was stranded by release_idle"
 
 
 def test_why_deleted_workloads_waited_is_not_kept_once_the_queue_is_empty() -> None:

@@ -48,8 +48,18 @@ class Engines:
         when it is returned) and empty the compiled-statement caches. For after a bulk delete:
         a connection keeps its SQLite page cache and prepared statements (128 per connection in
         Python's sqlite3) and the engine its compiled statements, made while the flood came in and
-        spread over the memory it took, which they would keep from the system (BENCHMARKS.md)."""
-        self.dispose()  # SQLAlchemy makes a new, empty pool at once: the engines stay usable
+        spread over the memory it took, which they would keep from the system (BENCHMARKS.md).
+
+        Each idle connection is checked out in turn and invalidated (closed; its pool slot opens a
+        new one on its next checkout): the pools stay the same objects. Replacing them (`dispose`)
+        stranded a thread already waiting in the old pool's queue, such as the scheduling loop
+        waiting for the single SQLite writer: the connection it was woken for could be closed by
+        the dispose before it took it, and it then waited out the whole pool timeout."""
+        pools = {id(engine.pool): engine for engine in (self.writer, self.reader)}
+        for engine in pools.values():
+            for _ in range(engine.pool.checkedin()):  # type: ignore[attr-defined]
+                with engine.connect() as conn:  # FIFO: each idle connection in turn
+                    conn.invalidate()
         self.writer.clear_compiled_cache()
         self.reader.clear_compiled_cache()
 
