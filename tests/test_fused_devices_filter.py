@@ -3,8 +3,8 @@
 * on a few changed nodes (a subset batch) the filter, joint scopes included (they reuse the
   per-type fits the filter computed on the same rows), equals the whole-cluster filter (cached
   fit counts and joint verdicts) at those rows;
-* a node's device layout key, built when the node is registered, equals the key built from its
-  arrays afterwards, across re-registrations and bindings.
+* a node's cached device layout key (the offer memo's) equals the key rebuilt from its arrays,
+  across re-registrations (accepted or refused) and bindings.
 """
 
 from __future__ import annotations

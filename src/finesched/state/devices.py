@@ -136,8 +136,6 @@ class DeviceAccounts:
             self._write_type(i, node, kind, sorted(devices, key=lambda d: d.minor))
         for acc in self.types.values():
             acc.refresh_sums(i)
-            if acc.count[i]:  # the offer memo's key reads it on the node's first decision: build it now, warm
-                acc.shape_key(i)
         self.note_changed(i)
 
     def _write_type(self, i: int, node: Node, kind: str, devices: list[Device]) -> None:
