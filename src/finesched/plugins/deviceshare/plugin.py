@@ -254,22 +254,28 @@ class DeviceShare:
         """
         accounts, everyone, index = self._acc(), nodes.state.n, nodes.index
         rules = cycle.read(_RULES)
-        mask = np.ones(nodes.n, dtype=bool)
+        mask: BoolArray | None = None
+        fits_at: dict[str, BoolArray] = {}  # a subset's [batch, D] fits per type, reused by the joint scope
         for tr, rule in rules.items:
             if rule is None:
-                mask[:] = False
+                ok = np.zeros(nodes.n, dtype=bool)
             elif index is None:
-                mask &= accounts.fit_counts(tr.type, rule, partial(fit_mask, rule), everyone)[0] >= tr.count
+                ok = accounts.fit_counts(tr.type, rule, partial(fit_mask, rule), everyone)[0] >= tr.count
             else:  # a few changed nodes: evaluate them directly
-                acc = accounts.types[tr.type]
-                free, total, healthy = node_rows(acc, index)
-                mask &= fit_mask(rule, free, total, healthy).sum(axis=1) >= tr.count
+                fits = fits_at[tr.type] = fit_mask(rule, *node_rows(accounts.types[tr.type], index))
+                ok = fits.sum(axis=1) >= tr.count
+            if mask is None:
+                mask = ok  # a new array: owned here, ANDed in place below
+            else:
+                mask &= ok
             if tr.hint is not None and rule is not None:
                 mask &= self._checks().type_ok(tr, rule, everyone, index)
+        if mask is None:  # a MIG-only request
+            mask = np.ones(nodes.n, dtype=bool)
         dreq = cycle.read(DEVICE_REQUEST)
         joint = dreq.joint
         if joint is not None:
-            mask &= self._joint_ok(rules, joint.types, joint.scope, everyone, index)
+            mask &= self._joint_ok(rules, joint.types, joint.scope, everyone, index, fits_at)
             if any(dreq.types[t].hint is not None for t in joint.types):
                 mask &= self._checks().joint_ok(dreq, rules, everyone, index)
         if dreq.mig is not None:
@@ -310,14 +316,21 @@ class DeviceShare:
         return next((rule for t, rule in rules.items if t is tr and rule is not None), None)
 
     def _joint_ok(
-        self, rules: _Rules, types: tuple[str, ...], scope: str, n: int, index: np.ndarray | None
+        self,
+        rules: _Rules,
+        types: tuple[str, ...],
+        scope: str,
+        n: int,
+        index: np.ndarray | None,
+        fits_at: Mapping[str, BoolArray] | None = None,
     ) -> BoolArray:
         """[batch] nodes where the joint scope can hold (all n nodes cached like the fit counts, or `index`).
 
         Exact for one first-type device: some fitting first-type device has, on its PCIe switch
         (NUMA node), enough fitting devices of every other type. For several first-type devices
         it over-approximates (the other types' fitting devices on scopes of any fitting first-type
-        device suffice); the exact allocator decides.
+        device suffice); the exact allocator decides. `fits_at`: the subset's fits per type, when
+        the filter has them already (the same `fit_mask` on the same rows; never modified here).
         """
         accounts = self._acc()
         by_type = {tr.type: (tr, rule) for tr, rule in rules.items}
@@ -329,7 +342,8 @@ class DeviceShare:
             for kind in types:
                 acc, rule = accounts.types[kind], by_type[kind][1]
                 assert rule is not None
-                fits[kind] = fit_mask(rule, *node_rows(acc, rows))
+                known = None if fits_at is None or isinstance(rows, slice) else fits_at.get(kind)
+                fits[kind] = fit_mask(rule, *node_rows(acc, rows)) if known is None else known
                 scope_of = acc.pcie if scope == "SamePCIe" else acc.numa
                 scopes[kind] = scope_of[rows] if isinstance(rows, slice) else scope_of.take(rows, axis=0)
             first = types[0]
