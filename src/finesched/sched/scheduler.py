@@ -37,7 +37,7 @@ from finesched.sched.defrag import Defragmenter, DefragPlan, apply_plan, undo_pl
 from finesched.sched.defrag_plan import find_defragmentation
 from finesched.sched.diagnosis import FitError, InvalidRequest, QuotaWait, diagnose, gang_fit_error
 from finesched.sched.framework import Code, NodeBatch, Preemption, ScoreArray
-from finesched.sched.memo import MemoEntry, ScoreMemo, request_shape
+from finesched.sched.memo import RECOUNT_NODES, MemoEntry, ScoreMemo, request_shape
 from finesched.sched.preempt import (
     apply_preemption,
     find_preemption,
@@ -224,12 +224,14 @@ class Scheduler:
         state = self.state
         fused = self._fused if self._fused is not None and self._fused.applies(request, skipped) else None
         if shape is not None:
-            entry, dirty = self.memo.lookup(shape, state)
+            raw = fused is not None and state.n <= RECOUNT_NODES  # the change log as it is (repeats)
+            entry, dirty = self.memo.lookup(shape, state, distinct=not raw)
             if entry is not None and dirty is not None:
                 batch = NodeBatch(state, index=dirty)
                 if fused is not None:
                     mask, total = fused.evaluate(cycle, request, batch, skipped)
-                    entry.patch(dirty, mask, self._key_of(total, batch, mask), state.change_position)
+                    key = self._key_of(total, batch, mask)
+                    entry.patch(dirty, mask, key, state.change_position, repeats=raw)
                 else:
                     mask, _ = self.framework.run_filter(cycle, request, batch, skipped)
                     entry.patch(dirty, mask, self._score_key(cycle, request, batch, mask), state.change_position)
