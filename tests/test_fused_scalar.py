@@ -220,3 +220,57 @@ def test_extras_quiet_for_plain_scalar_bindings_are_skipped_for_those_only() -> 
     assert busy.calls == [("assume", plain.workload), ("assume", "default/pinned"), ("forget", "default/pinned"),
                           ("forget", plain.workload)]  # fmt: skip
     assert plain_scalar(plain) and not plain_scalar(pinned)
+
+
+class _Reserver:
+    """A pre_filter/reserve/pre_bind plugin that skips unless the workload asks for `extra`, and
+    records its reserve and pre_bind calls; `IDLE_WHEN_SKIPPED` set per subclass."""
+
+    NAME = "Reserver"
+    calls: list[str]
+
+    def __init__(self) -> None:
+        self.calls = []
+
+    def pre_filter(self, cycle: Any, request: Any, nodes: Any) -> Any:
+        from finesched.sched.framework import SKIP, SUCCESS
+
+        return SUCCESS if "example.com/extra" in request.workload.requests else SKIP
+
+    def reserve(self, cycle: Any, request: Any, node: int) -> Any:
+        from finesched.sched.framework import SUCCESS
+
+        self.calls.append("reserve")
+        return SUCCESS
+
+    def unreserve(self, cycle: Any, request: Any, node: int) -> None:
+        self.calls.append("unreserve")
+
+    def pre_bind(self, cycle: Any, request: Any, node: int, binding: Any) -> Any:
+        self.calls.append("pre_bind")
+        return binding
+
+
+class _IdleReserver(_Reserver):
+    IDLE_WHEN_SKIPPED = True
+
+
+@pytest.mark.parametrize(("cls", "skipped_calls"), [(_Reserver, 2), (_IdleReserver, 0)])
+def test_reserve_and_pre_bind_skip_only_plugins_idle_when_skipped(cls: type[_Reserver], skipped_calls: int) -> None:
+    """A plugin declaring IDLE_WHEN_SKIPPED is left out of reserve and pre_bind in cycles where its
+    pre_filter skipped, and runs in the others; a plugin without the declaration always runs."""
+    from finesched.sched.registry import default_registry
+
+    plugin = cls()
+    registry = default_registry().with_plugins({"Reserver": lambda args: plugin})
+    profile = {
+        "name": "reserver",
+        "plugins": [{"name": "ResourcesFit"}, {"name": "LeastRequested"}, {"name": "Reserver"}],
+    }
+    node = make_node("n0").cpu(8).memory("16Gi").resource("example.com/extra", 4).obj()
+    sched = Scheduler(ClusterState.from_nodes([node]), profile, registry=registry)
+    sched.schedule_one(make_workload("plain").req(cpu="1", memory="1Gi").obj())
+    assert len(plugin.calls) == skipped_calls
+    plugin.calls.clear()
+    sched.schedule_one(make_workload("extra").req(cpu="1", memory="1Gi").request("example.com/extra", 1).obj())
+    assert plugin.calls == ["reserve", "pre_bind"]

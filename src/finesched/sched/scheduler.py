@@ -181,18 +181,18 @@ class Scheduler:
         for attempt, node in enumerate(self._candidates(cycle, request, feasible, key)):
             if attempt >= self.profile.max_reserve_attempts:
                 break
-            status = self.framework.run_reserve(cycle, request, node)
+            status = self.framework.run_reserve(cycle, request, node, skipped)
             if not status.ok:
                 failures = failures if failures is not None else Counter()
                 failures[f"{status.message()} ({status.plugin})"] += 1
                 continue
             # 6. pre_bind and assume
-            binding = self._binding(request, node, self._score_of(int(key[node])))
-            binding = self.framework.run_pre_bind(cycle, request, node, binding)
+            binding = self._binding(request, node, self._score_of(int(key[node])), workload_key)
+            binding = self.framework.run_pre_bind(cycle, request, node, binding, skipped)
             try:
                 state.assume(binding)
             except StateError as exc:
-                self.framework.run_unreserve(cycle, request, node)
+                self.framework.run_unreserve(cycle, request, node, skipped)
                 failures = failures if failures is not None else Counter()
                 failures[f"state refused the binding: {exc}"] += 1
                 continue
@@ -283,13 +283,15 @@ class Scheduler:
     def _score_of(self, key: int) -> int:
         return key // (self.state.n + 1) if self.profile.tie_break == "random" else key
 
-    def _binding(self, request: ScheduleRequest, node: int, score: int) -> Binding:
-        """A binding of the scalar amounts; pre_bind plugins add devices, cpuset and NUMA grants."""
+    def _binding(self, request: ScheduleRequest, node: int, score: int, key: str | None = None) -> Binding:
+        """A binding of the scalar amounts; pre_bind plugins add devices, cpuset and NUMA grants.
+        `key`: the workload's key when the caller has it already (it is formatted on each read)."""
         w = request.workload
+        annotations = w.annotations
         return fast_construct(
             Binding,
             {
-                "workload": w.key,
+                "workload": w.key if key is None else key,
                 "node": self.state.names[node],
                 "tenant": w.tenant,
                 "priority": w.priority,
@@ -299,7 +301,9 @@ class Scheduler:
                 "cpu_exclusive_policy": "None",
                 "numa": (),
                 "devices": {},
-                "annotations": {k: w.annotations[k] for k in CARRIED_ANNOTATIONS if k in w.annotations},
+                "annotations": {k: annotations[k] for k in CARRIED_ANNOTATIONS if k in annotations}
+                if annotations
+                else {},
                 "score": score,
             },
         )
