@@ -33,10 +33,13 @@ class CycleState:
     dataclass key would build and hash a tuple on every lookup. `write` checks the kind.
     """
 
-    __slots__ = ("_data",)
+    __slots__ = ("_data", "skipped")
 
     def __init__(self) -> None:
         self._data: dict[str, Any] = {}
+        #: The plugins whose pre_filter returned SKIP in this cycle (set by the framework's
+        #: run_pre_filter; read by its reserve and pre_bind, sched/runtime.py `Framework.active`).
+        self.skipped: set[str] | frozenset[str] = frozenset()
 
     def write(self, key: StateKey[T], value: T) -> None:
         if not isinstance(value, key.kind):
@@ -62,4 +65,5 @@ class CycleState:
         """A shallow copy: values are frozen or never mutated after writing."""
         other = CycleState()
         other._data = dict(self._data)
+        other.skipped = self.skipped
         return other

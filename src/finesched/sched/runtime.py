@@ -176,6 +176,7 @@ class Framework:
                 skipped.add(plugin.NAME)
             elif not status.ok:
                 raise PreFilterFailed(Status(status.code, status.reasons, plugin.NAME))
+        cycle.skipped = skipped
         return skipped
 
     def run_filter(
@@ -273,33 +274,22 @@ class Framework:
             )
         return lists
 
-    def run_reserve(
-        self, cycle: CycleState, request: ScheduleRequest, node: int, skipped: set[str] | frozenset[str] = frozenset()
-    ) -> Status:
-        """Reserve on `node` with every plugin (`active(skipped)`); on the first failure unreserve
-        all in reverse."""
-        for plugin in self.active(skipped)[0]:
+    def run_reserve(self, cycle: CycleState, request: ScheduleRequest, node: int) -> Status:
+        """Reserve on `node` with every plugin of the cycle (`active(cycle.skipped)`); on the first
+        failure unreserve all in reverse."""
+        for plugin in self.active(cycle.skipped)[0]:
             status = plugin.reserve(cycle, request, node)
             if not status.ok:
-                self.run_unreserve(cycle, request, node, skipped)
+                self.run_unreserve(cycle, request, node)
                 return Status(status.code, status.reasons, plugin.NAME)
         return SUCCESS
 
-    def run_unreserve(
-        self, cycle: CycleState, request: ScheduleRequest, node: int, skipped: set[str] | frozenset[str] = frozenset()
-    ) -> None:
-        for plugin in reversed(self.active(skipped)[0]):
+    def run_unreserve(self, cycle: CycleState, request: ScheduleRequest, node: int) -> None:
+        for plugin in reversed(self.active(cycle.skipped)[0]):
             plugin.unreserve(cycle, request, node)
 
-    def run_pre_bind(
-        self,
-        cycle: CycleState,
-        request: ScheduleRequest,
-        node: int,
-        binding: Binding,
-        skipped: set[str] | frozenset[str] = frozenset(),
-    ) -> Binding:
-        for plugin in self.active(skipped)[1]:
+    def run_pre_bind(self, cycle: CycleState, request: ScheduleRequest, node: int, binding: Binding) -> Binding:
+        for plugin in self.active(cycle.skipped)[1]:
             binding = plugin.pre_bind(cycle, request, node, binding)
         return binding
 

@@ -181,18 +181,18 @@ class Scheduler:
         for attempt, node in enumerate(self._candidates(cycle, request, feasible, key)):
             if attempt >= self.profile.max_reserve_attempts:
                 break
-            status = self.framework.run_reserve(cycle, request, node, skipped)
+            status = self.framework.run_reserve(cycle, request, node)
             if not status.ok:
                 failures = failures if failures is not None else Counter()
                 failures[f"{status.message()} ({status.plugin})"] += 1
                 continue
             # 6. pre_bind and assume
             binding = self._binding(request, node, self._score_of(int(key[node])), workload_key)
-            binding = self.framework.run_pre_bind(cycle, request, node, binding, skipped)
+            binding = self.framework.run_pre_bind(cycle, request, node, binding)
             try:
                 state.assume(binding)
             except StateError as exc:
-                self.framework.run_unreserve(cycle, request, node, skipped)
+                self.framework.run_unreserve(cycle, request, node)
                 failures = failures if failures is not None else Counter()
                 failures[f"state refused the binding: {exc}"] += 1
                 continue
