@@ -176,7 +176,7 @@ class Framework:
                 skipped.add(plugin.NAME)
             elif not status.ok:
                 raise PreFilterFailed(Status(status.code, status.reasons, plugin.NAME))
-        cycle.skipped = skipped
+        cycle.skipped, cycle.plugins = skipped, None
         return skipped
 
     def run_filter(
@@ -274,10 +274,17 @@ class Framework:
             )
         return lists
 
+    def _plugins_of(self, cycle: CycleState) -> tuple[list[ReservePlugin], list[PreBindPlugin]]:
+        """`active(cycle.skipped)`, worked out once per cycle (reserve and pre_bind both ask)."""
+        lists = cycle.plugins
+        if lists is None:
+            lists = cycle.plugins = self.active(cycle.skipped)
+        return lists
+
     def run_reserve(self, cycle: CycleState, request: ScheduleRequest, node: int) -> Status:
         """Reserve on `node` with every plugin of the cycle (`active(cycle.skipped)`); on the first
         failure unreserve all in reverse."""
-        for plugin in self.active(cycle.skipped)[0]:
+        for plugin in self._plugins_of(cycle)[0]:
             status = plugin.reserve(cycle, request, node)
             if not status.ok:
                 self.run_unreserve(cycle, request, node)
@@ -285,11 +292,11 @@ class Framework:
         return SUCCESS
 
     def run_unreserve(self, cycle: CycleState, request: ScheduleRequest, node: int) -> None:
-        for plugin in reversed(self.active(cycle.skipped)[0]):
+        for plugin in reversed(self._plugins_of(cycle)[0]):
             plugin.unreserve(cycle, request, node)
 
     def run_pre_bind(self, cycle: CycleState, request: ScheduleRequest, node: int, binding: Binding) -> Binding:
-        for plugin in self.active(cycle.skipped)[1]:
+        for plugin in self._plugins_of(cycle)[1]:
             binding = plugin.pre_bind(cycle, request, node, binding)
         return binding
 
