@@ -19,8 +19,11 @@ from hypothesis import strategies as st
 
 from builders import make_node, make_workload
 from finesched import ClusterState, FitError, Scheduler
+from finesched.cpuset import CPUSet
 from finesched.model.workload import Workload
 from finesched.plugins.node_unschedulable import UNSCHEDULABLE_LABEL
+from finesched.sched.memo import MemoEntry
+from finesched.state.cluster import plain_scalar
 
 _PLUGIN_FILTERS = [
     "NodeUnschedulable",
@@ -149,3 +152,125 @@ def test_a_wrong_fused_score_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     generic = Scheduler(_cluster(nodes), "default", fused=False)
     workload = _workload(0, {"cpu_m": 1000, "memory_mi": 512, "extra": 0, "zone": None, "unknown": False})
     assert _decide(fused, workload) != _decide(generic, workload)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    n=st.integers(1, 40),
+    writes=st.lists(st.tuples(st.integers(0, 39), st.booleans(), st.integers(-1, 500)), max_size=60),
+)
+def test_a_patch_with_repeated_nodes_equals_one_with_distinct_nodes(
+    n: int, writes: list[tuple[int, bool, int]]
+) -> None:
+    """The fused path patches the memo with the change log as it is (repeats): the entry (mask,
+    key, feasible count) must come out as from the distinct, sorted nodes."""
+    rng = np.random.default_rng(n)
+    feasible = rng.random(n) < 0.5
+    key = np.where(feasible, rng.integers(0, 200, n), -1)
+    latest = {i % n: (ok, k if ok else -1) for i, ok, k in writes}  # one result per node and cycle
+    dirty = np.array([i % n for i, _, _ in writes], dtype=np.intp)
+    distinct = np.array(sorted(latest), dtype=np.intp)
+    repeated, once = MemoEntry(0, 0, feasible.copy(), key.copy()), MemoEntry(0, 0, feasible.copy(), key.copy())
+    repeated.patch(dirty, np.array([latest[i][0] for i in dirty], dtype=bool),
+                   np.array([latest[i][1] for i in dirty], dtype=np.int64), 1, repeats=True)  # fmt: skip
+    once.patch(distinct, np.array([latest[i][0] for i in distinct], dtype=bool),
+               np.array([latest[i][1] for i in distinct], dtype=np.int64), 1)  # fmt: skip
+    assert np.array_equal(repeated.feasible, once.feasible) and np.array_equal(repeated.key, once.key)
+    assert repeated.feasible_count == once.feasible_count == int(np.count_nonzero(once.feasible))
+
+
+class _Recorder:
+    """A NodeExtra that records the bindings it is asked about (quiet for plain ones if told so)."""
+
+    def __init__(self, name: str, quiet: bool):
+        self.name = name
+        self.quiet_for_plain_scalar = quiet
+        self.calls: list[tuple[str, str]] = []
+
+    def resize(self, capacity: int) -> None: ...
+    def set_node(self, index: int, node: object) -> None: ...
+    def move(self, src: int, dst: int) -> None: ...
+    def clear(self, index: int) -> None: ...
+    def assume(self, index: int, binding: Any) -> None:
+        self.calls.append(("assume", binding.workload))
+
+    def forget(self, index: int, binding: Any) -> None:
+        self.calls.append(("forget", binding.workload))
+
+    def snapshot(self) -> object:
+        return None
+
+    def restore(self, snapshot: object) -> None: ...
+    def violations(self) -> list[str]:
+        return []
+
+
+def test_extras_quiet_for_plain_scalar_bindings_are_skipped_for_those_only() -> None:
+    """ClusterState skips an extra that declares `quiet_for_plain_scalar` for a binding of scalar
+    amounts only, and still calls it for a binding with a cpuset; other extras see every binding."""
+    state = ClusterState.from_nodes([make_node("n0").cpu(8).memory("16Gi").topology().obj()])
+    quiet, busy = state.attach(_Recorder("quiet", True)), state.attach(_Recorder("busy", False))
+    sched = Scheduler(state)
+    plain = sched.schedule_one(make_workload("plain").req(cpu="1", memory="1Gi").obj())
+    pinned = plain.model_copy(update={"workload": "default/pinned", "cpuset": CPUSet([0, 1])})
+    state.assume(pinned)
+    state.forget(pinned.workload)
+    state.forget(plain.workload)
+    assert quiet.calls == [("assume", "default/pinned"), ("forget", "default/pinned")]
+    assert busy.calls == [("assume", plain.workload), ("assume", "default/pinned"), ("forget", "default/pinned"),
+                          ("forget", plain.workload)]  # fmt: skip
+    assert plain_scalar(plain) and not plain_scalar(pinned)
+
+
+class _Reserver:
+    """A pre_filter/reserve/pre_bind plugin that skips unless the workload asks for `extra`, and
+    records its reserve and pre_bind calls; `IDLE_WHEN_SKIPPED` set per subclass."""
+
+    NAME = "Reserver"
+    calls: list[str]
+
+    def __init__(self) -> None:
+        self.calls = []
+
+    def pre_filter(self, cycle: Any, request: Any, nodes: Any) -> Any:
+        from finesched.sched.framework import SKIP, SUCCESS
+
+        return SUCCESS if "example.com/extra" in request.workload.requests else SKIP
+
+    def reserve(self, cycle: Any, request: Any, node: int) -> Any:
+        from finesched.sched.framework import SUCCESS
+
+        self.calls.append("reserve")
+        return SUCCESS
+
+    def unreserve(self, cycle: Any, request: Any, node: int) -> None:
+        self.calls.append("unreserve")
+
+    def pre_bind(self, cycle: Any, request: Any, node: int, binding: Any) -> Any:
+        self.calls.append("pre_bind")
+        return binding
+
+
+class _IdleReserver(_Reserver):
+    IDLE_WHEN_SKIPPED = True
+
+
+@pytest.mark.parametrize(("cls", "skipped_calls"), [(_Reserver, 2), (_IdleReserver, 0)])
+def test_reserve_and_pre_bind_skip_only_plugins_idle_when_skipped(cls: type[_Reserver], skipped_calls: int) -> None:
+    """A plugin declaring IDLE_WHEN_SKIPPED is left out of reserve and pre_bind in cycles where its
+    pre_filter skipped, and runs in the others; a plugin without the declaration always runs."""
+    from finesched.sched.registry import default_registry
+
+    plugin = cls()
+    registry = default_registry().with_plugins({"Reserver": lambda args: plugin})
+    profile = {
+        "name": "reserver",
+        "plugins": [{"name": "ResourcesFit"}, {"name": "LeastRequested"}, {"name": "Reserver"}],
+    }
+    node = make_node("n0").cpu(8).memory("16Gi").resource("example.com/extra", 4).obj()
+    sched = Scheduler(ClusterState.from_nodes([node]), profile, registry=registry)
+    sched.schedule_one(make_workload("plain").req(cpu="1", memory="1Gi").obj())
+    assert len(plugin.calls) == skipped_calls
+    plugin.calls.clear()
+    sched.schedule_one(make_workload("extra").req(cpu="1", memory="1Gi").request("example.com/extra", 1).obj())
+    assert plugin.calls == ["reserve", "pre_bind"]

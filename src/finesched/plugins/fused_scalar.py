@@ -46,6 +46,14 @@ _QUIET_WHEN_SKIPPED = frozenset({"DeviceShare"})
 #: Filters the fused path runs unchanged (label and tenant masks: a cached mask and a gather, read
 #: nothing pre_score writes); any other filter must have skipped at pre_filter.
 _AS_IS = frozenset({"NodeSelector", "TenantIsolation"})
+#: The float constants of the score passes as 0-d float64 arrays: the same values the Python
+#: numbers convert to (MAX_SCORE, MAX_SCORE // 2, MAX_SCORE + _EPS, _EPS are exact or rounded once
+#: either way), but a ufunc takes an array operand without converting a Python scalar each call,
+#: which on a memo patch of ~100 nodes costs as much as the arithmetic.
+_MAX_F = np.array(float(MAX_SCORE))
+_HALF_MAX_F = np.array(float(MAX_SCORE // 2))
+_TOP_F = np.array(MAX_SCORE + _EPS)
+_EPS_F = np.array(_EPS)
 
 
 class FusedScalar:
@@ -238,18 +246,17 @@ class FusedScalar:
             np.subtract(a0, a1, out=a0)
             square_diff = np.multiply(a0, a0, out=a0)
         buf = a1  # no longer needed: a scratch buffer for each scorer's float values
-        top = MAX_SCORE + _EPS
         total: ScoreArray | None = None
         for function, weight in self._scorers:
             if function is most_balanced:
-                np.multiply(square_diff, MAX_SCORE, out=buf)
-                np.subtract(top, buf, out=buf)
+                np.multiply(square_diff, _MAX_F, out=buf)
+                np.subtract(_TOP_F, buf, out=buf)
             elif function is least_requested:
-                np.multiply(twice_mean, MAX_SCORE // 2, out=buf)
-                np.subtract(top, buf, out=buf)
+                np.multiply(twice_mean, _HALF_MAX_F, out=buf)
+                np.subtract(_TOP_F, buf, out=buf)
             else:  # most_allocated
-                np.multiply(twice_mean, MAX_SCORE // 2, out=buf)
-                np.add(buf, _EPS, out=buf)
+                np.multiply(twice_mean, _HALF_MAX_F, out=buf)
+                np.add(buf, _EPS_F, out=buf)
             scores = buf.astype(np.int64)  # _to_score's truncation
             if weight != 1:
                 scores *= weight

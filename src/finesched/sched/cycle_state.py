@@ -33,10 +33,15 @@ class CycleState:
     dataclass key would build and hash a tuple on every lookup. `write` checks the kind.
     """
 
-    __slots__ = ("_data",)
+    __slots__ = ("_data", "plugins", "skipped")
 
     def __init__(self) -> None:
         self._data: dict[str, Any] = {}
+        #: The plugins whose pre_filter returned SKIP in this cycle (set by the framework's
+        #: run_pre_filter; read by its reserve and pre_bind, sched/runtime.py `Framework.active`).
+        self.skipped: set[str] | frozenset[str] = frozenset()
+        #: The framework's (reserve, pre_bind) plugin lists for this cycle, once it has looked.
+        self.plugins: tuple[list[Any], list[Any]] | None = None
 
     def write(self, key: StateKey[T], value: T) -> None:
         if not isinstance(value, key.kind):
@@ -62,4 +67,5 @@ class CycleState:
         """A shallow copy: values are frozen or never mutated after writing."""
         other = CycleState()
         other._data = dict(self._data)
+        other.skipped, other.plugins = self.skipped, self.plugins
         return other

@@ -33,6 +33,9 @@ MAX_SHAPES = 512
 #: An entry holds 9 bytes per node (mask + key): 512 shapes at 100,000 nodes would be 460 MB, so
 #: the memo is also bounded in bytes and keeps fewer shapes on larger clusters.
 MAX_BYTES = 128 * 2**20
+#: Up to this many nodes the fused path patches with the raw change log (`lookup(distinct=False)`),
+#: whose recount of the whole mask costs less than the dedup; above, the dedup is cheaper.
+RECOUNT_NODES = 32768
 #: Shapes seen once and not (yet) stored, remembered up to this many (then forgotten at once).
 _SEEN_LIMIT = 65536
 
@@ -52,9 +55,25 @@ class MemoEntry:
             self.feasible_count = int(np.count_nonzero(self.feasible))
 
     def patch(
-        self, dirty: npt.NDArray[np.intp], feasible: npt.NDArray[np.bool_], key: npt.NDArray[np.int64], position: int
+        self,
+        dirty: npt.NDArray[np.intp],
+        feasible: npt.NDArray[np.bool_],
+        key: npt.NDArray[np.int64],
+        position: int,
+        *,
+        repeats: bool = False,
     ) -> None:
-        """Overwrite the results of the `dirty` nodes, now valid at change-log `position`."""
+        """Overwrite the results of the `dirty` nodes, now valid at change-log `position`.
+
+        `repeats=True`: `dirty` may name a node more than once (with the same result each time);
+        the feasible count is then taken afresh over the whole mask (one pass of count_nonzero),
+        as a delta over a multiset would count a repeated node's change once per repeat."""
+        if repeats:
+            self.feasible[dirty] = feasible
+            self.key[dirty] = key
+            self.feasible_count = int(np.count_nonzero(self.feasible))
+            self.position = position
+            return
         self.feasible_count += int(np.count_nonzero(feasible)) - int(np.count_nonzero(self.feasible[dirty]))
         self.feasible[dirty] = feasible
         self.key[dirty] = key
@@ -144,8 +163,17 @@ class ScoreMemo:
         self._max = max_shapes
         self._max_bytes = max_bytes
 
-    def lookup(self, shape: Hashable, state: ClusterState) -> tuple[MemoEntry | None, npt.NDArray[np.intp] | None]:
-        """The entry for `shape` and the nodes to re-evaluate (empty: none), or (None, None) if stale."""
+    def lookup(
+        self, shape: Hashable, state: ClusterState, *, distinct: bool = True
+    ) -> tuple[MemoEntry | None, npt.NDArray[np.intp] | None]:
+        """The entry for `shape` and the nodes to re-evaluate (empty: none), or (None, None) if stale.
+
+        With `distinct=False` the nodes are the change log's entries as they are (repeats, log
+        order; a read-only view valid until the state next changes): `MemoEntry.patch(...,
+        repeats=True)` gives the same entry (a repeated node gets the same result twice), and on
+        ~100 changes the dedup (six numpy calls) costs more than evaluating the few repeats and
+        recounting the mask. The fused path takes them so on clusters up to `RECOUNT_NODES`.
+        """
         entry = self._entries.get(shape)
         if entry is None or entry.nodes_version != state.nodes_version:
             return None, None
@@ -153,7 +181,7 @@ class ScoreMemo:
         if changed is None or len(changed) > FULL_REFRESH_FRACTION * state.n:
             return None, None
         self._entries.move_to_end(shape)
-        return entry, state.distinct_changed(entry.position, changed)
+        return entry, state.distinct_changed(entry.position, changed) if distinct else changed
 
     def wants(self, shape: Hashable) -> bool:
         """Whether an evaluation of `shape` is worth keeping: the shape was seen before.

@@ -47,6 +47,10 @@ from finesched.sched.registry import Registry
 from finesched.sched.request import ScheduleRequest
 from finesched.state.cluster import ClusterState
 
+#: The class attribute a reserve/pre_bind plugin sets to True when its reserve, unreserve and
+#: pre_bind do nothing in a cycle where its own pre_filter returned SKIP (`Framework.active`).
+IDLE_WHEN_SKIPPED = "IDLE_WHEN_SKIPPED"
+
 
 class ScoreRangeError(RuntimeError):
     """A score plugin returned values outside [0, MAX_SCORE] or not int64 (a plugin bug)."""
@@ -97,6 +101,11 @@ class Framework:
         self.node_local = not self._normalizers and all(getattr(p, "NODE_LOCAL", False) for p in evaluated)
         #: Plugins whose verdicts also read something the request shape leaves out (the memo key adds it).
         self.shape_keys = [p for p in self.plugins if isinstance(p, ShapeKeyPlugin)]
+        #: Reserve and pre_bind plugins that declare IDLE_WHEN_SKIPPED (see `active_reserve`).
+        self._idle_when_skipped = frozenset(
+            p.NAME for p in [*self.points.reserve, *self.points.pre_bind] if getattr(p, IDLE_WHEN_SKIPPED, False)
+        )
+        self._active: dict[frozenset[str], tuple[list[ReservePlugin], list[PreBindPlugin]]] = {}
 
     def _add(self, plugin: Plugin, weight: int, index: int, errors: list[ValidationError]) -> None:
         if any(p.NAME == plugin.NAME for p in self.plugins):
@@ -167,6 +176,7 @@ class Framework:
                 skipped.add(plugin.NAME)
             elif not status.ok:
                 raise PreFilterFailed(Status(status.code, status.reasons, plugin.NAME))
+        cycle.skipped, cycle.plugins = skipped, None
         return skipped
 
     def run_filter(
@@ -245,9 +255,36 @@ class Framework:
             return np.zeros(nodes.n, dtype=np.int64)
         return total if fresh else total.copy()
 
+    def active(self, skipped: set[str] | frozenset[str]) -> tuple[list[ReservePlugin], list[PreBindPlugin]]:
+        """The reserve and pre_bind plugins a cycle runs, given the plugins its pre_filter skipped.
+
+        A plugin that declares IDLE_WHEN_SKIPPED (its reserve, unreserve and pre_bind do nothing in
+        a cycle where its pre_filter returned SKIP) is left out of such a cycle; every other plugin
+        runs. SKIP alone does not say so (a plugin may skip its filter and still reserve, e.g.
+        NUMA hints on BestEffort nodes), hence the explicit declaration."""
+        idle = self._idle_when_skipped
+        if not idle or idle.isdisjoint(skipped):
+            return self.points.reserve, self.points.pre_bind
+        key = idle.intersection(skipped)
+        lists = self._active.get(key)
+        if lists is None:
+            lists = self._active[key] = (
+                [p for p in self.points.reserve if p.NAME not in key],
+                [p for p in self.points.pre_bind if p.NAME not in key],
+            )
+        return lists
+
+    def _plugins_of(self, cycle: CycleState) -> tuple[list[ReservePlugin], list[PreBindPlugin]]:
+        """`active(cycle.skipped)`, worked out once per cycle (reserve and pre_bind both ask)."""
+        lists = cycle.plugins
+        if lists is None:
+            lists = cycle.plugins = self.active(cycle.skipped)
+        return lists
+
     def run_reserve(self, cycle: CycleState, request: ScheduleRequest, node: int) -> Status:
-        """Reserve on `node` with every plugin; on the first failure unreserve all in reverse."""
-        for plugin in self.points.reserve:
+        """Reserve on `node` with every plugin of the cycle (`active(cycle.skipped)`); on the first
+        failure unreserve all in reverse."""
+        for plugin in self._plugins_of(cycle)[0]:
             status = plugin.reserve(cycle, request, node)
             if not status.ok:
                 self.run_unreserve(cycle, request, node)
@@ -255,11 +292,11 @@ class Framework:
         return SUCCESS
 
     def run_unreserve(self, cycle: CycleState, request: ScheduleRequest, node: int) -> None:
-        for plugin in reversed(self.points.reserve):
+        for plugin in reversed(self._plugins_of(cycle)[0]):
             plugin.unreserve(cycle, request, node)
 
     def run_pre_bind(self, cycle: CycleState, request: ScheduleRequest, node: int, binding: Binding) -> Binding:
-        for plugin in self.points.pre_bind:
+        for plugin in self._plugins_of(cycle)[1]:
             binding = plugin.pre_bind(cycle, request, node, binding)
         return binding
 

@@ -37,7 +37,7 @@ from finesched.sched.defrag import Defragmenter, DefragPlan, apply_plan, undo_pl
 from finesched.sched.defrag_plan import find_defragmentation
 from finesched.sched.diagnosis import FitError, InvalidRequest, QuotaWait, diagnose, gang_fit_error
 from finesched.sched.framework import Code, NodeBatch, Preemption, ScoreArray
-from finesched.sched.memo import MemoEntry, ScoreMemo, request_shape
+from finesched.sched.memo import RECOUNT_NODES, MemoEntry, ScoreMemo, request_shape
 from finesched.sched.preempt import (
     apply_preemption,
     find_preemption,
@@ -187,7 +187,7 @@ class Scheduler:
                 failures[f"{status.message()} ({status.plugin})"] += 1
                 continue
             # 6. pre_bind and assume
-            binding = self._binding(request, node, self._score_of(int(key[node])))
+            binding = self._binding(request, node, self._score_of(int(key[node])), workload_key)
             binding = self.framework.run_pre_bind(cycle, request, node, binding)
             try:
                 state.assume(binding)
@@ -224,12 +224,14 @@ class Scheduler:
         state = self.state
         fused = self._fused if self._fused is not None and self._fused.applies(request, skipped) else None
         if shape is not None:
-            entry, dirty = self.memo.lookup(shape, state)
+            raw = fused is not None and state.n <= RECOUNT_NODES  # the change log as it is (repeats)
+            entry, dirty = self.memo.lookup(shape, state, distinct=not raw)
             if entry is not None and dirty is not None:
                 batch = NodeBatch(state, index=dirty)
                 if fused is not None:
                     mask, total = fused.evaluate(cycle, request, batch, skipped)
-                    entry.patch(dirty, mask, self._key_of(total, batch, mask), state.change_position)
+                    key = self._key_of(total, batch, mask)
+                    entry.patch(dirty, mask, key, state.change_position, repeats=raw)
                 else:
                     mask, _ = self.framework.run_filter(cycle, request, batch, skipped)
                     entry.patch(dirty, mask, self._score_key(cycle, request, batch, mask), state.change_position)
@@ -281,13 +283,15 @@ class Scheduler:
     def _score_of(self, key: int) -> int:
         return key // (self.state.n + 1) if self.profile.tie_break == "random" else key
 
-    def _binding(self, request: ScheduleRequest, node: int, score: int) -> Binding:
-        """A binding of the scalar amounts; pre_bind plugins add devices, cpuset and NUMA grants."""
+    def _binding(self, request: ScheduleRequest, node: int, score: int, key: str | None = None) -> Binding:
+        """A binding of the scalar amounts; pre_bind plugins add devices, cpuset and NUMA grants.
+        `key`: the workload's key when the caller has it already (it is formatted on each read)."""
         w = request.workload
+        annotations = w.annotations
         return fast_construct(
             Binding,
             {
-                "workload": w.key,
+                "workload": w.key if key is None else key,
                 "node": self.state.names[node],
                 "tenant": w.tenant,
                 "priority": w.priority,
@@ -297,7 +301,9 @@ class Scheduler:
                 "cpu_exclusive_policy": "None",
                 "numa": (),
                 "devices": {},
-                "annotations": {k: w.annotations[k] for k in CARRIED_ANNOTATIONS if k in w.annotations},
+                "annotations": {k: annotations[k] for k in CARRIED_ANNOTATIONS if k in annotations}
+                if annotations
+                else {},
                 "score": score,
             },
         )

@@ -25,6 +25,7 @@ import numpy.typing as npt
 
 from finesched.errors import InvariantViolation
 from finesched.model.binding import Binding
+from finesched.model.device_allocated import DEVICE_ALLOCATED
 from finesched.model.node import Node
 from finesched.model.resources import CPU, MEMORY, PODS, ResourceVector
 from finesched.state.labels import LabelIndex
@@ -59,6 +60,20 @@ class NodeExtra(Protocol):
     def snapshot(self) -> object: ...
     def restore(self, snapshot: object) -> None: ...
     def violations(self) -> list[str]: ...
+
+
+#: The attribute an extra sets to True when its `assume` and `forget` do nothing for a plain
+#: scalar binding (`plain_scalar`): no device grants, no device-allocated annotation (grants
+#: carried there instead, model/device_allocated.py), no cpuset,
+#: no NUMA grants. ClusterState then does not call it for such bindings (most bindings of a
+#: scalar workload); an extra without it is always called.
+QUIET_FOR_PLAIN_SCALAR = "quiet_for_plain_scalar"
+
+
+def plain_scalar(binding: Binding) -> bool:
+    """Whether `binding` holds scalar amounts only (see QUIET_FOR_PLAIN_SCALAR)."""
+    annotations = binding.annotations
+    return not (binding.devices or binding.cpuset or binding.numa or (annotations and DEVICE_ALLOCATED in annotations))
 
 
 class NodeObserver(Protocol):
@@ -122,6 +137,8 @@ class ClusterState:
         self._committed: set[str] = set()
         self._on_node: list[set[str]] = []
         self.extras: dict[str, NodeExtra] = {}
+        #: The extras a plain scalar binding concerns (`plain_scalar`), in attach order.
+        self._busy_extras: list[NodeExtra] = []
         self._observers: list[NodeObserver] = []
         #: Bumped whenever capacity may have grown (node added/updated, binding forgotten):
         #: the queue retries unschedulable workloads when it changes.
@@ -398,7 +415,7 @@ class ClusterState:
         self._take(i, binding)
         done: list[NodeExtra] = []
         try:
-            for extra in self.extras.values():
+            for extra in self._busy_extras if plain_scalar(binding) else self.extras.values():
                 extra.assume(i, binding)
                 done.append(extra)
         except StateError:
@@ -428,7 +445,7 @@ class ClusterState:
         i = self.index[binding.node]
         self._on_node[i].discard(workload)
         self._give(i, binding)
-        for extra in reversed(self.extras.values()):
+        for extra in reversed(self._busy_extras if plain_scalar(binding) else self.extras.values()):
             extra.forget(i, binding)
         self._refresh(i)
         self.capacity_version += 1
@@ -546,6 +563,8 @@ class ClusterState:
         extra.resize(self._capacity)
         self._refill(extra)
         self.extras[extra.name] = extra
+        if not getattr(extra, QUIET_FOR_PLAIN_SCALAR, False):
+            self._busy_extras.append(extra)
         if hasattr(extra, "refresh"):
             self._observers.append(extra)  # type: ignore[arg-type]
             for i in range(self.n):

@@ -129,6 +129,9 @@ class CPUAccounts:
     """NodeExtra ``"cpus"`` (see the module docstring)."""
 
     name = "cpus"
+    #: A binding without cpuset and NUMA grants holds nothing here (`_hold`): ClusterState skips
+    #: this extra for plain scalar bindings (state/cluster.py, QUIET_FOR_PLAIN_SCALAR).
+    quiet_for_plain_scalar = True
 
     def __init__(self, max_ref_count: int = 1):
         if max_ref_count < 1:
