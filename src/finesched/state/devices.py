@@ -83,6 +83,9 @@ class DeviceAccounts:
     """The `NodeExtra` named "devices": per-type device arrays kept in step with ClusterState."""
 
     name = "devices"
+    #: A binding without devices or a device-allocated annotation holds nothing here: ClusterState
+    #: skips this extra for plain scalar bindings (state/cluster.py, QUIET_FOR_PLAIN_SCALAR).
+    quiet_for_plain_scalar = True
 
     def __init__(self) -> None:
         self.types: dict[str, DeviceTypeAccounts] = {}

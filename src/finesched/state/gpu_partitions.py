@@ -90,6 +90,8 @@ class PartitionTables:
     """The `NodeExtra` named "gpu-partitions" (module docstring)."""
 
     name = "gpu-partitions"
+    #: A binding without devices holds no whole GPU: skipped for plain scalar bindings (state/cluster.py).
+    quiet_for_plain_scalar = True
 
     def __init__(self) -> None:
         self.capacity = 0

@@ -44,6 +44,8 @@ class MIGSlices:
     """The `NodeExtra` named "mig": every node's MIG cards (minor order) and the per-profile `fit`."""
 
     name = "mig"
+    #: A binding without devices holds no MIG instance: skipped for plain scalar bindings (state/cluster.py).
+    quiet_for_plain_scalar = True
 
     def __init__(self) -> None:
         self.capacity = 0

@@ -130,6 +130,9 @@ class DeviceShare:
     NAME: ClassVar[str] = "DeviceShare"
     #: Filter and score read only the workload and each node's own devices (sched/memo.py).
     NODE_LOCAL: ClassVar[bool] = True
+    #: When pre_filter skips (the workload asks for no device), reserve, unreserve and pre_bind have
+    #: nothing to do: the runtime leaves them out (sched/runtime.py, IDLE_WHEN_SKIPPED).
+    IDLE_WHEN_SKIPPED: ClassVar[bool] = True
 
     def __init__(self, strategy: str = "LeastAllocated"):
         self.strategy = strategy
