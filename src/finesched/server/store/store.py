@@ -255,8 +255,9 @@ class Store:
     @contextmanager
     def write(self) -> Iterator[Connection]:
         """A write transaction: committed when the block ends, rolled back if it raises. Inside it
-        the loop's lock may not be taken (server/store/locking.py: the loop's lock first, then the writer)."""
-        with writing(), self.engines.writer.begin() as conn:
+        the loop's lock may not be taken (server/store/locking.py: the loop's lock first, then the writer).
+        Writers get their turn in arrival order (db.py `WriterGate`)."""
+        with writing(), self.engines.write_turn(), self.engines.writer.begin() as conn:
             yield conn
 
     def read(self) -> Any:
