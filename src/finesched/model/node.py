@@ -12,6 +12,7 @@ and gpu-memory-ratio, and the device-strategy label names a known strategy.
 
 from __future__ import annotations
 
+import itertools
 import operator
 from collections.abc import Mapping
 from functools import cached_property
@@ -208,13 +209,14 @@ def _topology_key(data: object) -> tuple[object, ...] | None:
         cpus = data["cpus"]
         if type(cpus) is not list and type(cpus) is not tuple:
             return None
-        if not all(type(cpu) is dict and len(cpu) == 4 for cpu in cpus):
+        # Checked with C loops (map, set): this runs for every node of a rebuild.
+        if set(map(type, cpus)) != {dict} or set(map(len, cpus)) != {4}:
             return None
         try:
             rows = tuple(map(_CPU_FIELDS, cpus))
         except KeyError:
             return None
-        if not all(type(v) is int for row in rows for v in row):
+        if set(map(type, itertools.chain.from_iterable(rows))) != {int}:
             return None
         return ("cpus", rows)
     if data.keys() <= _SHAPE_FIELDS and all(type(v) is int for v in data.values()):
