@@ -12,11 +12,13 @@ and gpu-memory-ratio, and the device-strategy label names a known strategy.
 
 from __future__ import annotations
 
+import itertools
+import operator
 from collections.abc import Mapping
 from functools import cached_property
 from typing import ClassVar, Literal
 
-from pydantic import Field, PositiveInt, field_validator, model_validator
+from pydantic import Field, ModelWrapValidatorHandler, PositiveInt, field_validator, model_validator
 
 from finesched.cpuset import MAX_CPU_ID, CPUSet
 from finesched.model.base import FrozenDict, FrozenStrDict, Loc, Model, raise_problems
@@ -116,16 +118,24 @@ class CPUTopology(Model):
     #: Every field a manifest may write here: the list form and the builder form's fields.
     MANIFEST_FIELDS: ClassVar[tuple[str, ...]] = ("cpus", "sockets", "numaPerSocket", "coresPerNuma", "threadsPerCore")
 
-    @model_validator(mode="before")
+    @model_validator(mode="wrap")
     @classmethod
-    def _expand_builder(cls, data: object) -> object:
-        # What this returns is validated as Python data, strictly when the manifest is (a list is
-        # then not a tuple): the CPU list is handed on as the tuple the field holds.
-        if isinstance(data, dict) and "cpus" not in data and data:
-            return {"cpus": tuple(_build_cpus(data))}  # unknown builder fields are named by _TopologyShape
-        if isinstance(data, dict) and isinstance(data.get("cpus"), list):
-            return {**data, "cpus": tuple(data["cpus"])}
-        return data
+    def _cached(cls, data: object, handler: ModelWrapValidatorHandler[CPUTopology]) -> CPUTopology:
+        # A cluster has a handful of distinct topologies and thousands of nodes: validating each
+        # node's explicit CPU list (128 entries on a 2-socket server) was most of the CPU time of
+        # the server's state rebuild at start-up. The value is immutable (frozen models in a
+        # tuple), so nodes with the same topology share one; a failure is not cached (its error
+        # is made afresh, so it is the same text).
+        key = _topology_key(data)
+        if key is None:
+            return handler(_expand_builder(data))
+        found = _TOPOLOGIES.get(key)
+        if found is None:
+            found = handler(_expand_builder(data))
+            if len(_TOPOLOGIES) >= _TOPOLOGIES_KEPT:
+                _TOPOLOGIES.pop(next(iter(_TOPOLOGIES)), None)  # the oldest; a rare stranger costs one validation
+            _TOPOLOGIES[key] = found
+        return found
 
     @field_validator("cpus")
     @classmethod
@@ -159,6 +169,59 @@ class CPUTopology(Model):
     @cached_property
     def all_cpus(self) -> CPUSet:
         return CPUSet(c.id for c in self.cpus)
+
+
+def _expand_builder(data: object) -> object:
+    """What CPUTopology validates: the builder form expanded to its CPU list. This is validated as
+    Python data, strictly when the manifest is (a list is then not a tuple): the CPU list is handed
+    on as the tuple the field holds."""
+    if isinstance(data, dict) and "cpus" not in data and data:
+        return {"cpus": tuple(_build_cpus(data))}  # unknown builder fields are named by _TopologyShape
+    if isinstance(data, dict) and isinstance(data.get("cpus"), list):
+        return {**data, "cpus": tuple(data["cpus"])}
+    return data
+
+
+#: Validated topologies by `_topology_key` (insertion order: the oldest is dropped first).
+_TOPOLOGIES: dict[tuple[object, ...], CPUTopology] = {}
+_TOPOLOGIES_KEPT = 256
+_CPU_FIELDS = operator.itemgetter("id", "core", "socket", "numa")
+_SHAPE_FIELDS = frozenset(
+    {
+        "sockets",
+        "numaPerSocket",
+        "coresPerNuma",
+        "threadsPerCore",
+        "numa_per_socket",
+        "cores_per_numa",
+        "threads_per_core",
+    }
+)
+
+
+def _topology_key(data: object) -> tuple[object, ...] | None:
+    """The exact content of a topology's input when it is plain ints in the expected places, so
+    that any validation mode (JSON or Python, strict or lax) gives the same result for it; None
+    (not cached) for anything else: other types, missing or extra fields, a model instance."""
+    if type(data) is not dict or not data:
+        return None
+    if data.keys() == {"cpus"}:
+        cpus = data["cpus"]
+        if type(cpus) is not list and type(cpus) is not tuple:
+            return None
+        # Checked with C loops (map, set): this runs for every node of a rebuild.
+        if set(map(type, cpus)) != {dict} or set(map(len, cpus)) != {4}:
+            return None
+        try:
+            rows = tuple(map(_CPU_FIELDS, cpus))
+        except KeyError:
+            return None
+        if set(map(type, itertools.chain.from_iterable(rows))) != {int}:
+            return None
+        return ("cpus", rows)
+    if data.keys() <= _SHAPE_FIELDS and all(type(v) is int for v in data.values()):
+        return ("shape", tuple(sorted(data.items())))
+    return None
 
 
 class _TopologyShape(Model):

@@ -22,6 +22,7 @@ from sqlalchemy import (
     Select,
     Table,
     and_,
+    bindparam,
     case,
     delete,
     false,
@@ -273,8 +274,9 @@ class Store:
     @contextmanager
     def write(self) -> Iterator[Connection]:
         """A write transaction: committed when the block ends, rolled back if it raises. Inside it
-        the loop's lock may not be taken (server/store/locking.py: the loop's lock first, then the writer)."""
-        with writing(), self.engines.writer.begin() as conn:
+        the loop's lock may not be taken (server/store/locking.py: the loop's lock first, then the writer).
+        Writers get their turn in arrival order (db.py `WriterGate`)."""
+        with writing(), self.engines.write_turn(), self.engines.writer.begin() as conn:
             yield conn
 
     def read(self) -> Any:
@@ -789,20 +791,35 @@ class Store:
 
     def explain_waiting(self, reasons: Mapping[str, str]) -> list[int]:
         """Record why Pending workloads still wait (`key -> reason`); informative only, so the
-        version is not bumped (a concurrent bind still succeeds). Ids of the events written."""
-        events = []
+        version is not bumped (a concurrent bind still succeeds). Ids of the events written.
+        The loop writes this while it decides nothing (up to MAX_EXPLAINED reasons a second under a
+        flood): the Pending rows are found (and locked, on PostgreSQL) per namespace with a few
+        queries, and all reasons written by one executemany, not one statement per workload."""
+        by_namespace: dict[str, list[str]] = {}
+        for key in reasons:
+            namespace, name = key.split("/", 1)
+            by_namespace.setdefault(namespace, []).append(name)
         with self.write() as conn:
-            for key, reason in reasons.items():
-                namespace, name = key.split("/", 1)
-                uid = conn.execute(
+            uids: dict[str, tuple[int, str]] = {}
+            for namespace, names in by_namespace.items():
+                for part in chunks(names):
+                    query = (
+                        select(t.workloads.c.id, t.workloads.c.name, t.workloads.c.uid)
+                        .where(t.workloads.c.namespace == namespace, t.workloads.c.name.in_(part),
+                               t.workloads.c.phase == PENDING)
+                        .order_by(t.workloads.c.id)
+                        .with_for_update()
+                    )  # fmt: skip
+                    uids.update((f"{namespace}/{name}", (wid, uid)) for wid, name, uid in conn.execute(query))
+            found = [(key, reason) for key, reason in reasons.items() if key in uids]  # in the caller's order
+            if found:
+                conn.execute(
                     update(t.workloads)
-                    .where(t.workloads.c.namespace == namespace, t.workloads.c.name == name,
-                           t.workloads.c.phase == PENDING)
-                    .values(reason=reason)
-                    .returning(t.workloads.c.uid)
-                ).scalar()  # fmt: skip
-                if uid is not None:  # the uid read here: the events need no lookup (a flood explains many)
-                    events.append(Event("Workload", key, "Waiting", reason, uid))
+                    .where(t.workloads.c.id == bindparam("wid"), t.workloads.c.phase == PENDING)
+                    .values(reason=bindparam("why")),
+                    [{"wid": uids[key][0], "why": reason} for key, reason in found],
+                )
+            events = [Event("Workload", key, "Waiting", reason, uids[key][1]) for key, reason in found]
             return self.log(conn, events)
 
     def note(self, events: Iterable[Event]) -> list[int]:
