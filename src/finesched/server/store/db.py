@@ -126,11 +126,11 @@ class Engines:
             self.reader.dispose()
 
     def release_idle(self) -> None:
-        """Close the idle pooled connections (new ones are opened on demand; one in use is closed
-        when it is returned) and empty the compiled-statement caches. For after a bulk delete:
-        a connection keeps its SQLite page cache and prepared statements (128 per connection in
-        Python's sqlite3) and the engine its compiled statements, made while the flood came in and
-        spread over the memory it took, which they would keep from the system (BENCHMARKS.md).
+        """Close the idle pooled connections (new ones are opened on demand; one in use keeps its
+        caches) and empty the compiled-statement caches. For after a bulk delete: a connection keeps
+        its SQLite page cache and prepared statements (128 per connection in Python's sqlite3) and
+        the engine its compiled statements, made while the flood came in and spread over the memory
+        it took, which they would keep from the system (BENCHMARKS.md).
 
         Each idle connection is checked out in turn and invalidated (closed; its pool slot opens a
         new one on its next checkout): the pools stay the same objects. Replacing them (`dispose`)
@@ -139,9 +139,10 @@ class Engines:
         the dispose before it took it, and it then waited out the whole pool timeout."""
         pools = {id(engine.pool): engine for engine in (self.writer, self.reader)}
         for engine in pools.values():
-            for _ in range(engine.pool.checkedin()):  # type: ignore[attr-defined]
-                with engine.connect() as conn:  # FIFO: each idle connection in turn
-                    conn.invalidate()
+            with self.write_turn() if engine is self.writer else nullcontext():  # the writer in its turn
+                for _ in range(engine.pool.checkedin()):  # type: ignore[attr-defined]
+                    with engine.connect() as conn:  # FIFO: each idle connection in turn
+                        conn.invalidate()
         self.writer.clear_compiled_cache()
         self.reader.clear_compiled_cache()
 
