@@ -438,9 +438,7 @@ class Store:
                     check(conn)
                 return self.insert_pending(conn, items, job, uids)
         except IntegrityError:
-            keys = [f"{ns}/{name}" for ns, name, _, _ in items]
-            taken = self.existing_workloads(keys)
-            raise Conflict(f"workload {taken[0] if taken else keys[0]} already exists") from None
+            raise self._taken(items) from None
 
     def submit_group(
         self, requests: Sequence[Submission], check: GroupCheck | None = None,
@@ -466,9 +464,7 @@ class Store:
             return list(_split(requests, ids, events))
         except IntegrityError:
             if len(requests) == 1:  # what `submit` answers
-                keys = [f"{ns}/{name}" for ns, name, _, _ in requests[0][0]]
-                taken = self.existing_workloads(keys)
-                return [Conflict(f"workload {taken[0] if taken else keys[0]} already exists")]
+                return [self._taken(requests[0][0])]
         except refusals as exc:
             if len(requests) == 1:
                 return [exc]
@@ -481,12 +477,19 @@ class Store:
                             check(conn, [i])
                         results.append(self.insert_pending(conn, items, None, uids))
                 except IntegrityError:
-                    keys = [f"{ns}/{name}" for ns, name, _, _ in items]
-                    taken = self.existing_workloads(keys, conn)  # this transaction's rows count too
-                    results.append(Conflict(f"workload {taken[0] if taken else keys[0]} already exists"))
+                    results.append(self._taken(items, conn))  # this transaction's rows count too
                 except refusals as exc:
                     results.append(exc)
         return results
+
+    def _taken(
+        self, items: Sequence[tuple[str, str, str, Mapping[str, Any]]], conn: Connection | None = None
+    ) -> Conflict:
+        """The Conflict of a refused insert of `items`: the first of their keys already stored
+        (read in `conn`'s transaction when given), else the first key."""
+        keys = [f"{ns}/{name}" for ns, name, _, _ in items]
+        taken = self.existing_workloads(keys, conn)
+        return Conflict(f"workload {taken[0] if taken else keys[0]} already exists")
 
     @classmethod
     def insert_pending(
