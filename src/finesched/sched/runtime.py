@@ -155,7 +155,8 @@ class Framework:
     def fused(self, state: ClusterState) -> FusedEvaluator | None:
         """A fused filter and score path for this profile's plugins (sched/fused.py), or None."""
         points = self.points
-        for plugin in self.plugins:
+        # A plugin whose fused path wraps another's (FUSES_OTHERS: DeviceShare's wraps ResourcesFit's) first.
+        for plugin in sorted(self.plugins, key=lambda p: not getattr(p, "FUSES_OTHERS", False)):
             if isinstance(plugin, FusingPlugin):
                 fused = plugin.fuse(state, points.filter, points.pre_score, points.score, bool(self._normalizers))
                 if fused is not None:

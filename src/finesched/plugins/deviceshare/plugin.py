@@ -25,7 +25,7 @@ built-in ``binpack`` profile, LeastAllocated (the default) in ``default``, ``spr
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, ClassVar, TypeVar
@@ -74,10 +74,14 @@ from finesched.sched.framework import (
     Code,
     CountArray,
     Explanation,
+    FilterPlugin,
     FilterResult,
     NodeBatch,
+    PreScorePlugin,
+    ScorePlugin,
     Status,
 )
+from finesched.sched.fused import FusedEvaluator
 from finesched.sched.request import ScheduleRequest
 from finesched.state.cluster import ClusterState
 from finesched.state.devices import DeviceAccounts, attach_device_accounts, node_rows
@@ -133,6 +137,8 @@ class DeviceShare:
     #: When pre_filter skips (the workload asks for no device), reserve, unreserve and pre_bind have
     #: nothing to do: the runtime leaves them out (sched/runtime.py, IDLE_WHEN_SKIPPED).
     IDLE_WHEN_SKIPPED: ClassVar[bool] = True
+    #: Its fused path (fused.py) wraps ResourcesFit's: the framework asks it first (Framework.fused).
+    FUSES_OTHERS: ClassVar[bool] = True
 
     def __init__(self, strategy: str = "LeastAllocated"):
         self.strategy = strategy
@@ -255,6 +261,11 @@ class DeviceShare:
         A full batch reads the accounts' per-node cache (refreshed where nodes changed); a subset
         batch (the NODE_LOCAL memo's changed nodes) is evaluated directly on its few rows.
         """
+        mask = self.filter_mask(cycle, request, nodes)
+        return FilterResult(mask, lambda: self._explain(cycle, nodes, mask))
+
+    def filter_mask(self, cycle: CycleState, request: ScheduleRequest, nodes: NodeBatch) -> BoolArray:
+        """`filter`'s mask alone (a fresh array): what the fused path (fused.py) asks."""
         accounts, everyone, index = self._acc(), nodes.state.n, nodes.index
         rules = cycle.read(_RULES)
         mask: BoolArray | None = None
@@ -286,7 +297,7 @@ class DeviceShare:
         partition_rule = self._partition_fit_rule(rules, dreq)
         if partition_rule is not None:
             mask &= partition_mask(accounts, self._tables(), dreq, partition_rule, everyone, index)
-        return FilterResult(mask, lambda: self._explain(cycle, nodes, mask))
+        return mask
 
     def count(self, cycle: CycleState, request: ScheduleRequest, nodes: NodeBatch) -> CountArray:
         """[batch] copies of the device request each node holds, placed one after another
@@ -401,17 +412,37 @@ class DeviceShare:
 
     # Score ------------------------------------------------------------------------------------------
     def pre_score(self, cycle: CycleState, request: ScheduleRequest, nodes: NodeBatch) -> Status:
-        rules = cycle.get(_RULES)
-        if rules is None:
+        if cycle.get(_RULES) is None:
             return SUCCESS
-        shares = device_shares(self._acc(), [tr for tr, _ in rules.items], nodes)
-        dreq = cycle.read(DEVICE_REQUEST)
-        if dreq.mig is not None:
-            shares.append(mig_share(self._mig(), dreq.mig, nodes.state.n, nodes.index))
+        shares = self.share_arrays(cycle, nodes)
         for share in shares:
             add_shares(cycle, share)
         cycle.write(DEVICE_SHARES, DeviceShares(tuple(shares)))
         return SUCCESS
+
+    def share_arrays(self, cycle: CycleState, nodes: NodeBatch) -> list[np.ndarray]:
+        """The device shares pre_score publishes, in its order (none when no rules were written)."""
+        rules = cycle.get(_RULES)
+        if rules is None:
+            return []
+        shares = device_shares(self._acc(), [tr for tr, _ in rules.items], nodes)
+        dreq = cycle.read(DEVICE_REQUEST)
+        if dreq.mig is not None:
+            shares.append(mig_share(self._mig(), dreq.mig, nodes.state.n, nodes.index))
+        return shares
+
+    def fuse(
+        self,
+        state: ClusterState,
+        filters: Sequence[FilterPlugin],
+        pre_score: Sequence[PreScorePlugin],
+        score: Sequence[tuple[ScorePlugin, int]],
+        normalizing: bool,
+    ) -> FusedEvaluator | None:
+        """The fused device path (fused.py), wrapping the scalar one, when the profile allows it."""
+        from finesched.plugins.deviceshare.fused import FusedDevice  # it reads this module's class
+
+        return FusedDevice.build(self, state, filters, pre_score, score, normalizing)
 
     # Reserve / PreBind ------------------------------------------------------------------------------
     def reserve(self, cycle: CycleState, request: ScheduleRequest, node: int) -> Status:

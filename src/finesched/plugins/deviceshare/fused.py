@@ -1,0 +1,142 @@
+"""The fused device decision path (sched/fused.py): device requests without the plugin round trip.
+
+DeviceShare offers it (`DeviceShare.fuse`) for the profiles the fused scalar path covers
+(plugins/fused_scalar.py: filters ResourcesFit, NodeUnschedulable and label filters; pre_score
+ResourcesFit and DeviceShare; the share scorers of plugins/scoring.py, no normalizer). A cycle
+where DeviceShare skipped (no device asked) goes to that scalar path unchanged. A device cycle
+runs the same plugin code the generic path runs -- each active filter's mask, ResourcesFit's and
+DeviceShare's share arrays in profile order, each share scorer's function on them -- minus what
+the generic path adds around it per decision: the dispatch of three extension points, the
+FilterResult of DeviceShare, the cycle writes of the share lists, the range check of every
+score array. The mask and the total are the generic ones bit for bit (same functions, same
+arguments, same order; tests/test_fused_devices_path.py holds the two paths equal on random
+clusters and device streams). When no node is feasible the scheduler re-runs the generic filters
+for the diagnosis.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+import numpy as np
+
+from finesched.plugins.scoring import _ShareScorer, least_requested, most_allocated, most_balanced
+from finesched.plugins.shares import SHARES, Shares
+from finesched.sched.cycle_state import CycleState
+from finesched.sched.framework import BoolArray, FilterPlugin, NodeBatch, PreScorePlugin, ScoreArray, ScorePlugin
+from finesched.sched.fused import FusedEvaluator, FusingPlugin
+from finesched.sched.request import ScheduleRequest
+from finesched.state.cluster import ClusterState
+
+
+class DeviceShare(Protocol):
+    """What this path asks of the DeviceShare plugin (plugin.py imports this module, not the reverse)."""
+
+    NAME: str
+
+    def filter_mask(self, cycle: CycleState, request: ScheduleRequest, nodes: NodeBatch) -> BoolArray: ...
+    def share_arrays(self, cycle: CycleState, nodes: NodeBatch) -> list[np.ndarray]: ...
+
+
+#: The score functions evaluated here (the plugin class attribute they sit in), as the scalar path.
+_FUSABLE_SCORES = (least_requested, most_allocated, most_balanced)
+#: Filters run as they are in a device cycle (their own `filter`, minus the framework's loop).
+_RUN_AS_IS = frozenset({"ResourcesFit", "NodeUnschedulable", "NodeSelector", "TenantIsolation"})
+#: pre_score plugins whose shares this path computes (anything else: the generic path).
+_SHARE_PUBLISHERS = frozenset({"ResourcesFit", "DeviceShare"})
+
+
+class FusedDevice:
+    """The scalar fused path for scalar cycles, and the device cycles of the same profile."""
+
+    def __init__(
+        self,
+        device: DeviceShare,
+        scalar: FusedEvaluator,
+        filters: Sequence[FilterPlugin],
+        must_skip: frozenset[str],
+        publishers: Sequence[PreScorePlugin],
+        scorers: Sequence[tuple[Callable[[Shares, int], ScoreArray], int]],
+    ):
+        self._device = device
+        self._scalar = scalar
+        #: Every filter of the profile a device cycle runs (when its pre_filter did not skip).
+        self._filters = tuple(filters)
+        #: Filters that must have skipped at pre_filter for a device cycle to take this path.
+        self._must_skip = must_skip
+        self._fit = next((p for p in publishers if p.NAME == "ResourcesFit"), None)
+        #: The pre_score plugins in profile order: their shares are added in that order.
+        self._device_first = bool(publishers) and publishers[0].NAME == "DeviceShare"
+        self._scorers = tuple((f, w) for f, w in scorers if w != 0)
+
+    @classmethod
+    def build(
+        cls,
+        device: DeviceShare,
+        state: ClusterState,
+        filters: Sequence[FilterPlugin],
+        pre_score: Sequence[PreScorePlugin],
+        score: Sequence[tuple[ScorePlugin, int]],
+        normalizing: bool,
+    ) -> FusedEvaluator | None:
+        """The fused path for this profile, or None (the scalar one, or the generic path)."""
+        fit = next((p for p in filters if p.NAME == "ResourcesFit"), None)
+        scalar = fit.fuse(state, filters, pre_score, score, normalizing) if isinstance(fit, FusingPlugin) else None
+        if scalar is None or normalizing:
+            return scalar
+        if any(p.NAME not in _SHARE_PUBLISHERS for p in pre_score) or not any(p is device for p in pre_score):
+            return scalar
+        scorers = []
+        for plugin, weight in score:
+            function = getattr(type(plugin), "FUNCTION", None)
+            if function not in _FUSABLE_SCORES or type(plugin).score is not _ShareScorer.score:  # type: ignore[attr-defined]
+                return scalar
+            scorers.append((function, weight))
+        run = [p for p in filters if p.NAME in _RUN_AS_IS or p is device]
+        must_skip = frozenset(p.NAME for p in filters if p.NAME not in _RUN_AS_IS and p is not device)
+        return cls(device, scalar, run, must_skip, list(pre_score), scorers)
+
+    def applies(self, request: ScheduleRequest, skipped: set[str]) -> bool:
+        if self._device.NAME in skipped:
+            return self._scalar.applies(request, skipped)
+        return not request.unknown and self._must_skip <= skipped
+
+    def evaluate(
+        self, cycle: CycleState, request: ScheduleRequest, nodes: NodeBatch, skipped: set[str]
+    ) -> tuple[BoolArray, ScoreArray]:
+        """run_filter's mask and run_score's total on `nodes` (see the module docstring)."""
+        device = self._device
+        if device.NAME in skipped:
+            return self._scalar.evaluate(cycle, request, nodes, skipped)
+        mask: BoolArray | None = None
+        for plugin in self._filters:
+            if plugin.NAME in skipped:
+                continue
+            ok = (
+                device.filter_mask(cycle, request, nodes)
+                if plugin is device
+                else plugin.filter(cycle, request, nodes).mask
+            )
+            mask = ok.copy() if mask is None else np.logical_and(mask, ok, out=mask)
+        assert mask is not None  # DeviceShare's own filter ran
+        n = nodes.n
+        if not self._scorers:
+            return mask, np.zeros(n, dtype=np.int64)
+        arrays = device.share_arrays(cycle, nodes)
+        fit = self._fit
+        if fit is not None:
+            scalar = Shares(n)
+            cycle.write(SHARES, scalar)
+            fit.pre_score(cycle, request, nodes)  # type: ignore[attr-defined]  # adds its shares to `scalar`
+            cycle.delete(SHARES)
+            arrays = arrays + scalar.arrays if self._device_first else scalar.arrays + arrays
+        shares = Shares(n, arrays)
+        total: ScoreArray | None = None
+        for function, weight in self._scorers:
+            scores = function(shares, n)
+            if weight != 1:
+                scores = scores * weight
+            total = scores if total is None else np.add(total, scores, out=total)
+        assert total is not None
+        return mask, total

@@ -1,0 +1,136 @@
+"""The fused device path (plugins/deviceshare/fused.py) decides exactly as the generic plugin path.
+
+Two schedulers over copies of one random device cluster, one with the fused path and one without
+(`Scheduler(fused=False)`), take the same random stream of device and scalar requests: every
+decision must be the same node, score, device grants and annotations (ties included), and a
+request that fits nowhere the same FitError. Releases now and then bring nodes back; the stream
+repeats shapes, so the memo's patched subsets are compared as well as whole-cluster evaluations.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from finesched import FitError, Scheduler
+from finesched.model.node import Node
+from finesched.model.workload import Workload
+from finesched.plugins.deviceshare.fused import FusedDevice
+from finesched.plugins.node_unschedulable import UNSCHEDULABLE_LABEL
+from finesched.state.cluster import ClusterState
+from test_fused_devices_filter import REQUESTS, nodes
+
+PROFILES: dict[str, Any] = {
+    "default": "default",
+    "spread": "spread",
+    "devices-bench": {
+        "name": "bench",
+        "plugins": [
+            {"name": n} for n in ("NodeSelector", "ResourcesFit", "DeviceShare", "LeastRequested", "MostBalanced")
+        ],
+    },
+    "weighted-random-ties": {
+        "name": "weighted",
+        "plugins": [
+            {"name": "NodeUnschedulable"},
+            {"name": "DeviceShare", "args": {"strategy": "MostAllocated"}},  # pre_score before ResourcesFit
+            {"name": "ResourcesFit"},
+            {"name": "MostAllocated", "weight": 2},
+            {"name": "MostBalanced", "weight": 3},
+            {"name": "LeastRequested", "weight": 0},
+        ],
+        "tieBreak": "random",
+        "seed": 5,
+    },
+}
+#: Device requests (test_fused_devices_filter.REQUESTS) and two scalar ones (the scalar fused path).
+SCALAR: list[dict[str, Any]] = [{"cpu": "2", "memory": "4Gi"}, {"cpu": "500m"}]
+
+
+@st.composite
+def clusters(draw: st.DrawFn) -> list[Node]:
+    """Device nodes of uneven cpu and memory, some cordoned (NodeUnschedulable's label)."""
+    out = []
+    for k in range(draw(st.integers(1, 6))):
+        node = draw(nodes(f"n{k}"))
+        update: dict[str, Any] = {
+            "allocatable": {"cpu": str(draw(st.integers(2, 64))), "memory": f"{draw(st.integers(4, 64))}Gi"}
+        }
+        if draw(st.integers(0, 5)) == 0:
+            update["labels"] = {UNSCHEDULABLE_LABEL: "yes"}
+        out.append(Node.model_validate({**node.model_dump(by_alias=True, exclude_none=True), **update}))
+    return out
+
+
+def _workload(i: int, pick: int, cpu: str) -> Workload:
+    if pick >= len(REQUESTS):
+        return Workload.model_validate({"name": f"w{i}", "requests": SCALAR[pick - len(REQUESTS)]})
+    requests, scope = REQUESTS[pick]
+    data: dict[str, Any] = {"name": f"w{i}", "requests": {"cpu": cpu, **requests}}
+    if scope is not None:
+        data["deviceJointAllocate"] = {"deviceTypes": ["gpu", "rdma"], "requiredScope": scope}
+    return Workload.model_validate(data)
+
+
+def _decide(scheduler: Scheduler, workload: Workload) -> tuple[Any, ...]:
+    try:
+        b = scheduler.schedule_one(workload)
+    except FitError as exc:
+        return ("unschedulable", exc.message, dict(exc.reasons), exc.unresolvable)
+    return (b.node, b.score, b.devices, dict(b.annotations))
+
+
+@pytest.mark.parametrize("profile", sorted(PROFILES))
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    cluster=clusters(),
+    stream=st.lists(
+        st.tuples(st.integers(0, len(REQUESTS) + len(SCALAR) - 1), st.sampled_from(["1", "4", "16"])),
+        min_size=1,
+        max_size=30,
+    ),
+)
+def test_fused_device_path_decides_as_the_generic_path(
+    profile: str, cluster: list[Node], stream: list[tuple[int, str]]
+) -> None:
+    fused = Scheduler(ClusterState.from_nodes(cluster), PROFILES[profile])
+    generic = Scheduler(ClusterState.from_nodes(cluster), PROFILES[profile], fused=False)
+    assert isinstance(fused._fused, FusedDevice) and generic._fused is None  # the two paths really differ
+    for i, (pick, cpu) in enumerate(stream):
+        workload = _workload(i, pick, cpu)
+        assert _decide(fused, workload) == _decide(generic, workload), f"decision {i}"
+        if i % 5 == 4:  # give something back now and then: shares fall again on that node
+            key = next(iter(fused.state.bindings), None)
+            if key is not None:
+                assert fused.release(key).node == generic.release(key).node
+    np.testing.assert_array_equal(fused.state.free, generic.state.free)
+
+
+def test_profiles_the_fused_device_path_does_not_cover() -> None:
+    node = {"name": "n0", "allocatable": {"cpu": "8"}, "devices": [{"type": "gpu", "minor": 0}]}
+    state = ClusterState.from_nodes([Node.model_validate(node)])
+    assert not isinstance(Scheduler(state, "binpack")._fused, FusedDevice)  # DeviceScore: not a share scorer
+    assert isinstance(Scheduler(state, "default")._fused, FusedDevice)
+
+
+def test_a_wrong_fused_device_total_is_caught() -> None:
+    """The comparison above can fail: a fused path that leaves out the scalar shares scores otherwise."""
+    node = Node.model_validate(
+        {
+            "name": "n0",
+            "allocatable": {"cpu": "8", "memory": "16Gi"},
+            "devices": [
+                {"type": "gpu", "minor": m, "resources": {"gpu-core": 100, "gpu-memory-ratio": 100}} for m in range(2)
+            ],
+        }
+    )
+    fused = Scheduler(ClusterState.from_nodes([node]), "default")
+    generic = Scheduler(ClusterState.from_nodes([node]), "default", fused=False)
+    assert isinstance(fused._fused, FusedDevice)
+    fused._fused._fit = None  # planted bug: ResourcesFit's shares left out
+    w = Workload.model_validate({"name": "w", "requests": {"cpu": "6", "memory": "1Gi", "nvidia.com/gpu": 1}})
+    assert _decide(fused, w) != _decide(generic, w)
