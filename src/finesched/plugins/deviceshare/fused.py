@@ -21,10 +21,18 @@ from typing import Protocol
 
 import numpy as np
 
-from finesched.plugins.scoring import _ShareScorer, least_requested, most_allocated, most_balanced
-from finesched.plugins.shares import SHARES, Shares
+from finesched.plugins.scoring import _EPS, _ShareScorer, least_requested, most_allocated, most_balanced
+from finesched.plugins.shares import SHARES, FloatArray, Shares, _sum_rows
 from finesched.sched.cycle_state import CycleState
-from finesched.sched.framework import BoolArray, FilterPlugin, NodeBatch, PreScorePlugin, ScoreArray, ScorePlugin
+from finesched.sched.framework import (
+    MAX_SCORE,
+    BoolArray,
+    FilterPlugin,
+    NodeBatch,
+    PreScorePlugin,
+    ScoreArray,
+    ScorePlugin,
+)
 from finesched.sched.fused import FusedEvaluator, FusingPlugin
 from finesched.sched.request import ScheduleRequest
 from finesched.state.cluster import ClusterState
@@ -45,6 +53,11 @@ _FUSABLE_SCORES = (least_requested, most_allocated, most_balanced)
 _RUN_AS_IS = frozenset({"ResourcesFit", "NodeUnschedulable", "NodeSelector", "TenantIsolation"})
 #: pre_score plugins whose shares this path computes (anything else: the generic path).
 _SHARE_PUBLISHERS = frozenset({"ResourcesFit", "DeviceShare"})
+#: The score functions' constants as 0-d float64 arrays (the values the Python numbers convert to).
+_MAX_F = np.array(float(MAX_SCORE))
+_FOUR_MAX_F = np.array(float(4 * MAX_SCORE))
+_TOP_F = np.array(MAX_SCORE + _EPS)
+_EPS_F = np.array(_EPS)
 
 
 class FusedDevice:
@@ -131,6 +144,8 @@ class FusedDevice:
             fit.pre_score(cycle, request, nodes)  # type: ignore[attr-defined]  # adds its shares to `scalar`
             cycle.delete(SHARES)
             arrays = arrays + scalar.arrays if self._device_first else scalar.arrays + arrays
+        if len(arrays) >= 3:
+            return mask, self._total_stacked(arrays, n)
         shares = Shares(n, arrays)
         total: ScoreArray | None = None
         for function, weight in self._scorers:
@@ -140,3 +155,43 @@ class FusedDevice:
             total = scores if total is None else np.add(total, scores, out=total)
         assert total is not None
         return mask, total
+
+    def _total_stacked(self, arrays: list[FloatArray], n: int) -> ScoreArray:
+        """The scorers' weighted total for three or more share classes (a device request's usual
+        case: cpu, memory and the device dimensions), with the operations of Shares.mean,
+        Shares.variance and the score functions of plugins/scoring.py on the same values (a
+        Python number and its 0-d float64 array convert alike), every scorer's floor and clamp
+        done once over a [scorers, n] block."""
+        stack = np.array(arrays)
+        scale = 1.0 / len(arrays)
+        mean = _sum_rows(stack)
+        mean *= scale
+        scorers = self._scorers
+        values = np.empty((len(scorers), n))
+        clamp = []
+        for j, (function, _) in enumerate(scorers):
+            row = values[j]
+            if function is most_balanced:
+                d = stack - mean
+                d *= d
+                var = _sum_rows(d)
+                var *= scale
+                np.multiply(var, _FOUR_MAX_F, out=row)
+                np.subtract(_TOP_F, row, out=row)
+            elif function is least_requested:
+                np.multiply(mean, _MAX_F, out=row)
+                np.subtract(_TOP_F, row, out=row)
+            else:  # most_allocated
+                np.multiply(mean, _MAX_F, out=row)
+                np.add(row, _EPS_F, out=row)
+                clamp.append(j)
+        scores = values.astype(np.int64)  # _to_score: truncate, floor at 0
+        np.maximum(scores, 0, out=scores)
+        for j in clamp:
+            np.minimum(scores[j], MAX_SCORE, out=scores[j])
+        weight = scorers[0][1]
+        total = scores[0] if weight == 1 else np.multiply(scores[0], weight, out=scores[0])
+        for j in range(1, len(scorers)):
+            weight = scorers[j][1]
+            np.add(total, scores[j] if weight == 1 else scores[j] * weight, out=total)
+        return total

@@ -277,7 +277,8 @@ class DeviceShare:
                 ok = accounts.fit_counts(tr.type, rule, partial(fit_mask, rule), everyone)[0] >= tr.count
             else:  # a few changed nodes: evaluate them directly
                 fits = fits_at[tr.type] = fit_mask(rule, *node_rows(accounts.types[tr.type], index))
-                ok = fits.sum(axis=1) >= tr.count
+                # the ufuncs' own reductions (ndarray.sum / .any go through Python wrappers)
+                ok = np.logical_or.reduce(fits, axis=1) if tr.count == 1 else np.add.reduce(fits, axis=1) >= tr.count
             if mask is None:
                 mask = ok  # a new array: owned here, ANDed in place below
             else:
@@ -472,7 +473,7 @@ class DeviceShare:
                 strategy,
                 None if affinity is None else (affinity.numa, affinity.required),
                 accounts.epoch,
-                tuple(accounts.device_state_key(node, kind) for kind in dreq.types),
+                tuple([accounts.device_state_key(node, kind) for kind in dreq.types]),
                 extra,
                 self._checks().hint_labels(dreq, node),
             )
