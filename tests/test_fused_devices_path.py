@@ -17,12 +17,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from finesched import FitError, Scheduler
+from finesched.model.mig import mig_resource
 from finesched.model.node import Node
 from finesched.model.workload import Workload
 from finesched.plugins.deviceshare.fused import FusedDevice
 from finesched.plugins.node_unschedulable import UNSCHEDULABLE_LABEL
 from finesched.state.cluster import ClusterState
 from test_fused_devices_filter import REQUESTS, nodes
+from test_mig_properties import PROFILES as MIG_PROFILES
+from test_mig_properties import mig_nodes
 
 PROFILES: dict[str, Any] = {
     "default": "default",
@@ -134,3 +137,26 @@ def test_a_wrong_fused_device_total_is_caught() -> None:
     fused._fused._fit = None  # planted bug: ResourcesFit's shares left out
     w = Workload.model_validate({"name": "w", "requests": {"cpu": "6", "memory": "1Gi", "nvidia.com/gpu": 1}})
     assert _decide(fused, w) != _decide(generic, w)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    ids=st.lists(st.integers(0, 10**6), min_size=1, max_size=4, unique=True),
+    stream=st.lists(st.tuples(st.sampled_from(MIG_PROFILES), st.sampled_from([1, 1, 2])), min_size=1, max_size=20),
+    data=st.data(),
+)
+def test_fused_device_path_decides_as_the_generic_path_on_mig_cards(
+    ids: list[int], stream: list[tuple[str, int]], data: st.DataObject
+) -> None:
+    """MIG instances join the filter (mig_mask) and the shares (mig_share) on the fused path too."""
+    cluster = [data.draw(mig_nodes(f"n{k}")) for k in ids]
+    fused = Scheduler(ClusterState.from_nodes(cluster), "default")
+    generic = Scheduler(ClusterState.from_nodes(cluster), "default", fused=False)
+    assert isinstance(fused._fused, FusedDevice)
+    for i, (profile, count) in enumerate(stream):
+        w = Workload.model_validate({"name": f"w{i}", "requests": {"cpu": "1", mig_resource(profile): count}})
+        assert _decide(fused, w) == _decide(generic, w), f"decision {i}"
+        if i % 4 == 3:
+            key = next(iter(fused.state.bindings), None)
+            if key is not None:
+                assert fused.release(key).node == generic.release(key).node

@@ -352,9 +352,10 @@ class DeviceAccounts:
         results that read nothing else.
         """
         acc = self.types.get(kind)
-        if acc is None or acc.count[index] == 0:
+        if acc is None:
             return None
-        return acc.shape_key(index), acc.free[:, index, : acc.count[index]].tobytes()
+        d = int(acc.count[index])
+        return None if d == 0 else (acc.shape_key(index), acc.free[:, index, :d].tobytes())
 
     def all_node_devices(self, index: int) -> dict[str, NodeDevices]:
         """Every device type on node `index`: what a NUMA hint provider reads (numa, health, free)."""

@@ -148,6 +148,7 @@ class DeviceShare:
         self._hints: HintChecks | None = None
         self._normalized: OrderedDict[tuple[Any, ...], object] = OrderedDict()
         self._offers: dict[tuple[Any, ...], DeviceAllocation | Status] = {}  # see `reserve`
+        self._interned: dict[tuple[DeviceRequest, _Rules], tuple[DeviceRequest, _Rules]] = {}
 
     @classmethod
     def from_args(cls, args: Mapping[str, Any]) -> DeviceShare:
@@ -211,6 +212,12 @@ class DeviceShare:
         hit = self._normalized.get(key, _MISSING)
         if hit is _MISSING:
             hit = self._compute(workload, accounts, mig_owned)
+            if isinstance(hit, tuple):
+                # One object per distinct request (shapes differing in scalar amounts share it):
+                # the offer memo's key then compares it by identity, not field by field.
+                if len(self._interned) >= _NORMALIZED_CACHE:
+                    self._interned.clear()
+                hit = self._interned.setdefault(hit, hit)
             self._normalized[key] = hit
             if len(self._normalized) > _NORMALIZED_CACHE:
                 self._normalized.popitem(last=False)
