@@ -122,28 +122,44 @@ class FusedDevice:
         device = self._device
         if device.NAME in skipped:
             return self._scalar.evaluate(cycle, request, nodes, skipped)
+        state, index, fit = nodes.state, nodes.index, self._fit
+        # ResourcesFit's subset branches (filter and pre_score), inline when they apply: the
+        # same numpy operations without its FilterResult and the cycle's share list.
+        floor, add = request.floor, request.share_add
+        rows = len(state.resources)
+        subset_fit = index is not None and floor is not None and len(floor) == rows
         mask: BoolArray | None = None
         for plugin in self._filters:
             if plugin.NAME in skipped:
                 continue
-            ok = (
-                device.filter_mask(cycle, request, nodes)
-                if plugin is device
-                else plugin.filter(cycle, request, nodes).mask
-            )
-            mask = ok.copy() if mask is None else np.logical_and(mask, ok, out=mask)
+            if plugin is device:
+                ok, fresh = device.filter_mask(cycle, request, nodes), True
+            elif plugin is fit and subset_fit:
+                ok, fresh = np.logical_and.reduce(state.free_at(index) >= floor, axis=0), True
+            else:
+                ok, fresh = plugin.filter(cycle, request, nodes).mask, False
+            if mask is None:
+                mask = ok if fresh else ok.copy()
+            else:
+                np.logical_and(mask, ok, out=mask)
         assert mask is not None  # DeviceShare's own filter ran
         n = nodes.n
         if not self._scorers:
             return mask, np.zeros(n, dtype=np.int64)
         arrays = device.share_arrays(cycle, nodes)
-        fit = self._fit
         if fit is not None:
-            scalar = Shares(n)
-            cycle.write(SHARES, scalar)
-            fit.pre_score(cycle, request, nodes)  # type: ignore[attr-defined]  # adds its shares to `scalar`
-            cycle.delete(SHARES)
-            arrays = arrays + scalar.arrays if self._device_first else scalar.arrays + arrays
+            if index is not None and add is not None and len(add) == rows and request.share_pairs:
+                block = state.used_float_at(index)
+                block += add
+                block *= state.inv_allocatable_at(index)
+                scalar = [block[r] for r, _ in request.share_pairs]
+            else:
+                shares = Shares(n)
+                cycle.write(SHARES, shares)
+                fit.pre_score(cycle, request, nodes)  # type: ignore[attr-defined]  # adds its shares to `shares`
+                cycle.delete(SHARES)
+                scalar = shares.arrays
+            arrays = arrays + scalar if self._device_first else scalar + arrays
         if len(arrays) >= 3:
             return mask, self._total_stacked(arrays, n)
         shares = Shares(n, arrays)
