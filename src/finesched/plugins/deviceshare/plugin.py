@@ -149,6 +149,7 @@ class DeviceShare:
         self._normalized: OrderedDict[tuple[Any, ...], object] = OrderedDict()
         self._offers: dict[tuple[Any, ...], DeviceAllocation | Status] = {}  # see `reserve`
         self._interned: dict[tuple[DeviceRequest, _Rules], tuple[DeviceRequest, _Rules]] = {}
+        self._hinted: dict[DeviceRequest, bool] = {}  # whether a requested type has a hint (`reserve`)
 
     @classmethod
     def from_args(cls, args: Mapping[str, Any]) -> DeviceShare:
@@ -467,7 +468,14 @@ class DeviceShare:
             affinity = None
         chooser = cycle.get(DEVICE_CHOOSER)
         strategy = request.workload.device_allocate_strategy or accounts.strategy_of(node) or self.strategy
-        extra = self._extra_rules(dreq, node)
+        hinted = self._hinted.get(dreq)
+        if hinted is None:  # the requests are interned (`_prepare`): a lookup by identity
+            if len(self._hinted) >= _NORMALIZED_CACHE:
+                self._hinted.clear()
+            hinted = self._hinted[dreq] = any(tr.hint is not None for tr in dreq.types.values())
+        # neither MIG nor whole GPUs (a share): no cards or partition rule to read
+        plain = dreq.mig is None and partition_request(dreq) is None
+        extra = None if plain else self._extra_rules(dreq, node)
         if chooser is None:
             # The offer is a pure function of the request, the strategy, the affinity and the
             # node's devices of the requested types (layout and free amounts), MIG cards and
@@ -482,7 +490,7 @@ class DeviceShare:
                 accounts.epoch,
                 tuple([accounts.device_state_key(node, kind) for kind in dreq.types]),
                 extra,
-                self._checks().hint_labels(dreq, node),
+                self._checks().hint_labels(dreq, node) if hinted else None,
             )
             outcome = self._offers.get(key)
             if outcome is None:
