@@ -92,7 +92,7 @@ def _decide(scheduler: Scheduler, workload: Workload) -> tuple[Any, ...]:
 
 
 @pytest.mark.parametrize("profile", sorted(PROFILES))
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     cluster=clusters(),
     stream=st.lists(
@@ -143,7 +143,7 @@ def test_a_wrong_fused_device_total_is_caught() -> None:
     assert _decide(fused, w) != _decide(generic, w)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     ids=st.lists(st.integers(0, 10**6), min_size=1, max_size=4, unique=True),
     stream=st.lists(st.tuples(st.sampled_from(MIG_PROFILES), st.sampled_from([1, 1, 2])), min_size=1, max_size=20),
