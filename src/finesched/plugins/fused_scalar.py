@@ -63,7 +63,7 @@ _NO_RANKS = np.zeros(0, dtype=np.int64)
 #: The compiled patch kernel once imported; None: not loaded (yet), False: numba is not available.
 _KERNEL: Callable[..., int] | bool | None = None
 _LOADER: threading.Thread | None = None
-#: Numpy patches before the kernel is loaded (see `_patch_kernel`), and how many there were so far:
+#: Numpy patches before the kernel is loaded (see `_kernel_ready`), and how many there were so far:
 #: the load's cost in patches it saves (~0.45 s / ~10 us), the ski-rental rule -- a process then
 #: spends at most twice what the better choice for its lifetime would have (no kernel for a short
 #: run, the kernel from the start for a long one).
@@ -87,23 +87,25 @@ def _start_loading() -> None:
     _LOADER.start()
 
 
-def _patch_kernel() -> Callable[..., int] | None:
-    """plugins/fused_kernel.py's `patch_two` if loaded, else None (and the load may be started).
+def _kernel_ready() -> bool:
+    """Whether plugins/fused_kernel.py's `patch_two` is loaded; counts the calls until it is and
+    starts its load after `KERNEL_AFTER_PATCHES` of them (one per memoized fused decision).
 
     Loading costs ~0.45 s of CPU (numba's import and its target context, which imports
-    scipy.linalg) with the compiled code in numba's on-disk cache, ~0.9 s when it compiles (the
-    first run after an install), while the kernel saves ~10 us per patch. So the load waits until
-    the process has patched `KERNEL_AFTER_PATCHES` times with numpy (a short run, the CLI, the
-    tests never pay it; a server's start-up never imports numba) and then runs on a background
-    thread, so no decision stalls on it; until it is done the numpy passes patch (the same
-    results, bit for bit). `wait_for_kernel` loads it at once (a benchmark's steady state)."""
+    scipy.linalg) and ~120 MiB of RSS (LLVM) with the compiled code in numba's on-disk cache,
+    ~0.9 s when it compiles (the first run after an install), while the kernel saves ~10 us per
+    patch. So the load waits until the process has patched that many times with numpy (a short
+    run, the CLI, the tests never pay it; a server's start-up never imports numba) and then runs
+    on a background thread, so no decision stalls on it; until it is done the numpy passes patch
+    (the same results, bit for bit). `wait_for_kernel` loads it at once (a benchmark's steady state)."""
     global _PATCHES
-    kernel = _KERNEL
-    if kernel is None and _LOADER is None:
-        _PATCHES += 1
-        if _PATCHES >= KERNEL_AFTER_PATCHES:
-            _start_loading()
-    return kernel or None
+    if _KERNEL is None:
+        if _LOADER is None:
+            _PATCHES += 1
+            if _PATCHES >= KERNEL_AFTER_PATCHES:
+                _start_loading()
+        return False
+    return _KERNEL is not False
 
 
 def wait_for_kernel() -> bool:
@@ -220,9 +222,10 @@ class FusedScalar:
         return mask, self._total(request, index, n)
 
     def patchable(self, request: ScheduleRequest) -> bool:
-        """Whether `patch` may take this request (decided before the memo lookup, which then hands
-        out the change log with repeats: the kernel's feasible count is exact with them)."""
-        if not self.use_kernel or len(request.share_pairs) != 2:
+        """Whether `patch` may take this request: the kernel is loaded and the request is of the two
+        share classes with floor and share rows for every resource (decided before the memo lookup,
+        which then hands out the change log with repeats: the kernel's count is exact with them)."""
+        if not self.use_kernel or not _kernel_ready() or len(request.share_pairs) != 2:
             return False
         rows = len(self._state.resources)
         floor, add = request.floor, request.share_add
@@ -240,11 +243,11 @@ class FusedScalar:
     ) -> int | None:
         """Write the mask and selection key of the nodes `nodes.index` (may repeat) into a memo
         entry's `feasible` and `key` in one compiled pass; return the change of its feasible count,
-        or None (nothing written) when the kernel is not loaded (yet): the caller then runs `evaluate`.
-        Same values as `evaluate` and the scheduler's key (`ranks`: the seeded tie-break ranks)."""
-        kernel = _patch_kernel()
-        if kernel is None:
-            return None
+        or None (nothing written) when an operand does not fit the kernel's signature: the caller then
+        runs `evaluate`. Same values as `evaluate` and the scheduler's key (`ranks`: the seeded
+        tie-break ranks). Only after `patchable` said yes (the kernel is loaded)."""
+        kernel = _KERNEL
+        assert callable(kernel)
         state = self._state
         index = nodes.index
         assert index is not None
@@ -259,7 +262,7 @@ class FusedScalar:
         (r0, _), (r1, _) = request.share_pairs
         free, used, inv = state.column_buffers()
         try:
-            return kernel(  # type: ignore[no-any-return]
+            return kernel(
                 index, free, request.floor, used, request.share_add, inv, r0, r1, self._codes, self._weights,
                 _TOP, _MAX, _HALF_MAX, _EPS,
                 self._schedulable(state.n) if self._unschedulable else _NO_MASK,
