@@ -10,6 +10,7 @@ zone labels for node selectors, and uneven capacities and loads.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import numpy as np
@@ -21,9 +22,11 @@ from builders import make_node, make_workload
 from finesched import ClusterState, FitError, Scheduler
 from finesched.cpuset import CPUSet
 from finesched.model.workload import Workload
+from finesched.plugins.fused_scalar import wait_for_kernel
 from finesched.plugins.node_unschedulable import UNSCHEDULABLE_LABEL
-from finesched.sched.memo import MemoEntry
-from finesched.state.cluster import plain_scalar
+from finesched.sched.framework import NodeBatch
+from finesched.sched.memo import MemoEntry, request_shape
+from finesched.state.cluster import StateError, plain_scalar
 
 _PLUGIN_FILTERS = [
     "NodeUnschedulable",
@@ -106,6 +109,7 @@ def _decide(scheduler: Scheduler, workload: Workload) -> tuple[str, int] | tuple
     return (binding.node, binding.score)
 
 
+@pytest.mark.parametrize("kernel", [True, False], ids=["kernel", "numpy"])
 @pytest.mark.parametrize("profile", sorted(PROFILES))
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
@@ -114,11 +118,14 @@ def _decide(scheduler: Scheduler, workload: Workload) -> tuple[str, int] | tuple
     stream=st.lists(st.integers(0, 7), min_size=1, max_size=40),
 )
 def test_fused_path_decides_as_the_generic_path(
-    profile: str, nodes: list[dict[str, Any]], requests: list[dict[str, Any]], stream: list[int]
+    kernel: bool, profile: str, nodes: list[dict[str, Any]], requests: list[dict[str, Any]], stream: list[int]
 ) -> None:
+    """With the compiled memo patch (plugins/fused_kernel.py) and with the numpy passes alone."""
     fused = Scheduler(_cluster(nodes), PROFILES[profile])
     generic = Scheduler(_cluster(nodes), PROFILES[profile], fused=False)
     assert fused._fused is not None and generic._fused is None  # the two paths really differ
+    assert not kernel or wait_for_kernel()
+    fused._fused.use_kernel = kernel and fused._fused.use_kernel
     for i, pick in enumerate(stream):
         workload = _workload(i, requests[pick % len(requests)])
         assert _decide(fused, workload) == _decide(generic, workload), f"decision {i}"
@@ -274,3 +281,59 @@ def test_reserve_and_pre_bind_skip_only_plugins_idle_when_skipped(cls: type[_Res
     plugin.calls.clear()
     sched.schedule_one(make_workload("extra").req(cpu="1", memory="1Gi").request("example.com/extra", 1).obj())
     assert plugin.calls == ["reserve", "pre_bind"]
+
+
+@pytest.mark.parametrize("profile", sorted(PROFILES))
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    capacities=st.lists(st.tuples(st.integers(1, 96_000), st.integers(1, 2**40)), min_size=1, max_size=30),
+    loads=st.lists(st.tuples(st.integers(0, 29), st.integers(1, 64_000), st.integers(1, 2**38)), max_size=40),
+    request=st.tuples(st.integers(1, 32_000), st.integers(1, 2**36), st.sampled_from([None, "a", "b"])),
+    dirty=st.lists(st.integers(0, 29), min_size=1, max_size=60),
+    cordoned=st.sets(st.integers(0, 29), max_size=5),
+)
+def test_the_compiled_patch_writes_what_evaluate_and_the_key_give(
+    profile: str,
+    capacities: list[tuple[int, int]],
+    loads: list[tuple[int, int, int]],
+    request: tuple[int, int, str | None],
+    dirty: list[int],
+    cordoned: set[int],
+) -> None:
+    """plugins/fused_kernel.py against the numpy passes it replaces, node by node: odd capacities
+    and loads (in millicores and bytes, so shares round), repeated dirty nodes, cordoned nodes,
+    a node selector, and the seeded tie-break; the feasible count moves by the returned delta."""
+    assert wait_for_kernel()
+    nodes = []
+    for i, (cpu_m, memory) in enumerate(capacities):
+        node = make_node(f"n{i}").cpu(f"{cpu_m}m").memory(memory).pods(100).label("zone", "ab"[i % 2])
+        if i in cordoned:
+            node = node.label(UNSCHEDULABLE_LABEL, "cordoned")
+        nodes.append(node.obj())
+    state = ClusterState.from_nodes(nodes)
+    scheduler = Scheduler(state, PROFILES[profile])
+    for j, (i, cpu_m, memory) in enumerate(loads):  # load the nodes where it fits
+        if i < state.n:
+            w = make_workload(f"load{j}").req(cpu=f"{cpu_m}m", memory=memory).obj()
+            binding = scheduler._binding(scheduler._compiler.compile(w, request_shape(w)), i, 0)
+            with contextlib.suppress(StateError):
+                state.assume(binding)
+    cpu_m, memory, zone = request
+    builder = make_workload("w").req(cpu=f"{cpu_m}m", memory=memory)
+    workload = (builder.selector(zone=zone) if zone is not None else builder).obj()
+    compiled, cycle, skipped, _ = scheduler._prepare(workload)
+    fused = scheduler._fused
+    assert fused is not None and fused.applies(compiled, skipped) and fused.patchable(compiled)
+    index = np.array([i % state.n for i in dirty], dtype=np.intp)
+    batch = NodeBatch(state, index=index)
+    mask, total = fused.evaluate(cycle, compiled, batch, skipped)
+    expected_key = scheduler._key_of(total, batch, mask)
+    rng = np.random.default_rng(len(dirty))
+    feasible = rng.random(state.n) < 0.5
+    key = np.where(feasible, rng.integers(0, 1000, state.n), -1)
+    before = int(np.count_nonzero(feasible))
+    ranks = scheduler._tie_ranks() if scheduler.profile.tie_break == "random" else None
+    delta = fused.patch(cycle, compiled, batch, skipped, feasible, key, ranks)
+    assert delta is not None  # the kernel took it
+    assert np.array_equal(feasible[index], mask) and np.array_equal(key[index], expected_key)
+    assert before + delta == int(np.count_nonzero(feasible))

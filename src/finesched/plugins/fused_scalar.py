@@ -17,6 +17,7 @@ re-runs the generic filters for the diagnosis (FitError reasons), which only the
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -54,6 +55,66 @@ _MAX_F = np.array(float(MAX_SCORE))
 _HALF_MAX_F = np.array(float(MAX_SCORE // 2))
 _TOP_F = np.array(MAX_SCORE + _EPS)
 _EPS_F = np.array(_EPS)
+#: Empty operands of the compiled patch (plugins/fused_kernel.py): "no such mask / no ranks".
+_NO_MASK = np.zeros(0, dtype=bool)
+#: The score constants as Python floats for the kernel: the values the 0-d arrays above hold.
+_TOP, _MAX, _HALF_MAX = MAX_SCORE + _EPS, float(MAX_SCORE), float(MAX_SCORE // 2)
+_NO_RANKS = np.zeros(0, dtype=np.int64)
+#: The compiled patch kernel once imported; None: not loaded (yet), False: numba is not available.
+_KERNEL: Callable[..., int] | bool | None = None
+_LOADER: threading.Thread | None = None
+#: Numpy patches before the kernel is loaded (see `_kernel_ready`), and how many there were so far:
+#: the load's cost in patches it saves (~0.45 s / ~10 us), the ski-rental rule -- a process then
+#: spends at most twice what the better choice for its lifetime would have (no kernel for a short
+#: run, the kernel from the start for a long one).
+KERNEL_AFTER_PATCHES = 40_000
+_PATCHES = 0
+
+
+def _load_kernel() -> None:
+    global _KERNEL
+    try:
+        from finesched.plugins.fused_kernel import patch_two
+    except Exception:  # numba missing or broken on this platform: the numpy passes decide the same
+        _KERNEL = False
+    else:
+        _KERNEL = patch_two
+
+
+def _start_loading() -> None:
+    global _LOADER
+    _LOADER = threading.Thread(target=_load_kernel, name="finesched-fused-kernel", daemon=True)
+    _LOADER.start()
+
+
+def _kernel_ready() -> bool:
+    """Whether plugins/fused_kernel.py's `patch_two` is loaded; counts the calls until it is and
+    starts its load after `KERNEL_AFTER_PATCHES` of them (one per memoized fused decision).
+
+    Loading costs ~0.45 s of CPU (numba's import and its target context, which imports
+    scipy.linalg) and ~120 MiB of RSS (LLVM) with the compiled code in numba's on-disk cache,
+    ~0.9 s when it compiles (the first run after an install), while the kernel saves ~10 us per
+    patch. So the load waits until the process has patched that many times with numpy (a short
+    run, the CLI, the tests never pay it; a server's start-up never imports numba) and then runs
+    on a background thread, so no decision stalls on it; until it is done the numpy passes patch
+    (the same results, bit for bit). `wait_for_kernel` loads it at once (a benchmark's steady state)."""
+    global _PATCHES
+    if _KERNEL is None:
+        if _LOADER is None:
+            _PATCHES += 1
+            if _PATCHES >= KERNEL_AFTER_PATCHES:
+                _start_loading()
+        return False
+    return _KERNEL is not False
+
+
+def wait_for_kernel() -> bool:
+    """Load the compiled patch kernel now (or wait for the background load); whether it is usable."""
+    if _KERNEL is None and _LOADER is None:
+        _start_loading()
+    if _LOADER is not None:
+        _LOADER.join()
+    return bool(_KERNEL)
 
 
 class FusedScalar:
@@ -81,6 +142,11 @@ class FusedScalar:
         self._fit = fit
         self._marked: BoolArray | None = None
         self._marked_version = (-1, -1)
+        #: Whether `patch` may use the compiled kernel (tests turn it off to compare the two).
+        self.use_kernel = fit
+        codes = {most_balanced: 0, least_requested: 1, most_allocated: 2}  # fused_kernel's codes
+        self._codes = np.array([codes[f] for f, _ in self._scorers], dtype=np.int64)
+        self._weights = np.array([w for _, w in self._scorers], dtype=np.int64)
 
     @classmethod
     def build(
@@ -154,6 +220,56 @@ class FusedScalar:
             if plugin.NAME not in skipped:
                 mask &= plugin.filter(cycle, request, nodes).mask
         return mask, self._total(request, index, n)
+
+    def patchable(self, request: ScheduleRequest) -> bool:
+        """Whether `patch` may take this request: the kernel is loaded and the request is of the two
+        share classes with floor and share rows for every resource (decided before the memo lookup,
+        which then hands out the change log with repeats: the kernel's count is exact with them)."""
+        if not self.use_kernel or not _kernel_ready() or len(request.share_pairs) != 2:
+            return False
+        rows = len(self._state.resources)
+        floor, add = request.floor, request.share_add
+        return floor is not None and len(floor) == rows and add is not None and len(add) == rows
+
+    def patch(
+        self,
+        cycle: CycleState,
+        request: ScheduleRequest,
+        nodes: NodeBatch,
+        skipped: set[str],
+        feasible: BoolArray,
+        key: ScoreArray,
+        ranks: npt.NDArray[np.int64] | None,
+    ) -> int | None:
+        """Write the mask and selection key of the nodes `nodes.index` (may repeat) into a memo
+        entry's `feasible` and `key` in one compiled pass; return the change of its feasible count,
+        or None (nothing written) when an operand does not fit the kernel's signature: the caller then
+        runs `evaluate`. Same values as `evaluate` and the scheduler's key (`ranks`: the seeded
+        tie-break ranks). Only after `patchable` said yes (the kernel is loaded)."""
+        kernel = _KERNEL
+        assert callable(kernel)
+        state = self._state
+        index = nodes.index
+        assert index is not None
+        if index.flags.writeable:  # the kernel's signature takes the change log's read-only view
+            index = index.view()
+            index.flags.writeable = False
+        allow: BoolArray | None = None
+        for plugin in self._others:
+            if plugin.NAME not in skipped:
+                mask = plugin.filter(cycle, request, nodes).mask
+                allow = mask if allow is None else allow & mask
+        (r0, _), (r1, _) = request.share_pairs
+        free, used, inv = state.column_buffers()
+        try:
+            return kernel(
+                index, free, request.floor, used, request.share_add, inv, r0, r1, self._codes, self._weights,
+                _TOP, _MAX, _HALF_MAX, _EPS,
+                self._schedulable(state.n) if self._unschedulable else _NO_MASK,
+                _NO_MASK if allow is None else allow, _NO_RANKS if ranks is None else ranks, state.n, feasible, key,
+            )  # fmt: skip
+        except TypeError:  # an operand of another layout or type (e.g. a non-contiguous entry array)
+            return None
 
     def _fit_all(self, request: ScheduleRequest, n: int) -> BoolArray:
         free = self._state.free

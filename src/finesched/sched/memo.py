@@ -54,6 +54,12 @@ class MemoEntry:
         if self.feasible_count < 0:
             self.feasible_count = int(np.count_nonzero(self.feasible))
 
+    def patched(self, delta: int, position: int) -> None:
+        """The entry's mask and key were patched in place (the compiled fused patch) with `delta`
+        more feasible nodes; the results are now valid at change-log `position`."""
+        self.feasible_count += delta
+        self.position = position
+
     def patch(
         self,
         dirty: npt.NDArray[np.intp],

@@ -224,11 +224,20 @@ class Scheduler:
         state = self.state
         fused = self._fused if self._fused is not None and self._fused.applies(request, skipped) else None
         if shape is not None:
-            raw = fused is not None and state.n <= RECOUNT_NODES  # the change log as it is (repeats)
+            compiled = fused is not None and fused.patchable(request)
+            # the change log as it is (repeats): the kernel counts exactly with them, numpy recounts
+            raw = compiled or (fused is not None and state.n <= RECOUNT_NODES)
             entry, dirty = self.memo.lookup(shape, state, distinct=not raw)
             if entry is not None and dirty is not None:
                 batch = NodeBatch(state, index=dirty)
-                if fused is not None:
+                delta = None
+                if compiled:
+                    assert fused is not None
+                    ranks = self._tie_ranks() if self.profile.tie_break == "random" else None
+                    delta = fused.patch(cycle, request, batch, skipped, entry.feasible, entry.key, ranks)
+                if delta is not None:
+                    entry.patched(delta, state.change_position)
+                elif fused is not None:
                     mask, total = fused.evaluate(cycle, request, batch, skipped)
                     key = self._key_of(total, batch, mask)
                     entry.patch(dirty, mask, key, state.change_position, repeats=raw)

@@ -205,6 +205,14 @@ class ClusterState:
         """[R, k] `inv_allocatable` of the nodes `index`."""
         return self._inv_alloc.take(index, axis=1)
 
+    def column_buffers(
+        self,
+    ) -> tuple[Int64Array, npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+        """The whole C-contiguous [R, capacity] buffers behind `free`, `used_float` and
+        `inv_allocatable` (columns past `n` are unused; do not write), for a compiled kernel that
+        reads a few node columns in place (plugins/fused_kernel.py) instead of gathering them."""
+        return self._free, self._used_f, self._inv_alloc
+
     # Nodes ------------------------------------------------------------------------------------------
     def add_node(self, node: Node) -> int:
         """Add `node` (its name must be new); return its index."""
