@@ -22,7 +22,7 @@ from builders import make_node, make_workload
 from finesched import ClusterState, FitError, Scheduler
 from finesched.cpuset import CPUSet
 from finesched.model.workload import Workload
-from finesched.plugins.fused_scalar import wait_for_kernel
+from finesched.plugins.fused_scalar import FusedScalar, wait_for_kernel
 from finesched.plugins.node_unschedulable import UNSCHEDULABLE_LABEL
 from finesched.sched.framework import NodeBatch
 from finesched.sched.memo import MemoEntry, request_shape
@@ -109,6 +109,14 @@ def _decide(scheduler: Scheduler, workload: Workload) -> tuple[str, int] | tuple
     return (binding.node, binding.score)
 
 
+def _scalar_path(scheduler: Scheduler) -> FusedScalar:
+    """The scheduler's fused scalar path: its own, or the one a device path wraps for scalar cycles."""
+    fused = scheduler._fused
+    scalar = getattr(fused, "_scalar", fused)
+    assert isinstance(scalar, FusedScalar)
+    return scalar
+
+
 @pytest.mark.parametrize("kernel", [True, False], ids=["kernel", "numpy"])
 @pytest.mark.parametrize("profile", sorted(PROFILES))
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -125,7 +133,8 @@ def test_fused_path_decides_as_the_generic_path(
     generic = Scheduler(_cluster(nodes), PROFILES[profile], fused=False)
     assert fused._fused is not None and generic._fused is None  # the two paths really differ
     assert not kernel or wait_for_kernel()
-    fused._fused.use_kernel = kernel and fused._fused.use_kernel
+    scalar = _scalar_path(fused)
+    scalar.use_kernel = kernel and scalar.use_kernel
     for i, pick in enumerate(stream):
         workload = _workload(i, requests[pick % len(requests)])
         assert _decide(fused, workload) == _decide(generic, workload), f"decision {i}"
@@ -323,7 +332,7 @@ def test_the_compiled_patch_writes_what_evaluate_and_the_key_give(
     workload = (builder.selector(zone=zone) if zone is not None else builder).obj()
     compiled, cycle, skipped, _ = scheduler._prepare(workload)
     fused = scheduler._fused
-    assert fused is not None and fused.applies(compiled, skipped) and fused.patchable(compiled)
+    assert fused is not None and fused.applies(compiled, skipped) and fused.patchable(compiled, skipped)
     index = np.array([i % state.n for i in dirty], dtype=np.intp)
     batch = NodeBatch(state, index=index)
     mask, total = fused.evaluate(cycle, compiled, batch, skipped)

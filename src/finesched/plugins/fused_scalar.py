@@ -221,7 +221,7 @@ class FusedScalar:
                 mask &= plugin.filter(cycle, request, nodes).mask
         return mask, self._total(request, index, n)
 
-    def patchable(self, request: ScheduleRequest) -> bool:
+    def patchable(self, request: ScheduleRequest, skipped: set[str]) -> bool:
         """Whether `patch` may take this request: the kernel is loaded and the request is of the two
         share classes with floor and share rows for every resource (decided before the memo lookup,
         which then hands out the change log with repeats: the kernel's count is exact with them)."""

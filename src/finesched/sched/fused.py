@@ -18,6 +18,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
+import numpy as np
+import numpy.typing as npt
+
 from finesched.sched.cycle_state import CycleState
 from finesched.sched.framework import BoolArray, FilterPlugin, NodeBatch, PreScorePlugin, ScoreArray, ScorePlugin
 from finesched.sched.request import ScheduleRequest
@@ -35,6 +38,26 @@ class FusedEvaluator(Protocol):
         self, cycle: CycleState, request: ScheduleRequest, nodes: NodeBatch, skipped: set[str]
     ) -> tuple[BoolArray, ScoreArray]:
         """What `run_filter`'s mask and `run_score`'s total would be on `nodes` (every node scored)."""
+        ...
+
+    def patchable(self, request: ScheduleRequest, skipped: set[str]) -> bool:
+        """Whether `patch` may take this cycle (one `applies` said yes to): a compiled pass is loaded
+        that covers it. Asked before the memo lookup, once per memoized decision."""
+        ...
+
+    def patch(
+        self,
+        cycle: CycleState,
+        request: ScheduleRequest,
+        nodes: NodeBatch,
+        skipped: set[str],
+        feasible: BoolArray,
+        key: ScoreArray,
+        ranks: npt.NDArray[np.int64] | None,
+    ) -> int | None:
+        """Write the mask and selection key of `nodes.index` (may repeat) into a memo entry's
+        `feasible` and `key`; the change of its feasible count, or None when nothing was written
+        (the caller then runs `evaluate`). Only after `patchable` said yes."""
         ...
 
 

@@ -224,7 +224,7 @@ class Scheduler:
         state = self.state
         fused = self._fused if self._fused is not None and self._fused.applies(request, skipped) else None
         if shape is not None:
-            compiled = fused is not None and fused.patchable(request)
+            compiled = fused is not None and fused.patchable(request, skipped)
             # the change log as it is (repeats): the kernel counts exactly with them, numpy recounts
             raw = compiled or (fused is not None and state.n <= RECOUNT_NODES)
             entry, dirty = self.memo.lookup(shape, state, distinct=not raw)

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import numpy as np
+import numpy.typing as npt
 
 from finesched.plugins.scoring import _EPS, _ShareScorer, least_requested, most_allocated, most_balanced
 from finesched.plugins.shares import SHARES, FloatArray, Shares, _sum_rows
@@ -114,6 +115,23 @@ class FusedDevice:
         if self._device.NAME in skipped:
             return self._scalar.applies(request, skipped)
         return not request.unknown and self._must_skip <= skipped
+
+    def patchable(self, request: ScheduleRequest, skipped: set[str]) -> bool:
+        """The scalar path's compiled patch, for scalar cycles only (a device cycle has none)."""
+        return self._device.NAME in skipped and self._scalar.patchable(request, skipped)
+
+    def patch(
+        self,
+        cycle: CycleState,
+        request: ScheduleRequest,
+        nodes: NodeBatch,
+        skipped: set[str],
+        feasible: BoolArray,
+        key: ScoreArray,
+        ranks: npt.NDArray[np.int64] | None,
+    ) -> int | None:
+        """The scalar path's compiled patch (only after `patchable`: a scalar cycle)."""
+        return self._scalar.patch(cycle, request, nodes, skipped, feasible, key, ranks)
 
     def evaluate(
         self, cycle: CycleState, request: ScheduleRequest, nodes: NodeBatch, skipped: set[str]
