@@ -22,9 +22,9 @@ from finesched.server.api.group_commit import GroupCommit
 from finesched.server.loop.loop import SchedulerLoop
 from finesched.server.metrics import Metrics
 from finesched.server.store.cluster_view import tenant_from_row
-from finesched.server.store.priority_store import class_from_row, list_priority_classes
+from finesched.server.store.priority_store import class_from_row
 from finesched.server.store.store import Store
-from finesched.server.store.topology_store import list_topologies, topology_from_row
+from finesched.server.store.topology_store import topology_from_row
 from finesched.state.devices import attach_device_accounts
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
@@ -63,8 +63,7 @@ class ServerContext:
         """The stored objects admission needs: the tenants, PriorityClasses and Topologies (those that
         parse; one stored before today's rules is set aside, not trusted) and, with `devices`, the
         device types of the nodes."""
-        tenant_rows, class_rows = self.store.list_tenants(), list_priority_classes(self.store)
-        topology_rows = list_topologies(self.store)
+        tenant_rows, class_rows, topology_rows = self.store.admission_rows()
         with self._lock:
             self._tenants = {row["name"]: _parsed(self._tenants, row, tenant_from_row) for row in tenant_rows}
             self._classes = {row["name"]: _parsed(self._classes, row, class_from_row) for row in class_rows}
