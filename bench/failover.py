@@ -2,6 +2,7 @@
 processes on 127.0.0.1.
 
     python bench/failover.py --db-backends sqlite,postgres --pg-url postgresql+psycopg://postgres@HOST:PORT/postgres
+    python bench/failover.py --db-backends sqlite --scenarios restart --nodes 1000 --runs 5
 
 For each scenario: a fresh database (bench/api.py's) with --nodes nodes registered through the store,
 the leader started with its own --data directory (its replica identity) and --lease-ttl, and, for
@@ -21,6 +22,10 @@ minus t0. Scenarios:
 
 Also printed: when the new process answered /healthz and when it reported itself leader (from
 launch; the state rebuild is in between).
+
+--runs N repeats every scenario N times (each with its own fresh database), prints every run, and
+adds the median and the maximum of each figure. The servers run the code `python -m finesched.cli`
+imports: run this file with PYTHONPATH=OTHER/src to measure another checkout (it prints which).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import contextlib
 import os
 import platform
 import signal
+import statistics
 import sys
 import tempfile
 import time
@@ -140,6 +146,7 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=1_000)
     parser.add_argument("--workloads", type=int, default=200, help="Pending workloads written at the kill")
     parser.add_argument("--lease-ttl", type=float, default=10.0, help="the servers' --lease-ttl (s)")
+    parser.add_argument("--runs", type=int, default=1, help="repetitions of every scenario (median and max printed)")
     args = parser.parse_args()
     backends = [b for b in args.db_backends.split(",") if b]
     scenarios = [s for s in args.scenarios.split(",") if s]
@@ -147,24 +154,49 @@ def main() -> None:
         parser.error("unknown scenario or backend")
     if "postgres" in backends and not args.pg_url:
         parser.error("--pg-url (or FINESCHED_TEST_PG_URL) is needed for the postgres backend")
+    import finesched
+
     print(f"{platform.python_implementation()} {platform.python_version()}, {os.cpu_count()} CPUs, "
-          f"load {os.getloadavg()[0]:.1f}; {args.nodes:,} nodes, lease TTL {args.lease_ttl:g} s")  # fmt: skip
+          f"load {_load()}; {args.nodes:,} nodes, lease TTL {args.lease_ttl:g} s, {args.runs} run(s); "
+          f"finesched from {os.path.dirname(finesched.__file__)}")  # fmt: skip
     results = []
     with tempfile.TemporaryDirectory(prefix="finesched-failover-") as tmp:
         for backend in backends:
             for scenario in scenarios:
-                result = run(scenario, backend, args, tmp)
-                results.append(result)
-                print(f"[{backend}] {scenario}: first binding {result.first_bound_s:.2f} s after the kill", flush=True)
-    print(f"\nload {os.getloadavg()[0]:.1f} at the end\n")
+                for n in range(args.runs):
+                    os.makedirs(where := f"{tmp}/{n}", exist_ok=True)  # each run's logs and --data apart
+                    result = run(scenario, backend, args, where)
+                    results.append(result)
+                    print(f"[{backend}] {scenario} run {n + 1}: first binding {result.first_bound_s:.2f} s after "
+                          f"the kill (answers {_fmt(result.answers_s)}, leader {_fmt(result.leader_s)}; "
+                          f"load {_load()})", flush=True)  # fmt: skip
+    print(f"\nload {_load()} at the end\n")
     print("| backend | scenario | nodes | lease TTL s | kill → first binding s | new process: answers s | leader s "
           "| follower stayed a follower |")  # fmt: skip
     print("|---|---|---:|---:|---:|---:|---:|---|")
     for r in results:
-        fmt = lambda v: "—" if v is None else f"{v:.2f}"  # noqa: E731
         stayed = "—" if r.follower_stayed is None else ("yes" if r.follower_stayed else "**no**")
-        print(f"| {r.backend} | {r.scenario} | {r.nodes:,} | {r.ttl:g} | {r.first_bound_s:.2f} | {fmt(r.answers_s)} "
-              f"| {fmt(r.leader_s)} | {stayed} |")  # fmt: skip
+        print(f"| {r.backend} | {r.scenario} | {r.nodes:,} | {r.ttl:g} | {r.first_bound_s:.2f} | {_fmt(r.answers_s)} "
+              f"| {_fmt(r.leader_s)} | {stayed} |")  # fmt: skip
+    if args.runs > 1:
+        print(f"\n| backend | scenario | figure | median of {args.runs} s | max s | runs s |")
+        print("|---|---|---|---:|---:|---|")
+        for backend in backends:
+            for scenario in scenarios:
+                mine = [r for r in results if r.backend == backend and r.scenario == scenario]
+                for name in ("first_bound_s", "answers_s", "leader_s"):
+                    values = [v for r in mine if (v := getattr(r, name)) is not None]
+                    if values:
+                        print(f"| {backend} | {scenario} | {name} | {statistics.median(values):.2f} | "
+                              f"{max(values):.2f} | {', '.join(f'{v:.2f}' for v in values)} |")  # fmt: skip
+
+
+def _load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def _fmt(value: float | None) -> str:
+    return "—" if value is None else f"{value:.2f}"
 
 
 if __name__ == "__main__":

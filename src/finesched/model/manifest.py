@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pydantic
+import pydantic_core
 import yaml
 
 from finesched.errors import ErrorDetail, ValidationError
@@ -99,6 +100,30 @@ class Manifests:
 
 def parse_manifest(doc: object, *, where: str = "") -> Object:
     """Validate one manifest document and return its model; raise ValidationError listing every problem."""
+    return _parse(doc, where, _as_json)
+
+
+def parse_decoded_manifest(doc: Mapping[str, Any], *, where: str = "") -> Object:
+    """`parse_manifest` of a document decoded from JSON text (a stored row): the same model, or the
+    same error.
+
+    The fields are re-encoded for the strict JSON validation by pydantic-core's encoder, several
+    times faster than `json.dumps` on a node's CPU list (a fifth of a state rebuild). On values
+    decoded from JSON (strings, numbers, booleans, null, lists, mappings) both encoders give texts
+    that decode to the same values (floats, NaN and infinities included); anything else (a string
+    with a lone surrogate, which pydantic-core refuses, or a document that does not validate) goes
+    through `parse_manifest` itself, so the error is exactly its error."""
+    try:
+        return _parse(doc, where, _as_json_fast)
+    except Exception:
+        return parse_manifest(doc, where=where)
+
+
+def _as_json_fast(data: Mapping[str, Any]) -> bytes:
+    return pydantic_core.to_json(data, inf_nan_mode="constants")
+
+
+def _parse(doc: object, where: str, as_json: typing.Callable[[Mapping[str, Any]], str | bytes]) -> Object:
     if not isinstance(doc, Mapping):
         raise ValidationError([ErrorDetail("", f"a manifest is a mapping, got {type(doc).__name__}", where=where)])
     problems = _envelope_problems(doc)
@@ -113,7 +138,7 @@ def parse_manifest(doc: object, *, where: str = "") -> Object:
     known_metadata = {k: v for k, v in metadata.items() if k in METADATA_FIELDS[kind]}
     model = KINDS[kind]
     try:
-        obj = model.model_validate_json(_as_json({**known_metadata, **spec}), strict=True)
+        obj = model.model_validate_json(as_json({**known_metadata, **spec}), strict=True)
     except _NotJSON as exc:
         rule = "is not JSON data (a string, number, boolean, list or mapping)"
         errors.append(ErrorDetail(exc.path, rule, where=where))

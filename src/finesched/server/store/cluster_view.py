@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from finesched.model.binding import Binding
-from finesched.model.manifest import parse_manifest
+from finesched.model.manifest import parse_decoded_manifest, parse_manifest
 from finesched.model.node import Node
 from finesched.model.tenant import Tenant
 from finesched.model.workload import Workload
@@ -54,7 +54,7 @@ def node_from_row(row: Mapping[str, Any]) -> Node:
         devices.append(device)
     if marked:
         doc["spec"] = {**spec, "devices": devices}
-    node = parse_manifest(doc, where=f"node {row['name']}")
+    node = parse_decoded_manifest(doc, where=f"node {row['name']}")  # the row's spec was JSON text
     assert isinstance(node, Node)
     return node
 

@@ -9,21 +9,25 @@ when the object is gone. Rows come back as plain dicts (no ORM objects leak out)
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol, TypeVar
 
+import pydantic_core
 from sqlalchemy import (
     ColumnElement,
     Connection,
     Row,
     Select,
     Table,
+    Text,
     and_,
     bindparam,
     case,
+    cast,
     delete,
     false,
     func,
@@ -163,6 +167,16 @@ def as_dict(row: Row[Any] | None) -> dict[str, Any] | None:
         if isinstance(value, datetime):
             out[key] = aware(value)
     return out
+
+
+def decode_json(text: str) -> Any:
+    """The value of JSON text, as `json.loads` gives it (the JSON columns' own decoder): by
+    pydantic-core's parser, about twice as fast on a node's CPU list, or by `json.loads` for what
+    that parser refuses (an escaped lone surrogate, which json.loads keeps)."""
+    try:
+        return pydantic_core.from_json(text)
+    except ValueError:
+        return json.loads(text)
 
 
 def binding_row(workload_id: int, key: str, node: str, data: Mapping[str, Any], stamp: datetime) -> dict[str, Any]:
@@ -332,8 +346,15 @@ class Store:
         return row
 
     def list_nodes(self) -> list[dict[str, Any]]:
+        # The spec is read as its stored text and decoded by `decode_json`: its CPU list made the
+        # JSON column's json.loads a sixth of a state rebuild.
+        spec = cast(t.nodes.c.spec, Text).label("spec")
+        query = select(*(spec if c.name == "spec" else c for c in t.nodes.c)).order_by(t.nodes.c.name)
         with self.read() as conn:
-            return [as_dict(r) for r in conn.execute(select(t.nodes).order_by(t.nodes.c.name))]  # type: ignore[misc]
+            rows: list[dict[str, Any]] = [as_dict(r) for r in conn.execute(query)]  # type: ignore[misc]
+        for row in rows:
+            row["spec"] = decode_json(row["spec"])
+        return rows
 
     def node_page(self, after: str | None, limit: int | None) -> Page:
         """Nodes by name after `after` (a page of `GET /v1/nodes`)."""
