@@ -331,8 +331,9 @@ def test_the_compiled_patch_writes_what_evaluate_and_the_key_give(
     builder = make_workload("w").req(cpu=f"{cpu_m}m", memory=memory)
     workload = (builder.selector(zone=zone) if zone is not None else builder).obj()
     compiled, cycle, skipped, _ = scheduler._prepare(workload)
-    fused = scheduler._fused
-    assert fused is not None and fused.applies(compiled, skipped) and fused.patchable(compiled, skipped)
+    assert scheduler._fused is not None
+    fused = scheduler._fused.path(compiled, skipped)  # the scalar path, also inside the device path
+    assert fused is not None and fused.patchable(compiled, skipped)
     index = np.array([i % state.n for i in dirty], dtype=np.intp)
     batch = NodeBatch(state, index=index)
     mask, total = fused.evaluate(cycle, compiled, batch, skipped)

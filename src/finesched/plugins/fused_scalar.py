@@ -9,8 +9,8 @@ the decision is bit for bit the generic one (tests/test_fused_scalar.py holds th
 random clusters).
 
 Anything it does not cover goes the generic way: `FusedScalar.build` returns None for a profile
-with other scorers, a score normalizer or a pre_score plugin it does not know, and `applies` is
-False per cycle while a filter or pre_score plugin it cannot stand in for is active (devices,
+with other scorers, a score normalizer or a pre_score plugin it does not know, and `path` answers
+None per cycle while a filter or pre_score plugin it cannot stand in for is active (devices,
 CPU pinning, NUMA, a request for a resource no node offers). When no node is feasible the caller
 re-runs the generic filters for the diagnosis (FitError reasons), which only the plugins can word.
 """
@@ -188,9 +188,9 @@ class FusedScalar:
         unschedulable = any(isinstance(p, NodeUnschedulable) for p in filters)
         return cls(state, others, frozenset(must_skip), scorers, unschedulable, fit)
 
-    def applies(self, request: ScheduleRequest, skipped: set[str]) -> bool:
-        """Whether this cycle may take the fused path (pre_filter has run; `skipped` is its answer)."""
-        return not request.unknown and self._must_skip <= skipped
+    def path(self, request: ScheduleRequest, skipped: set[str]) -> FusedScalar | None:
+        """This path when the cycle may take it (pre_filter has run; `skipped` is its answer), else None."""
+        return self if not request.unknown and self._must_skip <= skipped else None
 
     def evaluate(
         self, cycle: CycleState, request: ScheduleRequest, nodes: NodeBatch, skipped: set[str]

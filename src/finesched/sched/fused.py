@@ -4,7 +4,7 @@ The generic path (sched/runtime.py) runs every filter, pre_score and score plugi
 microseconds of Python per plugin per decision. Once the per-shape memo (sched/memo.py) has cut
 the node work down to the few nodes changed since, that overhead is most of a decision. A plugin
 that knows how to compute a profile's mask and score total in a few numpy calls offers a
-`FusedEvaluator` through `fuse`; the scheduler uses it for the cycles where `applies` says so,
+`FusedEvaluator` through `fuse`; the scheduler uses it for the cycles its `path` takes,
 and the generic path otherwise. A fused evaluator must give exactly the generic answer (mask and
 total, bit for bit): the generic path is the reference, and the fused path's tests compare both
 on random clusters (tests/test_fused_scalar.py). When nothing is feasible, the scheduler asks
@@ -30,8 +30,10 @@ from finesched.state.cluster import ClusterState
 class FusedEvaluator(Protocol):
     """Filter and score of a profile's plugins in one call, for the cycles it covers."""
 
-    def applies(self, request: ScheduleRequest, skipped: set[str]) -> bool:
-        """Whether this cycle (after pre_filter; `skipped` is its answer) may take the fused path."""
+    def path(self, request: ScheduleRequest, skipped: set[str]) -> FusedEvaluator | None:
+        """The evaluator that takes this cycle (after pre_filter; `skipped` is its answer): this one,
+        one it wraps, or None for the generic path. The scheduler asks once per decision and then
+        calls the answer directly, without a wrapper's hops."""
         ...
 
     def evaluate(
@@ -41,8 +43,8 @@ class FusedEvaluator(Protocol):
         ...
 
     def patchable(self, request: ScheduleRequest, skipped: set[str]) -> bool:
-        """Whether `patch` may take this cycle (one `applies` said yes to): a compiled pass is loaded
-        that covers it. Asked before the memo lookup, once per memoized decision."""
+        """Whether `patch` may take this cycle (one `path` handed to this evaluator): a compiled
+        pass that covers it is loaded. Asked before the memo lookup, once per memoized decision."""
         ...
 
     def patch(

@@ -222,7 +222,7 @@ class Scheduler:
         profile asks for it), -1 on infeasible nodes; the highest key wins.
         """
         state = self.state
-        fused = self._fused if self._fused is not None and self._fused.applies(request, skipped) else None
+        fused = self._fused.path(request, skipped) if self._fused is not None else None
         if shape is not None:
             compiled = fused is not None and fused.patchable(request, skipped)
             # the change log as it is (repeats): the kernel counts exactly with them, numpy recounts

@@ -111,14 +111,16 @@ class FusedDevice:
         must_skip = frozenset(p.NAME for p in filters if p.NAME not in _RUN_AS_IS and p is not device)
         return cls(device, scalar, run, must_skip, list(pre_score), scorers)
 
-    def applies(self, request: ScheduleRequest, skipped: set[str]) -> bool:
+    def path(self, request: ScheduleRequest, skipped: set[str]) -> FusedEvaluator | None:
+        """The scalar path for a scalar cycle (DeviceShare skipped), this one for a device cycle it
+        covers, else None."""
         if self._device.NAME in skipped:
-            return self._scalar.applies(request, skipped)
-        return not request.unknown and self._must_skip <= skipped
+            return self._scalar.path(request, skipped)
+        return self if not request.unknown and self._must_skip <= skipped else None
 
     def patchable(self, request: ScheduleRequest, skipped: set[str]) -> bool:
-        """The scalar path's compiled patch, for scalar cycles only (a device cycle has none)."""
-        return self._device.NAME in skipped and self._scalar.patchable(request, skipped)
+        """No compiled patch for device cycles (a scalar cycle is handed to the scalar path by `path`)."""
+        return False
 
     def patch(
         self,
@@ -130,8 +132,8 @@ class FusedDevice:
         key: ScoreArray,
         ranks: npt.NDArray[np.int64] | None,
     ) -> int | None:
-        """The scalar path's compiled patch (only after `patchable`: a scalar cycle)."""
-        return self._scalar.patch(cycle, request, nodes, skipped, feasible, key, ranks)
+        """Never asked (`patchable` is False): nothing written."""
+        return None
 
     def evaluate(
         self, cycle: CycleState, request: ScheduleRequest, nodes: NodeBatch, skipped: set[str]
