@@ -11,18 +11,18 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from finesched import FitError, Scheduler
+from finesched import Scheduler
 from finesched.model.mig import mig_resource
 from finesched.model.node import Node
 from finesched.model.workload import Workload
 from finesched.plugins.deviceshare.fused import FusedDevice
 from finesched.plugins.node_unschedulable import UNSCHEDULABLE_LABEL
 from finesched.state.cluster import ClusterState
+from fused_equivalence import assert_decide_alike, decision
 from test_fused_devices_filter import REQUESTS, nodes
 from test_mig_properties import PROFILES as MIG_PROFILES
 from test_mig_properties import mig_nodes
@@ -83,14 +83,6 @@ def _workload(i: int, pick: int, cpu: str) -> Workload:
     return Workload.model_validate(data)
 
 
-def _decide(scheduler: Scheduler, workload: Workload) -> tuple[Any, ...]:
-    try:
-        b = scheduler.schedule_one(workload)
-    except FitError as exc:
-        return ("unschedulable", exc.message, dict(exc.reasons), exc.unresolvable)
-    return (b.node, b.score, b.devices, dict(b.annotations))
-
-
 @pytest.mark.parametrize("profile", sorted(PROFILES))
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
@@ -107,14 +99,9 @@ def test_fused_device_path_decides_as_the_generic_path(
     fused = Scheduler(ClusterState.from_nodes(cluster), PROFILES[profile])
     generic = Scheduler(ClusterState.from_nodes(cluster), PROFILES[profile], fused=False)
     assert isinstance(fused._fused, FusedDevice) and generic._fused is None  # the two paths really differ
-    for i, (pick, cpu) in enumerate(stream):
-        workload = _workload(i, pick, cpu)
-        assert _decide(fused, workload) == _decide(generic, workload), f"decision {i}"
-        if i % 5 == 4:  # give something back now and then: shares fall again on that node
-            key = next(iter(fused.state.bindings), None)
-            if key is not None:
-                assert fused.release(key).node == generic.release(key).node
-    np.testing.assert_array_equal(fused.state.free, generic.state.free)
+    assert_decide_alike(
+        fused, generic, (_workload(i, pick, cpu) for i, (pick, cpu) in enumerate(stream)), release_every=5
+    )
 
 
 def test_profiles_the_fused_device_path_does_not_cover() -> None:
@@ -140,7 +127,7 @@ def test_a_wrong_fused_device_total_is_caught() -> None:
     assert isinstance(fused._fused, FusedDevice)
     fused._fused._fit = None  # planted bug: ResourcesFit's shares left out
     w = Workload.model_validate({"name": "w", "requests": {"cpu": "6", "memory": "1Gi", "nvidia.com/gpu": 1}})
-    assert _decide(fused, w) != _decide(generic, w)
+    assert decision(fused, w) != decision(generic, w)
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -157,10 +144,8 @@ def test_fused_device_path_decides_as_the_generic_path_on_mig_cards(
     fused = Scheduler(ClusterState.from_nodes(cluster), "default")
     generic = Scheduler(ClusterState.from_nodes(cluster), "default", fused=False)
     assert isinstance(fused._fused, FusedDevice)
-    for i, (profile, count) in enumerate(stream):
-        w = Workload.model_validate({"name": f"w{i}", "requests": {"cpu": "1", mig_resource(profile): count}})
-        assert _decide(fused, w) == _decide(generic, w), f"decision {i}"
-        if i % 4 == 3:
-            key = next(iter(fused.state.bindings), None)
-            if key is not None:
-                assert fused.release(key).node == generic.release(key).node
+    workloads = (
+        Workload.model_validate({"name": f"w{i}", "requests": {"cpu": "1", mig_resource(profile): count}})
+        for i, (profile, count) in enumerate(stream)
+    )
+    assert_decide_alike(fused, generic, workloads, release_every=4)

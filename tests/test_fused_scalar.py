@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from builders import make_node, make_workload
-from finesched import ClusterState, FitError, Scheduler
+from finesched import ClusterState, Scheduler
 from finesched.cpuset import CPUSet
 from finesched.model.workload import Workload
 from finesched.plugins.fused_scalar import FusedScalar, wait_for_kernel
@@ -27,6 +27,7 @@ from finesched.plugins.node_unschedulable import UNSCHEDULABLE_LABEL
 from finesched.sched.framework import NodeBatch
 from finesched.sched.memo import MemoEntry, request_shape
 from finesched.state.cluster import StateError, plain_scalar
+from fused_equivalence import assert_decide_alike, decision
 
 _PLUGIN_FILTERS = [
     "NodeUnschedulable",
@@ -101,14 +102,6 @@ def _workload(i: int, spec: dict[str, Any]) -> Workload:
     return builder.obj()
 
 
-def _decide(scheduler: Scheduler, workload: Workload) -> tuple[str, int] | tuple[str, str, dict[str, int], bool]:
-    try:
-        binding = scheduler.schedule_one(workload)
-    except FitError as exc:
-        return ("unschedulable", exc.message, dict(exc.reasons), exc.unresolvable)
-    return (binding.node, binding.score)
-
-
 def _scalar_path(scheduler: Scheduler) -> FusedScalar:
     """The scheduler's fused scalar path: its own, or the one a device path wraps for scalar cycles."""
     fused = scheduler._fused
@@ -135,14 +128,8 @@ def test_fused_path_decides_as_the_generic_path(
     assert not kernel or wait_for_kernel()
     scalar = _scalar_path(fused)
     scalar.use_kernel = kernel and scalar.use_kernel
-    for i, pick in enumerate(stream):
-        workload = _workload(i, requests[pick % len(requests)])
-        assert _decide(fused, workload) == _decide(generic, workload), f"decision {i}"
-        if i % 7 == 6:  # give something back now and then: scores rise again on that node
-            key = next(iter(fused.state.bindings), None)
-            if key is not None:
-                assert fused.release(key).node == generic.release(key).node
-    np.testing.assert_array_equal(fused.state.free, generic.state.free)
+    workloads = (_workload(i, requests[pick % len(requests)]) for i, pick in enumerate(stream))
+    assert_decide_alike(fused, generic, workloads, release_every=7)
 
 
 def test_profiles_the_fused_path_does_not_cover_go_the_generic_way() -> None:
@@ -167,7 +154,7 @@ def test_a_wrong_fused_score_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     fused = Scheduler(_cluster(nodes), "default")
     generic = Scheduler(_cluster(nodes), "default", fused=False)
     workload = _workload(0, {"cpu_m": 1000, "memory_mi": 512, "extra": 0, "zone": None, "unknown": False})
-    assert _decide(fused, workload) != _decide(generic, workload)
+    assert decision(fused, workload) != decision(generic, workload)
 
 
 @settings(max_examples=60, deadline=None)
