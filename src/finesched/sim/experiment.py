@@ -17,7 +17,7 @@ from __future__ import annotations
 import gc
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +28,7 @@ import numpy.typing as npt
 from finesched.model.node import Node
 from finesched.plugins.fragmentation import FragmentationIndex, TargetWorkload
 from finesched.sched.diagnosis import FitError
+from finesched.sched.memo import request_shape
 from finesched.sched.scheduler import Scheduler
 from finesched.sim import metrics
 from finesched.sim.policies import policy_profile, resolve_policy, sim_registry
@@ -252,17 +253,29 @@ class _FillLedger:
     used: int = 0
     failed: int = 0
     failed_reasons: Counter[str] = field(default_factory=Counter)
+    #: Failures an arrival of the same shape may reuse while the cluster is unchanged.
+    _failures: _Failures = field(default_factory=lambda: _Failures())
 
     def place(self, scheduler: Scheduler, workload: Any, request: int, *, preemption: bool) -> None:
         """Place one arrival holding `request` GPU milli; one that fits nowhere may evict lower-priority
         pods (with `preemption`), else it fails."""
+        key = None if preemption else self._failures.key(scheduler, workload)
+        if key is not None:
+            reasons = self._failures.get(key)
+            if reasons is not None:
+                self.failed += 1
+                self.failed_reasons.update(reasons)
+                return
         try:
             scheduler.schedule_one(workload)
         except FitError as exc:
             p, _ = scheduler.find_preemption(workload) if preemption else (None, "")
             if p is None:
                 self.failed += 1
-                self.failed_reasons.update(reasons_of(exc))
+                reasons = reasons_of(exc)
+                self.failed_reasons.update(reasons)
+                if key is not None and _before_scoring(exc):
+                    self._failures.put(key, reasons)
                 return
             scheduler.apply_preemption(p)
             for victim in p.victims:
@@ -270,6 +283,57 @@ class _FillLedger:
                 self.evicted[victim.priority] = self.evicted.get(victim.priority, 0) + 1
         self.used += request
         self.held_by[workload.key] = request
+
+
+_FailureKey = tuple[Hashable, tuple[int, ...]]
+
+
+class _Failures:
+    """The reasons of the last failure per request shape, with the cluster's version then.
+
+    An arrival whose shape already failed on the cluster as it is now (`ClusterState.version`
+    unchanged: no binding, release or node change since) fails again with the same reasons: the
+    filters read only the request shape and the nodes (the Scheduler's memo keys its verdicts the
+    same way, `Framework.node_local`). Near the end of a fill run about a quarter of the failing
+    arrivals are such repeats; each would compile, pre-filter and filter every node again, then run
+    the filters a second time to word the reasons. Only failures raised while filtering
+    (`_before_scoring`) are kept: a later one (every reserve failed) has run score and reserve
+    plugins, some of which draw from a seeded generator, and skipping those draws would change
+    later decisions.
+    """
+
+    def __init__(self) -> None:
+        self._last: dict[Hashable, tuple[tuple[int, ...], list[str]]] = {}
+
+    @staticmethod
+    def key(scheduler: Scheduler, workload: Any) -> _FailureKey | None:
+        """The workload's shape and the cluster's version; None when a plugin reads more than the
+        shape and the node (`node_local` false), so a failure says nothing about another workload."""
+        framework = scheduler.framework
+        if not framework.node_local:
+            return None
+        shape: Hashable = request_shape(workload)
+        if framework.shape_keys:
+            shape = (shape, tuple(p.shape_key(workload) for p in framework.shape_keys))
+        return shape, scheduler.state.version
+
+    def get(self, key: _FailureKey) -> list[str] | None:
+        last = self._last.get(key[0])
+        return last[1] if last is not None and last[0] == key[1] else None
+
+    def put(self, key: _FailureKey, reasons: list[str]) -> None:
+        self._last[key[0]] = (key[1], reasons)
+
+
+def _before_scoring(error: FitError) -> bool:
+    """Whether `error` was raised by `Scheduler._evaluate` (no node passed the filters): nothing
+    after filtering ran. Any other origin (or a renamed method) says no, so nothing is reused."""
+    tb = error.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb.tb_frame.f_code is Scheduler._evaluate.__code__
 
 
 def _arrival(factory: WorkloadFactory, arrivals: PodTable, i: int, classes: npt.NDArray[np.int64] | None) -> Any:
