@@ -260,7 +260,7 @@ class _FillLedger:
         """Place one arrival holding `request` GPU milli; one that fits nowhere may evict lower-priority
         pods (with `preemption`), else it fails."""
         key = None if preemption else self._failures.key(scheduler, workload)
-        if key is not None:
+        if key is not None and workload.key not in scheduler.state.bindings:  # else the scheduler refuses it
             reasons = self._failures.get(key)
             if reasons is not None:
                 self.failed += 1
@@ -295,8 +295,8 @@ class _Failures:
     unchanged: no binding, release or node change since) fails again with the same reasons: the
     filters read only the request shape and the nodes (the Scheduler's memo keys its verdicts the
     same way, `Framework.node_local`). Near the end of a fill run about a quarter of the failing
-    arrivals are such repeats; each would compile, pre-filter and filter every node again, then run
-    the filters a second time to word the reasons. Only failures raised while filtering
+    arrivals are such repeats; each would compile, pre-filter and filter every node again, then have
+    every filter explain its rejections to word the reasons (`diagnose`). Only failures raised while filtering
     (`_before_scoring`) are kept: a later one (every reserve failed) has run score and reserve
     plugins, some of which draw from a seeded generator, and skipping those draws would change
     later decisions.
