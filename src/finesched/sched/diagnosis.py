@@ -30,8 +30,12 @@ class FitError(Exception):
         *,
         unresolvable: bool = False,
         detail: str = "",
+        no_node_passed: bool = False,
     ):
         self.workload = workload
+        #: Raised because no node passed the filters: nothing after filtering ran (no scoring, no
+        #: seeded draws, no reserve), so the same state and request give the same error again.
+        self.no_node_passed = no_node_passed
         self.total_nodes = total_nodes
         self.reasons = dict(reasons)
         self.unresolvable = unresolvable
@@ -97,6 +101,8 @@ def diagnose(
     n: int,
     results: Sequence[tuple[FilterPlugin, FilterResult]],
     reserve_failures: Mapping[str, int] | None = None,
+    *,
+    no_node_passed: bool = False,
 ) -> FitError:
     """Build the FitError for a cycle where no node passed (or every reserve failed).
 
@@ -123,7 +129,7 @@ def diagnose(
     for reason, count in (reserve_failures or {}).items():
         counts[reason] += count
     unresolvable_all = n > 0 and not reserve_failures and bool(_unresolvable(explained, n).all())
-    return FitError(workload, n, counts, unresolvable=unresolvable_all)
+    return FitError(workload, n, counts, unresolvable=unresolvable_all, no_node_passed=no_node_passed)
 
 
 def unresolvable_nodes(results: Sequence[tuple[FilterPlugin, FilterResult]], n: int) -> BoolArray:

@@ -250,12 +250,17 @@ class Scheduler:
         if fused is not None:
             feasible, total = fused.evaluate(cycle, request, nodes, skipped)
             if not feasible.any():  # the plugins word the diagnosis
-                raise diagnose(request.key, state.n, self.framework.run_filter(cycle, request, nodes, skipped)[1])
+                raise diagnose(
+                    request.key,
+                    state.n,
+                    self.framework.run_filter(cycle, request, nodes, skipped)[1],
+                    no_node_passed=True,
+                )
             key = self._key_of(total, nodes, feasible)
         else:
             feasible, results = self.framework.run_filter(cycle, request, nodes, skipped)
             if not feasible.any():
-                raise diagnose(request.key, state.n, results)
+                raise diagnose(request.key, state.n, results, no_node_passed=True)
             key = self._score_key(cycle, request, nodes, feasible)
         if shape is not None and self.memo.wants(shape):
             self.memo.store(shape, MemoEntry(state.change_position, state.nodes_version, feasible, key))

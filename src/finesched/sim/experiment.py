@@ -274,7 +274,7 @@ class _FillLedger:
                 self.failed += 1
                 reasons = reasons_of(exc)
                 self.failed_reasons.update(reasons)
-                if key is not None and _before_scoring(exc):
+                if key is not None and exc.no_node_passed:
                     self._failures.put(key, reasons)
                 return
             scheduler.apply_preemption(p)
@@ -297,7 +297,7 @@ class _Failures:
     same way, `Framework.node_local`). Near the end of a fill run about a quarter of the failing
     arrivals are such repeats; each would compile, pre-filter and filter every node again, then have
     every filter explain its rejections to word the reasons (`diagnose`). Only failures raised while filtering
-    (`_before_scoring`) are kept: a later one (every reserve failed) has run score and reserve
+    (`FitError.no_node_passed`) are kept: a later one (every reserve failed) has run score and reserve
     plugins, some of which draw from a seeded generator, and skipping those draws would change
     later decisions.
     """
@@ -323,17 +323,6 @@ class _Failures:
 
     def put(self, key: _FailureKey, reasons: list[str]) -> None:
         self._last[key[0]] = (key[1], reasons)
-
-
-def _before_scoring(error: FitError) -> bool:
-    """Whether `error` was raised by `Scheduler._evaluate` (no node passed the filters): nothing
-    after filtering ran. Any other origin (or a renamed method) says no, so nothing is reused."""
-    tb = error.__traceback__
-    if tb is None:
-        return False
-    while tb.tb_next is not None:
-        tb = tb.tb_next
-    return tb.tb_frame.f_code is Scheduler._evaluate.__code__
 
 
 def _arrival(factory: WorkloadFactory, arrivals: PodTable, i: int, classes: npt.NDArray[np.int64] | None) -> Any:
