@@ -117,6 +117,20 @@ def wait_for_kernel() -> bool:
     return bool(_KERNEL)
 
 
+def share_scorers(
+    score: Sequence[tuple[ScorePlugin, int]],
+) -> list[tuple[Callable[[Shares, int], ScoreArray], int]] | None:
+    """The (score function, weight) of each score plugin when every one is a share scorer of
+    plugins/scoring.py a fused path evaluates itself; None when any is not."""
+    scorers = []
+    for plugin, weight in score:
+        function = getattr(type(plugin), "FUNCTION", None)
+        if function not in _FUSABLE_SCORES or type(plugin).score is not _ShareScorer.score:  # type: ignore[attr-defined]
+            return None
+        scorers.append((function, weight))
+    return scorers
+
+
 class FusedScalar:
     """The fused filter and score of one profile's plugins (see the module docstring)."""
 
@@ -158,14 +172,9 @@ class FusedScalar:
         normalizing: bool,
     ) -> FusedScalar | None:
         """The fused path for these plugins, or None when the profile needs the generic one."""
-        if normalizing:
+        scorers = share_scorers(score)
+        if normalizing or scorers is None:
             return None
-        scorers = []
-        for plugin, weight in score:
-            function = getattr(type(plugin), "FUNCTION", None)
-            if function not in _FUSABLE_SCORES or type(plugin).score is not _ShareScorer.score:  # type: ignore[attr-defined]
-                return None
-            scorers.append((function, weight))
         must_skip: set[str] = set()
         fit = any(p.NAME == "ResourcesFit" for p in filters)
         for plugin in pre_score:

@@ -22,7 +22,8 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-from finesched.plugins.scoring import _EPS, _ShareScorer, least_requested, most_allocated, most_balanced
+from finesched.plugins.fused_scalar import _EPS_F, _MAX_F, _TOP_F, share_scorers
+from finesched.plugins.scoring import least_requested, most_balanced
 from finesched.plugins.shares import SHARES, FloatArray, Shares, _sum_rows
 from finesched.sched.cycle_state import CycleState
 from finesched.sched.framework import (
@@ -48,17 +49,12 @@ class DeviceShare(Protocol):
     def share_arrays(self, cycle: CycleState, nodes: NodeBatch) -> list[np.ndarray]: ...
 
 
-#: The score functions evaluated here (the plugin class attribute they sit in), as the scalar path.
-_FUSABLE_SCORES = (least_requested, most_allocated, most_balanced)
 #: Filters run as they are in a device cycle (their own `filter`, minus the framework's loop).
 _RUN_AS_IS = frozenset({"ResourcesFit", "NodeUnschedulable", "NodeSelector", "TenantIsolation"})
 #: pre_score plugins whose shares this path computes (anything else: the generic path).
 _SHARE_PUBLISHERS = frozenset({"ResourcesFit", "DeviceShare"})
-#: The score functions' constants as 0-d float64 arrays (the values the Python numbers convert to).
-_MAX_F = np.array(float(MAX_SCORE))
+#: Shares.variance's factor 4 with MAX_SCORE as a 0-d float64 array (the scalar path's constants below).
 _FOUR_MAX_F = np.array(float(4 * MAX_SCORE))
-_TOP_F = np.array(MAX_SCORE + _EPS)
-_EPS_F = np.array(_EPS)
 
 
 class FusedDevice:
@@ -101,12 +97,9 @@ class FusedDevice:
             return scalar
         if any(p.NAME not in _SHARE_PUBLISHERS for p in pre_score) or not any(p is device for p in pre_score):
             return scalar
-        scorers = []
-        for plugin, weight in score:
-            function = getattr(type(plugin), "FUNCTION", None)
-            if function not in _FUSABLE_SCORES or type(plugin).score is not _ShareScorer.score:  # type: ignore[attr-defined]
-                return scalar
-            scorers.append((function, weight))
+        scorers = share_scorers(score)
+        if scorers is None:
+            return scalar
         run = [p for p in filters if p.NAME in _RUN_AS_IS or p is device]
         must_skip = frozenset(p.NAME for p in filters if p.NAME not in _RUN_AS_IS and p is not device)
         return cls(device, scalar, run, must_skip, list(pre_score), scorers)
@@ -138,10 +131,9 @@ class FusedDevice:
     def evaluate(
         self, cycle: CycleState, request: ScheduleRequest, nodes: NodeBatch, skipped: set[str]
     ) -> tuple[BoolArray, ScoreArray]:
-        """run_filter's mask and run_score's total on `nodes` (see the module docstring)."""
+        """run_filter's mask and run_score's total on `nodes` (see the module docstring), for a device
+        cycle: the one `path` hands to this evaluator (a scalar cycle goes to the scalar path)."""
         device = self._device
-        if device.NAME in skipped:
-            return self._scalar.evaluate(cycle, request, nodes, skipped)
         state, index, fit = nodes.state, nodes.index, self._fit
         # ResourcesFit's subset branches (filter and pre_score), inline when they apply: the
         # same numpy operations without its FilterResult and the cycle's share list.
