@@ -156,12 +156,23 @@ class Scheduler:
             skipped = self.framework.run_pre_filter(cycle, request, NodeBatch(state))
         except PreFilterFailed as exc:
             raise _prefilter_error(workload_key, state.n, exc) from None
-        memo_shape: Hashable | None = shape if self.memoize and self.framework.node_local else None
-        if memo_shape is not None and self.framework.shape_keys:
-            keys = tuple(p.shape_key(workload) for p in self.framework.shape_keys)
+        return request, cycle, skipped, self.decision_shape(workload, shape) if self.memoize else None
+
+    def decision_shape(self, workload: Workload, shape: Hashable | None = None) -> Hashable | None:
+        """What this profile's filter and score verdicts on a node depend on besides the node: the
+        request shape (`shape`, else computed), with the keys of plugins that add to it; None when a
+        plugin reads more than the workload's shape and its node (`Framework.node_local` false).
+        The memo keys its entries by it; the simulator's failure reuse too."""
+        framework = self.framework
+        if not framework.node_local:
+            return None
+        if shape is None:
+            shape = request_shape(workload)
+        if framework.shape_keys:
+            keys = tuple(p.shape_key(workload) for p in framework.shape_keys)
             if any(k is not None for k in keys):
-                memo_shape = (shape, keys)
-        return request, cycle, skipped, memo_shape
+                return (shape, keys)
+        return shape
 
     def _place(self, workload: Workload, allowed: npt.NDArray[np.bool_] | None = None) -> Binding:
         """Place `workload` (steps 1-6); with `allowed`, only on those nodes (a gang's topology

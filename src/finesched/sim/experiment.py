@@ -28,7 +28,6 @@ import numpy.typing as npt
 from finesched.model.node import Node
 from finesched.plugins.fragmentation import FragmentationIndex, TargetWorkload
 from finesched.sched.diagnosis import FitError
-from finesched.sched.memo import request_shape
 from finesched.sched.scheduler import Scheduler
 from finesched.sim import metrics
 from finesched.sim.policies import policy_profile, resolve_policy, sim_registry
@@ -309,13 +308,8 @@ class _Failures:
     def key(scheduler: Scheduler, workload: Any) -> _FailureKey | None:
         """The workload's shape and the cluster's version; None when a plugin reads more than the
         shape and the node (`node_local` false), so a failure says nothing about another workload."""
-        framework = scheduler.framework
-        if not framework.node_local:
-            return None
-        shape: Hashable = request_shape(workload)
-        if framework.shape_keys:
-            shape = (shape, tuple(p.shape_key(workload) for p in framework.shape_keys))
-        return shape, scheduler.state.version
+        shape = scheduler.decision_shape(workload)
+        return None if shape is None else (shape, scheduler.state.version)
 
     def get(self, key: _FailureKey) -> list[str] | None:
         last = self._last.get(key[0])
